@@ -1,0 +1,1 @@
+"""Runtime adapters: workloads, simulated engines, buses (DESIGN §6)."""

@@ -1,0 +1,212 @@
+"""Seeded, token-level workload generators for the auction and the simulator (DESIGN §8).
+
+Three tree shapes, each a batch of ``auction.Request`` with token ids in [0, vocab):
+
+- ``stars`` (``mixshare-P``): P% of the queries share one of a few ~1k-token articles (or few-shot
+  prefixes) and differ in a short question; the rest are singletons of the same length.
+- ``chains``: agent trajectories. A trajectory starts from a shared system prompt and a task, and
+  every step's prompt extends the previous one by an observation (~3k tokens by the last step).
+- ``trees``: tree-of-thought, 3-ary. Every thought's prompt is the question plus the thoughts on its
+  path. ``short`` (~160 tokens at the leaves) fits a KV cache, ``long`` (~4k tokens) does not.
+
+Values are v = 1 + Pareto(1.5), i.e. a Pareto law with scale 1 and tail index 1.5 (heavy-tailed:
+a few requests are worth far more than the rest). Requests arrive in a random interleaving;
+users are drawn at random per request; bids are the values (truthful bidders).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from auction import Request
+
+VOCAB = 32_000
+PARETO_SHAPE = 1.5
+
+TokenArray = npt.NDArray[np.uint32]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A named batch and the facts about its sharing that experiments report."""
+
+    name: str
+    requests: tuple[Request, ...]
+    seed: int
+
+    @property
+    def total_tokens(self) -> int:
+        """M: prompt tokens over all requests."""
+        return sum(len(r) for r in self.requests)
+
+    @property
+    def shared_fraction(self) -> float:
+        """Fraction of prompt tokens that a prefix cache holding everything would not recompute."""
+        from auction import build_radix_tree  # the tree is the exact count of unique prefixes
+
+        total = self.total_tokens
+        return 0.0 if total == 0 else 1.0 - build_radix_tree(self.requests).tree_tokens / total
+
+    @property
+    def values(self) -> npt.NDArray[np.float64]:
+        return np.array([r.bid for r in self.requests], dtype=np.float64)
+
+
+def pareto_values(rng: np.random.Generator, size: int) -> npt.NDArray[np.float64]:
+    """i.i.d. values 1 + Pareto(1.5) (numpy's ``pareto`` is the Lomax law, hence the 1 +)."""
+    return 1.0 + rng.pareto(PARETO_SHAPE, size=size)
+
+
+def _tokens(rng: np.random.Generator, length: int) -> TokenArray:
+    return rng.integers(0, VOCAB, size=max(1, int(length)), dtype=np.uint32)
+
+
+def _jitter(rng: np.random.Generator, mean: int, spread: float = 0.25) -> int:
+    return max(1, round(mean * rng.uniform(1.0 - spread, 1.0 + spread)))
+
+
+def _assemble(
+    name: str,
+    prompts: list[TokenArray],
+    *,
+    users: int,
+    seed: int,
+    rng: np.random.Generator,
+) -> Workload:
+    """Shuffle arrivals, give each request a user at random and draw values."""
+    n = len(prompts)
+    if users < 1:
+        raise ValueError(f"users must be >= 1, got {users}")
+    arrival = rng.permutation(n)
+    user_of = rng.integers(0, users, size=n)
+    values = pareto_values(rng, n)
+    requests = tuple(
+        Request(
+            id=f"{name}-{k}",
+            user=f"user{int(user_of[k])}",
+            tokens=prompts[k],
+            bid=float(values[k]),
+            arrival=int(arrival[k]),
+        )
+        for k in range(n)
+    )
+    return Workload(name=name, requests=requests, seed=seed)
+
+
+def stars(
+    n: int,
+    share_pct: float = 50.0,
+    *,
+    users: int = 128,
+    articles: int = 4,
+    prefix_tokens: int = 1024,
+    question_tokens: int = 64,
+    seed: int = 0,
+) -> Workload:
+    """``mixshare-P``: ``share_pct`` % of queries share one of ``articles`` prefixes."""
+    if not 0.0 <= share_pct <= 100.0:
+        raise ValueError(f"share_pct must lie in [0, 100], got {share_pct}")
+    _check_count(n)
+    rng = np.random.default_rng(seed)
+    shared = round(n * share_pct / 100.0)
+    heads = [_tokens(rng, _jitter(rng, prefix_tokens, 0.1)) for _ in range(max(1, articles))]
+    prompts: list[TokenArray] = []
+    for k in range(n):
+        if k < shared:
+            head = heads[k % len(heads)]
+            prompts.append(np.concatenate((head, _tokens(rng, _jitter(rng, question_tokens)))))
+        else:
+            prompts.append(_tokens(rng, _jitter(rng, prefix_tokens + question_tokens, 0.1)))
+    name = f"mixshare-{share_pct:g}"
+    return _assemble(name, prompts, users=users, seed=seed, rng=rng)
+
+
+def chains(
+    n: int,
+    *,
+    users: int = 128,
+    steps: int = 8,
+    system_tokens: int = 256,
+    task_tokens: int = 256,
+    final_tokens: int = 3072,
+    seed: int = 0,
+) -> Workload:
+    """Agent trajectories of ``steps`` steps, each prompt extending the last, ~``final_tokens``."""
+    _check_count(n)
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    rng = np.random.default_rng(seed)
+    system = _tokens(rng, system_tokens)
+    step_tokens = max(1, (final_tokens - system_tokens - task_tokens) // steps)
+    prompts: list[TokenArray] = []
+    while len(prompts) < n:
+        prompt = np.concatenate((system, _tokens(rng, _jitter(rng, task_tokens))))
+        for _ in range(min(steps, n - len(prompts))):
+            prompt = np.concatenate((prompt, _tokens(rng, _jitter(rng, step_tokens))))
+            prompts.append(prompt)
+    return _assemble("chains", prompts, users=users, seed=seed, rng=rng)
+
+
+TREE_SIZES = {"short": (64, 32), "long": (3200, 270)}  # (question tokens, tokens per thought)
+
+
+def trees(
+    n: int,
+    size: str = "short",
+    *,
+    users: int = 128,
+    branching: int = 3,
+    depth: int = 3,
+    seed: int = 0,
+) -> Workload:
+    """Tree-of-thought problems: every thought of a ``branching``-ary tree is a request."""
+    _check_count(n)
+    if size not in TREE_SIZES:
+        raise ValueError(f"size must be one of {sorted(TREE_SIZES)}, got {size!r}")
+    question_tokens, thought_tokens = TREE_SIZES[size]
+    rng = np.random.default_rng(seed)
+    prompts: list[TokenArray] = []
+    while len(prompts) < n:
+        frontier = [_tokens(rng, _jitter(rng, question_tokens, 0.1))]
+        for _ in range(depth):
+            frontier = [
+                np.concatenate((parent, _tokens(rng, _jitter(rng, thought_tokens))))
+                for parent in frontier
+                for _ in range(branching)
+            ]
+            take = frontier[: n - len(prompts)]
+            prompts.extend(take)
+    name = f"trees-{size}"
+    return _assemble(name, prompts, users=users, seed=seed, rng=rng)
+
+
+def _check_count(n: int) -> None:
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+
+
+GENERATORS: dict[str, Callable[..., Workload]] = {
+    "stars": stars,
+    "chains": chains,
+    "trees-short": lambda n, **kw: trees(n, "short", **kw),
+    "trees-long": lambda n, **kw: trees(n, "long", **kw),
+}
+
+
+def make_workload(name: str, n: int, *, users: int = 128, seed: int = 0) -> Workload:
+    """A workload by name: ``mixshare-P`` (e.g. ``mixshare-50``), ``chains``, ``trees-short``,
+    ``trees-long``."""
+    if name.startswith("mixshare-"):
+        try:
+            share = float(name.removeprefix("mixshare-"))
+        except ValueError:
+            raise ValueError(f"bad workload {name!r}: expected mixshare-P, P in [0, 100]") from None
+        return stars(n, share, users=users, seed=seed)
+    if name not in GENERATORS or name == "stars":
+        known = "mixshare-P, " + ", ".join(k for k in GENERATORS if k != "stars")
+        raise ValueError(f"unknown workload {name!r}; known: {known}")
+    return GENERATORS[name](n, users=users, seed=seed)

@@ -1,0 +1,1 @@
+"""disaggctl: composition root and CLI."""

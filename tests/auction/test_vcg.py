@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from auction import (
+    Request,
+    build_radix_tree,
+    dfs_bid_order,
+    vcg_payments,
+    vcg_payments_naive,
+)
+from tests.auction.strategies import batches, chain, star
+
+
+def _assert_same_payments(batch: list[Request]) -> None:
+    tree = build_radix_tree(batch)
+    bids = np.array([r.bid for r in batch])
+    fast = vcg_payments(tree, bids)
+    naive = vcg_payments_naive(tree, bids)
+    assert fast.keys() == naive.keys()
+    scale = max(1.0, float(bids.sum()))
+    for user in fast:
+        assert math.isclose(fast[user], naive[user], rel_tol=1e-9, abs_tol=1e-12 * scale), (
+            user, fast[user], naive[user])
+
+
+@given(batches(max_size=14, max_users=5))
+@settings(max_examples=300, deadline=None)
+def test_fast_vcg_equals_naive_on_random_trees(batch: list[Request]) -> None:
+    _assert_same_payments(batch)
+
+
+@pytest.mark.parametrize("shape", [chain, star])
+@given(data=st.data())
+@settings(max_examples=60, deadline=None)
+def test_fast_vcg_equals_naive_on_chains_and_stars(shape, data) -> None:
+    n = data.draw(st.integers(min_value=2, max_value=12))
+    bids = data.draw(st.lists(st.sampled_from([0.0, 1.0, 2.5, 7.0]), min_size=n, max_size=n))
+    users = data.draw(st.lists(st.sampled_from(["a", "b", "c"]), min_size=n, max_size=n))
+    _assert_same_payments(shape(n, bids, users))
+
+
+def test_user_spanning_many_branches_of_a_deep_tree() -> None:
+    rng = np.random.default_rng(7)
+    batch = []
+    for k in range(200):
+        depth = int(rng.integers(1, 12))
+        tokens = rng.integers(0, 3, size=depth).tolist()
+        user = "whale" if k % 3 == 0 else f"u{k % 11}"
+        batch.append(Request(f"r{k}", user, tokens, float(rng.pareto(1.5) + 1), int(k)))
+    _assert_same_payments(batch)
+
+
+@given(batches(min_size=0, max_size=12))
+@settings(max_examples=150, deadline=None)
+def test_payments_nonnegative_and_individually_rational(batch: list[Request]) -> None:
+    tree = build_radix_tree(batch)
+    bids = np.array([r.bid for r in batch])
+    payments = vcg_payments(tree, bids)
+    order = dfs_bid_order(tree, bids)
+    x = _priorities(order, len(batch))
+    for i, name in enumerate(tree.user_names):
+        assert payments[name] >= 0.0
+        value = float(np.sum(bids[tree.users == i] * x[tree.users == i]))
+        assert value - payments[name] >= -1e-9
+
+
+def _priorities(order: np.ndarray, n: int) -> np.ndarray:
+    x = np.ones(n)
+    if n > 1:
+        x[order] = (n - 1 - np.arange(n)) / (n - 1)
+    return x
+
+
+def test_degenerate_batches_pay_nothing() -> None:
+    assert vcg_payments(build_radix_tree([]), np.zeros(0)) == {}
+    one = build_radix_tree([Request("a", "u", [1, 2], 5.0)])
+    assert vcg_payments(one, [5.0]) == {"u": 0.0}
+
+
+def test_wrong_number_of_bids_is_refused() -> None:
+    tree = build_radix_tree([Request("a", "u", [1], 1.0)])
+    with pytest.raises(ValueError, match="expected 1 bids"):
+        vcg_payments(tree, [1.0, 2.0])

@@ -131,15 +131,16 @@ def build_radix_tree(requests: Iterable[Request]) -> RadixTree:
     return _finish(batch, np.asarray(lex, dtype=np.int64), nodes)
 
 
+def lcp_length(a: TokenIds, b: TokenIds) -> int:
+    """Length of the longest common prefix of two token arrays (one vectorised comparison)."""
+    m = min(a.shape[0], b.shape[0])
+    mismatch = np.flatnonzero(a[:m] != b[:m])
+    return int(mismatch[0]) if mismatch.size else m
+
+
 def _adjacent_lcp(sorted_arrays: Sequence[TokenIds]) -> list[int]:
     """lcp[k] = longest common prefix of prompts k-1 and k in sorted order (lcp[0] = 0)."""
-    lcp = [0] * len(sorted_arrays)
-    for k in range(1, len(sorted_arrays)):
-        a, b = sorted_arrays[k - 1], sorted_arrays[k]
-        m = min(a.shape[0], b.shape[0])
-        mismatch = np.flatnonzero(a[:m] != b[:m])
-        lcp[k] = int(mismatch[0]) if mismatch.size else m
-    return lcp
+    return [0] + [lcp_length(a, b) for a, b in zip(sorted_arrays, sorted_arrays[1:], strict=False)]
 
 
 @dataclass

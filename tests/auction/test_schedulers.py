@@ -109,3 +109,22 @@ def test_non_dfs_schedulers_charge_nothing() -> None:
     batch = [Request("a", "u", [1], 1.0), Request("b", "v", [2], 2.0)]
     assert run_auction(batch, "bid-sort").payments == {}
     assert run_auction(batch, "dfs-bid").revenue == pytest.approx(1.0)
+
+
+@given(batches(max_size=14))
+@settings(max_examples=100, deadline=None)
+def test_dfs_orders_reuse_every_shared_prefix(batch: list[Request]) -> None:
+    """A DFS order recomputes exactly the tree's tokens; no order recomputes fewer."""
+    from auction import prefix_reuse
+
+    tree = build_radix_tree(batch)
+    if tree.n == 0:
+        return
+    bids = np.array([r.bid for r in batch])
+    shared = 1.0 - tree.tree_tokens / tree.total_tokens
+    for name, scheduler in SCHEDULERS.items():
+        reuse = prefix_reuse(tree, scheduler.order(tree, bids))
+        if name.startswith("dfs-"):
+            assert reuse == pytest.approx(shared)
+        else:
+            assert reuse <= shared + 1e-12

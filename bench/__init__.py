@@ -1,0 +1,1 @@
+"""Benchmarks: each prints JSON; run as modules, e.g. ``python -m bench.auction``."""

@@ -1,0 +1,252 @@
+"""Per-worker index of cached KV blocks, fed by Dynamo KV events (DESIGN §2).
+
+The index is a radix tree over *local* block hashes, like Dynamo's RadixTree: a node stands
+for the prefix spelled by the local hashes on its path from the root, and records which
+workers hold that prefix's last block. Events name blocks by the engine's own ``block_hash``
+(a sequence hash), so each worker also has a map ``block_hash → node``; a ``stored`` run hangs
+under the node its ``parent_hash`` maps to (the root when there is none).
+
+overlap(r, w) = number of leading blocks of r cached on w, i.e. the largest k such that w holds
+every prefix of r's first k blocks. One walk down the prompt's local hashes scores every
+worker at once: the set of workers still matching only shrinks along the path.
+
+Semantics, which the property tests check against a brute-force model:
+
+- ``stored``: unknown parent → the whole event is dropped (``unknown_parent``); otherwise each
+  block's ``block_hash`` is (re)bound to the child prefix. Re-binding a known hash moves it.
+- ``removed``: unbinds each hash; an unknown hash is counted (``unknown_block``), the others
+  still apply. (Dynamo stops at the first unknown hash; we lose less state.)
+- ``cleared``: unbinds all of the worker's hashes; the worker stays registered.
+- Events for workers never added are dropped (``unknown_worker``), malformed payloads are
+  dropped (``malformed``). No event raises into the caller.
+
+A worker may bind several block hashes to one prefix (engines can re-store a block under a new
+hash); the node keeps a count per worker so that removing one of them does not forget the
+other.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from router.events import Cleared, KvEvent, MalformedEventError, Removed, Stored, parse_kv_event
+from router.hashing import DEFAULT_BLOCK_SIZE, U64_MASK, Tokens, block_hashes
+
+
+class _Node:
+    __slots__ = ("children", "counts", "key", "parent", "workers")
+
+    def __init__(self, parent: _Node | None, key: int, workers: frozenset[int]) -> None:
+        self.children: dict[int, _Node] = {}
+        self.counts: dict[int, int] = {}  # worker -> how many of its block hashes name us
+        # Interned (shared) frozenset of counts' keys: the overlap walk compares these by
+        # identity, so a run of blocks held by the same workers costs no set operation.
+        self.workers = workers
+        self.parent = parent
+        self.key = key
+
+
+class KvIndex:
+    """Cached blocks per worker; ``overlap(tokens) -> {worker: leading cached blocks}``."""
+
+    def __init__(self, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.block_size = block_size
+        self._interned: dict[frozenset[int], frozenset[int]] = {}
+        self._root = _Node(None, 0, self._intern(frozenset()))
+        self._lookup: dict[int, dict[int, _Node]] = {}
+        self._workers: tuple[int, ...] = ()  # ascending; overlap columns follow this order
+        self._slot: dict[int, int] = {}
+        self.applied: Counter[str] = Counter()  # events applied, by kind
+        self.dropped: Counter[str] = Counter()  # events (or removed hashes) skipped, by reason
+
+    # -- workers -----------------------------------------------------------------------------
+
+    @property
+    def workers(self) -> tuple[int, ...]:
+        """Registered workers, ascending (the order of ``overlap_column``)."""
+        return self._workers
+
+    def _set_workers(self) -> None:
+        self._workers = tuple(sorted(self._lookup))
+        self._slot = {w: i for i, w in enumerate(self._workers)}
+
+    def add_worker(self, worker: int) -> None:
+        """Start accepting events for ``worker`` (idempotent)."""
+        if type(worker) is not int or not 0 <= worker <= U64_MASK:
+            raise ValueError(f"worker id must be an int in [0, 2**64), got {worker!r}")
+        if worker not in self._lookup:
+            self._lookup[worker] = {}
+            self._set_workers()
+
+    def remove_worker(self, worker: int) -> None:
+        """Forget ``worker`` and everything it cached."""
+        if worker not in self._lookup:
+            raise ValueError(f"unknown worker {worker!r}")
+        self._clear(worker)
+        del self._lookup[worker]
+        self._set_workers()
+        # No node refers to a set holding the worker any more: let those sets go.
+        self._interned = {s: s for s in self._interned if worker not in s}
+
+    def cached_blocks(self, worker: int) -> int:
+        """Blocks ``worker`` holds (Dynamo's tree size, used to break cost ties)."""
+        try:
+            return len(self._lookup[worker])
+        except KeyError:
+            raise ValueError(f"unknown worker {worker!r}") from None
+
+    def node_count(self) -> int:
+        """Prefixes stored in the tree, the root excluded (a memory gauge)."""
+        count, stack = 0, [self._root]
+        while stack:
+            node = stack.pop()
+            count += len(node.children)
+            stack.extend(node.children.values())
+        return count
+
+    # -- events ------------------------------------------------------------------------------
+
+    def apply_event(self, payload: object) -> bool:
+        """Apply one KV event given as a plain dict; False (and counted) when skipped."""
+        try:
+            event = parse_kv_event(payload)
+        except MalformedEventError:
+            self.dropped["malformed"] += 1
+            return False
+        return self.apply(event)
+
+    def apply_events(self, payloads: Iterable[object]) -> int:
+        """Apply events in order; returns how many were applied."""
+        return sum(self.apply_event(p) for p in payloads)
+
+    def apply(self, event: KvEvent) -> bool:
+        """Apply one parsed event; False (and counted) when skipped."""
+        lookup = self._lookup.get(event.worker)
+        if lookup is None:
+            self.dropped["unknown_worker"] += 1
+            return False
+        if isinstance(event, Stored):
+            if not self._store(event, lookup):
+                self.dropped["unknown_parent"] += 1
+                return False
+            self.applied["stored"] += 1
+        elif isinstance(event, Removed):
+            for block_hash in event.block_hashes:
+                node = lookup.pop(block_hash, None)
+                if node is None:
+                    self.dropped["unknown_block"] += 1
+                else:
+                    self._unbind(node, event.worker)
+            self.applied["removed"] += 1
+        else:
+            assert isinstance(event, Cleared)
+            self._clear(event.worker)
+            self.applied["cleared"] += 1
+        return True
+
+    def _store(self, event: Stored, lookup: dict[int, _Node]) -> bool:
+        if event.parent_hash is None:
+            node = self._root
+        else:
+            found = lookup.get(event.parent_hash)
+            if found is None:
+                return False
+            node = found
+        worker = event.worker
+        for block_hash, tokens_hash in event.blocks:
+            child = node.children.get(tokens_hash)
+            if child is None:
+                child = _Node(node, tokens_hash, self._root.workers)
+                node.children[tokens_hash] = child
+            old = lookup.get(block_hash)
+            if old is not child:
+                # Bind first: the new child then holds the path, so unbinding the old node
+                # can never prune a node we are standing on.
+                lookup[block_hash] = child
+                self._bind(child, worker)
+                if old is not None:
+                    self._unbind(old, worker)
+            node = child
+        return True
+
+    def _clear(self, worker: int) -> None:
+        lookup = self._lookup[worker]
+        for node in lookup.values():
+            self._unbind(node, worker)
+        lookup.clear()
+
+    def _bind(self, node: _Node, worker: int) -> None:
+        count = node.counts.get(worker, 0)
+        node.counts[worker] = count + 1
+        if count == 0:
+            node.workers = self._intern(node.workers | {worker})
+
+    def _unbind(self, node: _Node, worker: int) -> None:
+        count = node.counts[worker] - 1
+        if count:
+            node.counts[worker] = count
+            return
+        del node.counts[worker]
+        node.workers = self._intern(node.workers - {worker})
+        # Drop prefixes nobody holds and nothing hangs under.
+        while node.parent is not None and not node.counts and not node.children:
+            del node.parent.children[node.key]
+            node = node.parent
+
+    def _intern(self, workers: frozenset[int]) -> frozenset[int]:
+        return self._interned.setdefault(workers, workers)
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def overlap(self, tokens: Tokens) -> dict[int, int]:
+        """{worker: leading cached blocks of ``tokens``} for every registered worker."""
+        return self.overlap_hashes(block_hashes(tokens, self.block_size))
+
+    def overlap_hashes(self, local_hashes: Sequence[int]) -> dict[int, int]:
+        """As ``overlap``, from the prompt's local block hashes."""
+        return dict(zip(self._workers, self.overlap_column(local_hashes), strict=True))
+
+    def leading_matches(self, local_hashes: Sequence[int]) -> dict[int, int]:
+        """{worker: leading cached blocks}, listing only workers with at least one."""
+        column = self.overlap_column(local_hashes)
+        return {w: n for w, n in zip(self._workers, column, strict=True) if n}
+
+    def overlap_column(self, local_hashes: Sequence[int]) -> list[int]:
+        """Leading cached blocks per worker, in ``workers`` order (the router's hot path)."""
+        scores = [0] * len(self._workers)
+        if not local_hashes:
+            return scores
+        first = self._root.children.get(local_hashes[0])
+        if first is None or not first.workers:
+            return scores
+        slot, interned = self._slot, self._interned
+        active = first.workers
+        children = first.children
+        matched = 1  # blocks matched so far
+        rest = iter(local_hashes)
+        next(rest)
+        try:
+            # Indexing and a final KeyError beat dict.get plus a None test per block.
+            for matched, h in enumerate(rest, 1):
+                node = children[h]
+                workers = node.workers
+                if workers is not active:
+                    kept = active & workers
+                    if len(kept) != len(active):
+                        for w in active - kept:
+                            scores[slot[w]] = matched
+                        if not kept:
+                            return scores
+                    # The interned instance keeps the identity test above working.
+                    active = interned.get(kept, kept)
+                children = node.children
+            else:
+                matched = len(local_hashes)
+        except KeyError:
+            pass
+        for w in active:
+            scores[slot[w]] = matched
+        return scores

@@ -1,0 +1,316 @@
+"""The KV-aware router: index + loads + cost → one decision per request (DESIGN §2, §4).
+
+``Router.decide`` hashes the prompt, walks the KV index once to get every worker's overlap,
+prices each worker with ``router.cost`` and picks one (tau = 0: lowest cost; tau > 0: seeded
+softmax). The returned ``Decision`` carries the whole per-candidate breakdown, the tau and
+omega used and the policy version, because the PoA estimator and the ``disagg.<ns>.route``
+event need them. The controller changes the policy with ``set_policy`` at any time; a
+per-request override wins over it for that request only.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+
+from router.cost import (
+    CandidateCost,
+    check_tau_omega,
+    lowest_cost_index,
+    prefill_blocks,
+    routing_costs,
+    sample_index,
+    softmax_probabilities,
+    uncached_tokens,
+)
+from router.hashing import DEFAULT_BLOCK_SIZE, Tokens, block_hashes
+from router.kv_index import KvIndex
+from router.load import LoadTracker
+
+_DRAW_BATCH: Final = 1024
+
+# Dynamo's names for the override fields, accepted next to ours.
+_OVERRIDE_KEYS: Final = {
+    "tau": "tau",
+    "router_temperature": "tau",
+    "omega": "omega",
+    "overlap_score_weight": "omega",
+    "prefill_load_scale": "omega",  # Dynamo 1.6's alias of overlap_score_weight
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """The routing policy the controller sets: temperature tau, overlap weight omega."""
+
+    tau: float = 0.0
+    omega: float = 1.0
+    version: int = 0
+
+    def __post_init__(self) -> None:
+        check_tau_omega(self.tau, self.omega)
+        if type(self.version) is not int:
+            raise ValueError(f"policy version must be an int, got {self.version!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """Per-request tau and/or omega; None keeps the policy's value."""
+
+    tau: float | None = None
+    omega: float | None = None
+
+    def __bool__(self) -> bool:
+        return self.tau is not None or self.omega is not None
+
+    def __post_init__(self) -> None:
+        check_tau_omega(
+            0.0 if self.tau is None else self.tau, 0.0 if self.omega is None else self.omega
+        )
+
+    @classmethod
+    def from_mapping(cls, fields: Mapping[str, float]) -> Override:
+        """From ``{"tau"|"router_temperature": x, "omega"|"overlap_score_weight": y}``."""
+        values: dict[str, float] = {}
+        for key, value in fields.items():
+            if key not in _OVERRIDE_KEYS:
+                raise ValueError(f"unknown override field {key!r}")
+            values[_OVERRIDE_KEYS[key]] = value
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A routing decision and its full breakdown, one column entry per candidate worker.
+
+    Columns are aligned with ``workers`` (ascending id) and hold the inputs of the cost as they
+    were at decision time; ``uncached_tokens`` and ``prefill_blocks`` are derived from them
+    with ``router.cost``'s formulas. ``policy`` is what routed this request (the router's
+    policy, or a copy carrying the per-request override, then ``overridden`` is set).
+    ``softmax`` is the selection distribution for tau > 0 and None for tau = 0.
+    """
+
+    request_id: str
+    worker: int
+    policy: Policy
+    overridden: bool
+    prompt_tokens: int
+    block_size: int
+    workers: tuple[int, ...]
+    overlap_blocks: tuple[int, ...]
+    active_prefill_tokens: tuple[int, ...]
+    decode_blocks: tuple[int, ...]
+    costs: tuple[float, ...]
+    softmax: tuple[float, ...] | None
+
+    @property
+    def tau(self) -> float:
+        return self.policy.tau
+
+    @property
+    def omega(self) -> float:
+        return self.policy.omega
+
+    @property
+    def policy_version(self) -> int:
+        return self.policy.version
+
+    @property
+    def uncached_tokens(self) -> tuple[int, ...]:
+        """u(r, w) per candidate."""
+        n, b = self.prompt_tokens, self.block_size
+        return tuple(uncached_tokens(n, o, b) for o in self.overlap_blocks)
+
+    @property
+    def prefill_blocks(self) -> tuple[float, ...]:
+        """prefill_blocks(r, w) per candidate."""
+        b = self.block_size
+        return tuple(
+            prefill_blocks(a, u, b)
+            for a, u in zip(self.active_prefill_tokens, self.uncached_tokens, strict=True)
+        )
+
+    @property
+    def probabilities(self) -> tuple[float, ...]:
+        """Selection probability per candidate (all mass on ``worker`` when tau = 0)."""
+        if self.softmax is not None:
+            return self.softmax
+        return tuple(float(w == self.worker) for w in self.workers)
+
+    @property
+    def candidates(self) -> tuple[CandidateCost, ...]:
+        """The breakdown as one record per candidate."""
+        return tuple(
+            CandidateCost(*row)
+            for row in zip(
+                self.workers,
+                self.overlap_blocks,
+                self.uncached_tokens,
+                self.prefill_blocks,
+                self.decode_blocks,
+                self.costs,
+                self.probabilities,
+                strict=True,
+            )
+        )
+
+    def candidate(self, worker: int) -> CandidateCost:
+        """The breakdown line of ``worker``."""
+        return self.candidates[self.workers.index(worker)]
+
+    @property
+    def chosen(self) -> CandidateCost:
+        return self.candidate(self.worker)
+
+
+@functools.lru_cache(maxsize=1024, typed=True)
+def _policy(tau: float, omega: float, version: int) -> Policy:
+    """Policies for per-request overrides: a few distinct values, each built (and validated)
+    once; ``typed`` keeps e.g. ``True`` from hitting the entry of ``1.0``."""
+    return Policy(tau, omega, version)
+
+
+def _overridden(policy: Policy, override: Override | Mapping[str, float]) -> Policy:
+    """``policy`` with the override's tau and omega in place of its own."""
+    tau, omega = policy.tau, policy.omega
+    if isinstance(override, Override):
+        tau = tau if override.tau is None else override.tau
+        omega = omega if override.omega is None else override.omega
+    else:
+        for key, value in override.items():
+            field = _OVERRIDE_KEYS.get(key)
+            if field is None:
+                raise ValueError(f"unknown override field {key!r}")
+            if field == "tau":
+                tau = value
+            else:
+                omega = value
+    return _policy(tau, omega, policy.version)
+
+
+class Router:
+    """KV-aware router over a set of workers; plain object, fed by the caller."""
+
+    def __init__(
+        self,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        policy: Policy | None = None,
+        seed: int | None = 0,
+    ) -> None:
+        self.index = KvIndex(block_size)
+        self.loads = LoadTracker()
+        self.block_size = block_size
+        self._policy = policy if policy is not None else Policy()
+        self._rng = np.random.default_rng(seed)
+        self._draws: list[float] = []
+        self._workers: tuple[int, ...] = ()
+
+    # -- workers and events ------------------------------------------------------------------
+
+    @property
+    def workers(self) -> tuple[int, ...]:
+        return self._workers
+
+    def add_worker(self, worker: int) -> None:
+        """Route to ``worker`` from now on; its KV events are accepted from now on."""
+        self.index.add_worker(worker)
+        self.loads.add_worker(worker)
+        self._workers = self.index.workers
+
+    def remove_worker(self, worker: int) -> None:
+        """Drop ``worker``: its cached blocks, its load and its requests' reservations."""
+        self.index.remove_worker(worker)
+        self.loads.remove_worker(worker)
+        self._workers = self.index.workers
+
+    def apply_event(self, payload: object) -> bool:
+        """Feed one KV event (plain dict, Dynamo shape); never raises, see ``KvIndex``."""
+        return self.index.apply_event(payload)
+
+    # -- policy ------------------------------------------------------------------------------
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    def set_policy(self, tau: float, omega: float, version: int) -> None:
+        """Replace the default policy; decisions from now on use it."""
+        self._policy = Policy(tau, omega, version)
+
+    # -- decisions ---------------------------------------------------------------------------
+
+    def decide(
+        self,
+        request_id: str,
+        tokens: Tokens,
+        override: Override | Mapping[str, float] | None = None,
+        *,
+        reserve: bool = True,
+    ) -> Decision:
+        """Route one request; with ``reserve``, its load stays on the chosen worker until
+        ``finish_prefill`` (prefill tokens) and ``complete`` (everything) release it."""
+        policy, overridden = self._policy, False
+        if override:  # None, {} and Override() leave the policy as it is
+            policy, overridden = _overridden(policy, override), True
+        workers = self._workers
+        if not workers:
+            raise ValueError("no workers to route to")
+        prompt_tokens = len(tokens)
+        if prompt_tokens == 0:
+            raise ValueError("cannot route an empty prompt")
+        loads = self.loads
+        if reserve and request_id in loads:
+            raise ValueError(f"request {request_id!r} is already in flight")
+        block_size = self.block_size
+        overlaps = self.index.overlap_column(block_hashes(tokens, block_size))
+        prefill_now = tuple(loads.prefill_tokens)
+        decode_now = tuple(loads.decode_blocks)
+        costs = routing_costs(
+            prompt_tokens, overlaps, prefill_now, decode_now, policy.omega, block_size
+        )
+        softmax = None
+        if policy.tau == 0:
+            cached = self.index.cached_blocks
+            best = lowest_cost_index(costs, lambda i: (cached(workers[i]), workers[i]))
+        else:
+            softmax = tuple(softmax_probabilities(costs, policy.tau))
+            best = sample_index(softmax, self._uniform())
+
+        worker = workers[best]
+        if reserve:
+            # The request's KV occupies ceil(|r| / B) blocks on its worker until it completes.
+            uncached = uncached_tokens(prompt_tokens, overlaps[best], block_size)
+            loads.reserve(request_id, worker, uncached, -(-prompt_tokens // block_size))
+        return Decision(
+            request_id,
+            worker,
+            policy,
+            overridden,
+            prompt_tokens,
+            block_size,
+            workers,
+            tuple(overlaps),
+            prefill_now,
+            decode_now,
+            tuple(costs),
+            softmax,
+        )
+
+    def _uniform(self) -> float:
+        """Next draw of the seeded stream; drawn in batches, one numpy call being ~1 µs."""
+        if not self._draws:
+            self._draws = self._rng.random(_DRAW_BATCH).tolist()
+            self._draws.reverse()
+        return self._draws.pop()
+
+    def finish_prefill(self, request_id: str) -> bool:
+        """The request's prefill is done: release its prefill tokens."""
+        return self.loads.finish_prefill(request_id)
+
+    def complete(self, request_id: str) -> bool:
+        """The request finished: release all its load (False if unknown, e.g. a duplicate)."""
+        return self.loads.release(request_id)

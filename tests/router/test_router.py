@@ -1,0 +1,256 @@
+"""Router.decide: hand-computed decisions, argmin, softmax frequencies, policy, bookkeeping."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.stats import chisquare
+
+from router import (
+    CandidateCost,
+    Override,
+    Policy,
+    Router,
+    block_hashes,
+    sequence_hashes,
+    softmax_probabilities,
+)
+
+PROMPT = list(range(20))  # five blocks of 4
+
+
+def stored_prompt(worker: int, tokens: list[int], block_size: int = 4) -> dict[str, Any]:
+    local = block_hashes(tokens, block_size)
+    blocks = [
+        {"block_hash": s, "tokens_hash": h}
+        for s, h in zip(sequence_hashes(local), local, strict=True)
+    ]
+    return {"worker_id": worker, "data": {"stored": {"parent_hash": None, "blocks": blocks}}}
+
+
+def hand_router(**kw: Any) -> Router:
+    """Workers 1, 2, 3; 1 caches 4 blocks of PROMPT, 2 caches 2, 3 none; loads as below."""
+    router = Router(block_size=4, **kw)
+    for w in (3, 1, 2):
+        router.add_worker(w)
+    assert router.apply_event(stored_prompt(1, PROMPT[:16]))
+    assert router.apply_event(stored_prompt(2, PROMPT[:8]))
+    router.loads.report(1, active_prefill_tokens=40, active_decode_blocks=30)
+    router.loads.report(2, active_prefill_tokens=0, active_decode_blocks=12)
+    router.loads.report(3, active_prefill_tokens=0, active_decode_blocks=10)
+    return router
+
+
+def test_hand_computed_decision() -> None:
+    # omega = 1, B = 4, |r| = 20:
+    #   w1: overlap 4, u = 4,  prefill (40 + 4) / 4 = 11, cost 11 + 30 = 41
+    #   w2: overlap 2, u = 12, prefill 12 / 4 = 3,        cost 3 + 12 = 15
+    #   w3: overlap 0, u = 20, prefill 20 / 4 = 5,        cost 5 + 10 = 15
+    # w2 and w3 tie; w3 caches fewer blocks (0 < 2), so w3 wins.
+    router = hand_router()
+    d = router.decide("r1", PROMPT)
+    assert d.worker == 3
+    assert d.workers == (1, 2, 3)
+    assert d.overlap_blocks == (4, 2, 0)
+    assert d.uncached_tokens == (4, 12, 20)
+    assert d.prefill_blocks == (11.0, 3.0, 5.0)
+    assert d.decode_blocks == (30, 12, 10)
+    assert d.costs == (41.0, 15.0, 15.0)
+    assert d.probabilities == (0.0, 0.0, 1.0) and d.softmax is None
+    assert (d.tau, d.omega, d.policy_version, d.overridden) == (0.0, 1.0, 0, False)
+    assert d.chosen == CandidateCost(3, 0, 20, 5.0, 10, 15.0, 1.0)
+    assert d.candidates[0] == CandidateCost(1, 4, 4, 11.0, 30, 41.0, 0.0)
+    assert d.prompt_tokens == 20 and d.block_size == 4
+
+    # The decision reserved u = 20 prefill tokens and ceil(20 / 4) = 5 blocks on w3, so the
+    # same prompt now costs (20 + 20) / 4 + 15 = 25 there and goes to w2 (15).
+    assert router.loads.view(3).active_prefill_tokens == 20
+    d2 = router.decide("r2", PROMPT)
+    assert d2.costs == (41.0, 15.0, 25.0) and d2.worker == 2
+
+
+@pytest.mark.parametrize(
+    "override, worker, costs",
+    [
+        # omega = 2: w1 22 + 30 = 52, w2 6 + 12 = 18, w3 10 + 10 = 20.
+        ({"omega": 2.0}, 2, (52.0, 18.0, 20.0)),
+        # omega = 0.5 with Dynamo's field name: w1 35.5, w2 13.5, w3 12.5.
+        ({"overlap_score_weight": 0.5}, 3, (35.5, 13.5, 12.5)),
+        (Override(omega=2.0), 2, (52.0, 18.0, 20.0)),
+    ],
+)
+def test_per_request_override_wins(override: Any, worker: int, costs: tuple[float, ...]) -> None:
+    router = hand_router()
+    d = router.decide("r", PROMPT, override, reserve=False)
+    assert (d.worker, d.costs, d.overridden) == (worker, costs, True)
+    assert router.policy == Policy()  # the default is untouched
+
+
+def test_empty_overrides_and_dynamo_aliases() -> None:
+    router = hand_router()
+    empties: list[Override | dict[str, float] | None] = [None, {}, Override()]
+    for empty in empties:
+        assert not router.decide("r", PROMPT, empty, reserve=False).overridden
+    d = router.decide(
+        "r", PROMPT, {"prefill_load_scale": 2.0, "router_temperature": 0.0}, reserve=False
+    )
+    assert (d.omega, d.tau, d.worker) == (2.0, 0.0, 2)
+    router.decide("r", PROMPT, {"omega": 1.0}, reserve=False)
+    with pytest.raises(ValueError):
+        router.decide("r", PROMPT, {"omega": True}, reserve=False)  # not the cached 1.0 entry
+    with pytest.raises(ValueError):
+        Override(tau=-0.5)
+
+
+def test_set_policy_changes_the_default_and_its_version() -> None:
+    router = hand_router()
+    router.set_policy(tau=0.0, omega=2.0, version=7)
+    d = router.decide("r", PROMPT, reserve=False)
+    assert (d.worker, d.omega, d.policy_version) == (2, 2.0, 7)
+    d = router.decide("s", PROMPT, {"tau": 0.3}, reserve=False)
+    assert (d.tau, d.omega, d.policy_version, d.overridden) == (0.3, 2.0, 7, True)
+    assert d.softmax is not None and d.probabilities == d.softmax
+
+
+def test_caller_mistakes_raise_value_error() -> None:
+    router = hand_router()
+    with pytest.raises(ValueError):
+        router.decide("r", [])
+    with pytest.raises(ValueError):
+        router.decide("r", PROMPT, {"temperature": 1.0})
+    with pytest.raises(ValueError):
+        router.decide("r", PROMPT, {"tau": -1.0})
+    with pytest.raises(ValueError):
+        router.set_policy(tau=0.5, omega=-1.0, version=1)
+    with pytest.raises(ValueError):
+        router.set_policy(tau=math.nan, omega=1.0, version=1)
+    with pytest.raises(ValueError):
+        Router().decide("r", PROMPT)  # no workers
+    router.decide("r", PROMPT)
+    with pytest.raises(ValueError):
+        router.decide("r", PROMPT)  # still in flight
+    router.complete("r")
+    router.decide("r", PROMPT)
+
+
+# -- tau = 0 picks the argmin ----------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 5), st.integers(0, 60), st.integers(0, 20)), min_size=1, max_size=6
+    ),
+    st.integers(1, 20),
+    st.floats(0, 4),
+)
+def test_tau_zero_picks_the_argmin(
+    rows: list[tuple[int, int, int]], prompt_len: int, omega: float
+) -> None:
+    router = Router(block_size=4, policy=Policy(0.0, omega, 1))
+    for w, (cached, prefill, decode) in enumerate(rows):
+        router.add_worker(w)
+        if cached:
+            router.apply_event(stored_prompt(w, PROMPT[: 4 * cached]))
+        router.loads.report(w, prefill, decode)
+    tokens = PROMPT[:prompt_len]
+    d = router.decide("r", tokens, reserve=False)
+    overlap = router.index.overlap(tokens)
+    costs = {
+        w: omega * ((rows[w][1] + prompt_len - 4 * overlap[w]) / 4) + rows[w][2] for w in overlap
+    }
+    assert d.costs == tuple(costs[w] for w in d.workers)
+    lowest = min(costs.values())
+    ties = [w for w in costs if costs[w] == lowest]
+    assert d.worker == min(ties, key=lambda w: (router.index.cached_blocks(w), w))
+
+
+# -- tau > 0: seeded softmax -----------------------------------------------------------------
+
+
+def softmax_router(tau: float, seed: int = 0) -> Router:
+    router = Router(block_size=4, policy=Policy(tau, 1.0, 1), seed=seed)
+    for w, decode in enumerate((10, 12, 16, 30)):
+        router.add_worker(w)
+        router.loads.report(w, 0, decode)
+    return router
+
+
+def frequencies(router: Router, n: int) -> np.ndarray:
+    counts = np.zeros(len(router.workers))
+    for i in range(n):
+        counts[router.decide(f"r{i}", PROMPT, reserve=False).worker] += 1
+    return counts
+
+
+def test_softmax_frequencies_match_the_probabilities() -> None:
+    router = softmax_router(tau=0.5)
+    d = router.decide("probe", PROMPT, reserve=False)
+    # Costs 5 + (10, 12, 16, 30) normalise to (0, 0.1, 0.3, 1).
+    assert d.softmax == pytest.approx(softmax_probabilities(d.costs, 0.5))
+    assert d.softmax == pytest.approx(
+        np.exp(-np.array([0, 0.1, 0.3, 1.0]) / 0.5)
+        / np.exp(-np.array([0, 0.1, 0.3, 1.0]) / 0.5).sum()
+    )
+    n = 6000
+    observed = frequencies(router, n)
+    assert chisquare(observed, n * np.array(d.softmax)).pvalue > 0.01
+
+
+def test_tau_to_infinity_gives_uniform_frequencies() -> None:
+    router = softmax_router(tau=1e9)
+    assert router.decide("probe", PROMPT, reserve=False).softmax == pytest.approx([0.25] * 4)
+    observed = frequencies(router, 4000)
+    assert chisquare(observed).pvalue > 0.01
+
+
+def test_seeded_decisions_are_reproducible() -> None:
+    a, b, c = softmax_router(0.7, seed=5), softmax_router(0.7, seed=5), softmax_router(0.7, seed=6)
+    runs = [
+        [r.decide(f"x{i}", PROMPT, reserve=False).worker for i in range(300)] for r in (a, b, c)
+    ]
+    assert runs[0] == runs[1] != runs[2]
+
+
+# -- bookkeeping -----------------------------------------------------------------------------
+
+
+def test_decisions_reserve_and_completions_release_without_drift() -> None:
+    rng = random.Random(3)
+    router = hand_router(policy=Policy(0.4, 1.0, 1), seed=3)
+    baseline = {w: router.loads.view(w) for w in router.workers}
+    in_flight: list[str] = []
+    for i in range(2000):
+        if in_flight and rng.random() < 0.5:
+            rid = in_flight.pop(rng.randrange(len(in_flight)))
+            if rng.random() < 0.5:
+                assert router.finish_prefill(rid)
+            assert router.complete(rid)
+            assert not router.complete(rid)  # a duplicate completion changes nothing
+        else:
+            tokens = PROMPT[: rng.randrange(1, 21)]
+            d = router.decide(f"r{i}", tokens)
+            res = router.loads.reservation(f"r{i}")
+            assert res is not None and res.worker == d.worker
+            assert res.prefill_tokens == d.chosen.uncached_tokens
+            assert res.decode_blocks == math.ceil(len(tokens) / 4)
+            in_flight.append(f"r{i}")
+    for rid in in_flight:
+        router.complete(rid)
+    assert {w: router.loads.view(w) for w in router.workers} == baseline
+
+
+def test_remove_worker_drops_index_and_load() -> None:
+    router = hand_router()
+    d = router.decide("r", PROMPT)
+    router.remove_worker(d.worker)
+    assert d.worker not in router.workers
+    assert not router.complete("r")  # its reservation went with it
+    assert router.decide("s", PROMPT).workers == router.workers
+    assert not router.apply_event(stored_prompt(d.worker, PROMPT))

@@ -26,6 +26,7 @@ comparisons are ``memcmp`` calls.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -140,7 +141,7 @@ def lcp_length(a: TokenIds, b: TokenIds) -> int:
 
 def _adjacent_lcp(sorted_arrays: Sequence[TokenIds]) -> list[int]:
     """lcp[k] = longest common prefix of prompts k-1 and k in sorted order (lcp[0] = 0)."""
-    return [0] + [lcp_length(a, b) for a, b in zip(sorted_arrays, sorted_arrays[1:], strict=False)]
+    return [0] + [lcp_length(a, b) for a, b in itertools.pairwise(sorted_arrays)]
 
 
 @dataclass

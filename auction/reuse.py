@@ -9,6 +9,8 @@ can reach with such a cache (SGLang's longest-prefix-match argument). Orders tha
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import numpy.typing as npt
 
@@ -25,8 +27,8 @@ def prefix_reuse(tree: RadixTree, order: npt.ArrayLike) -> float:
     (0.2857142857142857, 0.0)
     """
     served = [tree.requests[int(r)].token_array for r in np.asarray(order, dtype=np.int64)]
-    total = sum(a.shape[0] for a in served)
+    total = sum(int(a.shape[0]) for a in served)
     if total == 0:
         return 0.0
-    reused = sum(lcp_length(prev, cur) for prev, cur in zip(served, served[1:], strict=False))
-    return reused / total
+    reused = sum(lcp_length(prev, cur) for prev, cur in itertools.pairwise(served))
+    return float(reused) / total

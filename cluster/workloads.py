@@ -18,11 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from auction import Request
+
+if TYPE_CHECKING:
+    from cluster.sim.cluster import SimRequest
 
 VOCAB = 32_000
 PARETO_SHAPE = 1.5
@@ -210,3 +214,47 @@ def make_workload(name: str, n: int, *, users: int = 128, seed: int = 0) -> Work
         known = "mixshare-P, " + ", ".join(k for k in GENERATORS if k != "stars")
         raise ValueError(f"unknown workload {name!r}; known: {known}")
     return GENERATORS[name](n, users=users, seed=seed)
+
+
+class TemplateSource:
+    """The calibration workload: ``templates`` shared prefixes of ``template_tokens``, each request
+    a template plus a unique tail up to ``input_tokens``, then ``output_tokens`` generated.
+
+    Calling it returns the next ``SimRequest`` (templates drawn uniformly, seeded).
+    """
+
+    def __init__(
+        self,
+        templates: int = 5,
+        template_tokens: int = 64,
+        input_tokens: int = 128,
+        output_tokens: int = 256,
+        *,
+        seed: int = 0,
+        prefix: str = "req",
+    ) -> None:
+        if templates < 1 or not 0 <= template_tokens <= input_tokens or output_tokens < 1:
+            raise ValueError(
+                "templates >= 1, 0 <= template_tokens <= input_tokens, output_tokens >= 1"
+            )
+        self._rng = np.random.default_rng(seed)
+        self._heads = [self._draw(template_tokens) for _ in range(templates)]
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+        self.prefix = prefix
+        self.count = 0
+
+    def _draw(self, length: int) -> TokenArray:
+        return self._rng.integers(0, VOCAB, size=length, dtype=np.uint32)
+
+    def __call__(self) -> SimRequest:
+        from cluster.sim.cluster import SimRequest
+
+        head = self._heads[int(self._rng.integers(len(self._heads)))]
+        tail = self._draw(self.input_tokens - head.shape[0])
+        self.count += 1
+        return SimRequest(
+            request_id=f"{self.prefix}-{self.count}",
+            tokens=np.concatenate((head, tail)),
+            output_tokens=self.output_tokens,
+        )

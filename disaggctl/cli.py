@@ -48,14 +48,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
 
     auction = sub.add_parser("auction", help="order and price one generated batch")
-    auction.add_argument("--workload", default="mixshare-50",
-                         help="mixshare-P, chains, trees-short or trees-long")
+    auction.add_argument(
+        "--workload", default="mixshare-50", help="mixshare-P, chains, trees-short or trees-long"
+    )
     auction.add_argument("--scheduler", default="dfs-bid", choices=sorted(SCHEDULERS))
     auction.add_argument("--n", type=int, default=256)
     auction.add_argument("--users", type=int, default=32)
     auction.add_argument("--seed", type=int, default=0)
     auction.add_argument("--top", type=int, default=5, help="how many ids and payers to show")
     auction.set_defaults(func=_auction)
+
+    from disaggctl.sim_cli import add_parser as add_sim
+
+    add_sim(sub)
     return parser
 
 

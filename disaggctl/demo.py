@@ -119,6 +119,8 @@ def main(out: Path, n: int, users: int, seed: int) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "auction.json").write_text(json.dumps([asdict(r) for r in rows], indent=2))
     plot(rows, out / "auction.png")
-    print(f"\nwelfare: % above a random order (½Σb); reuse: prompt tokens served from the previous "
-          f"prompt's prefix.\nwrote {out / 'auction.json'} and {out / 'auction.png'}")
+    print(
+        f"\nwelfare: % above a random order (½Σb); reuse: prompt tokens served from the previous "
+        f"prompt's prefix.\nwrote {out / 'auction.json'} and {out / 'auction.png'}"
+    )
     return 0

@@ -15,7 +15,9 @@ _bid = st.one_of(
 
 
 @st.composite
-def batches(draw: st.DrawFn, min_size: int = 0, max_size: int = 12, max_users: int = 4) -> list[Request]:
+def batches(
+    draw: st.DrawFn, min_size: int = 0, max_size: int = 12, max_users: int = 4
+) -> list[Request]:
     """A batch whose prompts branch from a few shared stems, so trees are deep, wide or both."""
     n = draw(st.integers(min_value=min_size, max_value=max_size))
     stems = draw(st.lists(_prompt, min_size=1, max_size=3))

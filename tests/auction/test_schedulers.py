@@ -101,7 +101,7 @@ def test_ties_go_to_the_earliest_arrival() -> None:
 
 
 def test_unknown_scheduler_names_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="unknown scheduler 'fifo'.*dfs-bid"):
+    with pytest.raises(ValueError, match=r"unknown scheduler 'fifo'.*dfs-bid"):
         run_auction([Request("a", "u", [1], 1.0)], "fifo")
 
 

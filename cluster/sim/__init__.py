@@ -1,0 +1,1 @@
+"""The simulated disaggregated cluster (DESIGN §6 "Simulated")."""

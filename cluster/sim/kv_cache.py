@@ -1,0 +1,204 @@
+"""A worker's block KV cache: a radix of hashed blocks, pinned while in use, evicted LRU.
+
+Blocks are identified as Dynamo identifies them: the sequence hash (``block_hash``: the block and
+its whole prefix) and the local hash (``tokens_hash``: the block's tokens only). A block is cached
+only under its parent, so a cached prefix is always reachable from the root (SGLang's radix-cache
+discipline), and eviction takes the least recently used unpinned leaf. The KV memory also holds
+private blocks (decode growth, partial tail blocks), which are never shared.
+
+Every change is published as a Dynamo-shaped KV event payload, ``{"worker_id": w, "data": D}`` with
+D = ``{"stored": {"parent_hash", "blocks": [{"block_hash", "tokens_hash"}]}}``,
+``{"removed": {"block_hashes"}}`` or ``"cleared"``, so one router index serves simulated and real
+workers alike.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+KvEventSink = Callable[[dict[str, Any]], None]
+
+
+@dataclass(eq=False)
+class _Block:
+    seq_hash: int
+    local_hash: int
+    parent: _Block | None
+    children: int = 0  # cached children: a block with children is never evicted
+    pins: int = 0  # requests using it now
+    last_used: float = 0.0
+
+
+@dataclass
+class Lease:
+    """Blocks pinned for one request; ``cached`` of them were hits when it was taken."""
+
+    blocks: list[_Block] = field(default_factory=list)
+    cached: int = 0
+    private: int = 0
+
+
+class KvCache:
+    """Block cache of ``capacity`` blocks for worker ``worker_id``."""
+
+    def __init__(self, worker_id: int, capacity: int, sink: KvEventSink | None = None) -> None:
+        if capacity <= 0:
+            raise ValueError(f"KV capacity must be positive, got {capacity} blocks")
+        self.worker_id = worker_id
+        self.capacity = capacity
+        self._sink = sink
+        self._blocks: dict[int, _Block] = {}
+        self._private = 0
+        self._pinned = 0  # blocks with pins > 0; their ancestors are pinned too
+        self._lru: list[tuple[float, int, int]] = []  # (last_used, tiebreak, seq_hash), lazy
+        self._tick = 0
+        self.evictions = 0
+        self.hits = 0
+        self.lookups = 0
+
+    # -- queries -----------------------------------------------------------------------------
+
+    @property
+    def used(self) -> int:
+        return len(self._blocks) + self._private
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.used
+
+    @property
+    def cached_blocks(self) -> int:
+        return len(self._blocks)
+
+    @property
+    def available(self) -> int:
+        """Blocks that could be had now: free ones plus every unpinned cached one."""
+        return self.free + len(self._blocks) - self._pinned
+
+    def leading_hits(self, seq_hashes: Sequence[int]) -> int:
+        """How many leading blocks of a prompt are cached here (no side effects)."""
+        hits = 0
+        for h in seq_hashes:
+            if h not in self._blocks:
+                break
+            hits += 1
+        return hits
+
+    # -- leases ------------------------------------------------------------------------------
+
+    def acquire(self, local_hashes: Sequence[int], seq_hashes: Sequence[int], now: float) -> Lease:
+        """Pin the cached prefix of a prompt and cache (and pin) the rest where memory allows.
+
+        The caller computes the uncached blocks; they are published as ``stored`` right away
+        because admission is when an engine allocates them. Blocks that do not fit are computed
+        but not cached (the lease simply holds fewer blocks).
+        """
+        lease = Lease()
+        parent: _Block | None = None
+        k = 0
+        while k < len(seq_hashes) and seq_hashes[k] in self._blocks:
+            block = self._blocks[seq_hashes[k]]
+            self._pin(block, now)
+            lease.blocks.append(block)
+            parent = block
+            k += 1
+        lease.cached = k
+        self.lookups += len(seq_hashes)
+        self.hits += k
+        stored: list[dict[str, int]] = []
+        parent_hash = parent.seq_hash if parent is not None else None
+        for j in range(k, len(seq_hashes)):
+            if not self._make_room(1):
+                break
+            block = _Block(seq_hashes[j], local_hashes[j], parent, last_used=now)
+            self._blocks[block.seq_hash] = block
+            if parent is not None:
+                parent.children += 1
+            self._pin(block, now)
+            lease.blocks.append(block)
+            stored.append({"block_hash": block.seq_hash, "tokens_hash": block.local_hash})
+            parent = block
+        if stored:
+            self._publish({"stored": {"parent_hash": parent_hash, "blocks": stored}})
+        return lease
+
+    def grow(self, lease: Lease, blocks: int) -> bool:
+        """Reserve private blocks for a lease (decode growth); False if memory is exhausted."""
+        if blocks <= 0:
+            return True
+        if not self._make_room(blocks):
+            return False
+        self._private += blocks
+        lease.private += blocks
+        return True
+
+    def release(self, lease: Lease, now: float) -> None:
+        """Unpin a lease's blocks (they stay cached, most recently used); free its private ones."""
+        for block in lease.blocks:
+            block.pins -= 1
+            block.last_used = now
+            if block.pins == 0:
+                self._pinned -= 1
+                if block.children == 0:
+                    self._push_lru(block)
+        self._private -= lease.private
+        lease.blocks, lease.private = [], 0
+
+    def clear(self) -> None:
+        """Drop every unpinned block (an engine's cache reset) and publish ``cleared``."""
+        for h in [h for h, b in self._blocks.items() if b.pins == 0]:
+            self._blocks.pop(h)
+        for block in self._blocks.values():
+            block.children = 0
+        for block in self._blocks.values():
+            if block.parent is not None and block.parent.seq_hash in self._blocks:
+                block.parent.children += 1
+        self._lru = []
+        self._publish("cleared")
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _pin(self, block: _Block, now: float) -> None:
+        if block.pins == 0:
+            self._pinned += 1
+        block.pins += 1
+        block.last_used = now
+
+    def _push_lru(self, block: _Block) -> None:
+        self._tick += 1
+        heapq.heappush(self._lru, (block.last_used, self._tick, block.seq_hash))
+
+    def _make_room(self, blocks: int) -> bool:
+        removed: list[int] = []
+        while self.free < blocks:
+            victim = self._pop_lru()
+            if victim is None:
+                break
+            removed.append(victim.seq_hash)
+        if removed:
+            self._publish({"removed": {"block_hashes": removed}})
+        return self.free >= blocks
+
+    def _pop_lru(self) -> _Block | None:
+        while self._lru:
+            last_used, _, h = heapq.heappop(self._lru)
+            block = self._blocks.get(h)
+            # Stale entries: re-pinned, re-used since, gained children, or already gone.
+            if block is None or block.pins or block.children or block.last_used != last_used:
+                continue
+            del self._blocks[h]
+            self.evictions += 1
+            parent = block.parent
+            if parent is not None and parent.seq_hash in self._blocks:
+                parent.children -= 1
+                if parent.children == 0 and parent.pins == 0:
+                    self._push_lru(parent)
+            return block
+        return None
+
+    def _publish(self, data: dict[str, Any] | str) -> None:
+        if self._sink is not None:
+            self._sink({"worker_id": self.worker_id, "data": data})

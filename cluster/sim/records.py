@@ -1,0 +1,98 @@
+"""Per-request records and the summaries experiments report (percentiles, throughput)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(eq=False)
+class RequestRecord:
+    """Everything that happened to one request, in simulated seconds since the run began."""
+
+    request_id: str
+    user: str
+    arrival: float
+    prompt_tokens: int
+    output_tokens: int
+    bid: float = 0.0
+    released: float | None = None  # left the admission stage
+    routed: float | None = None
+    decode_worker: int | None = None
+    prefill_worker: int | None = None  # None: prefilled locally on the decode worker
+    prefill_start: float | None = None
+    prefill_end: float | None = None
+    transfer_end: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    cached_tokens: int = 0
+    payment: float = 0.0
+    batch_id: int | None = None
+    decision: Any = field(default=None, repr=False)  # router.Decision
+    itl: np.ndarray | None = field(default=None, repr=False)
+    status: str = "pending"
+
+    @property
+    def queue_wait(self) -> float | None:
+        return None if self.released is None else self.released - self.arrival
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.finished is None else self.finished - self.arrival
+
+    @property
+    def mean_itl(self) -> float | None:
+        return None if self.itl is None or self.itl.size == 0 else float(self.itl.mean())
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Figures over the requests that finished inside a window [start, end)."""
+
+    start: float
+    end: float
+    completed: int
+    throughput_rps: float
+    ttft_p50_s: float
+    ttft_p99_s: float
+    itl_p50_s: float
+    itl_p99_s: float
+    e2e_p99_s: float
+    cache_hit_rate: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self.__dict__.items()}
+
+
+def percentile(values: Sequence[float] | np.ndarray, q: float) -> float:
+    data = np.asarray(values, dtype=np.float64)
+    return float(np.percentile(data, q)) if data.size else float("nan")
+
+
+def summarize(records: Sequence[RequestRecord], start: float, end: float) -> Summary:
+    """Requests finishing in [start, end): throughput, TTFT, ITL (over all tokens) percentiles."""
+    done = [r for r in records if r.finished is not None and start <= r.finished < end]
+    ttft = [r.ttft for r in done if r.ttft is not None]
+    itl_parts = [r.itl for r in done if r.itl is not None and r.itl.size]
+    itl = np.concatenate(itl_parts) if itl_parts else np.zeros(0)
+    prompt = sum(r.prompt_tokens for r in done)
+    cached = sum(r.cached_tokens for r in done)
+    return Summary(
+        start=start,
+        end=end,
+        completed=len(done),
+        throughput_rps=len(done) / (end - start) if end > start else float("nan"),
+        ttft_p50_s=percentile(ttft, 50),
+        ttft_p99_s=percentile(ttft, 99),
+        itl_p50_s=percentile(itl, 50),
+        itl_p99_s=percentile(itl, 99),
+        e2e_p99_s=percentile([r.e2e for r in done if r.e2e is not None], 99),
+        cache_hit_rate=cached / prompt if prompt else 0.0,
+    )

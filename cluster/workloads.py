@@ -10,8 +10,10 @@ Three tree shapes, each a batch of ``auction.Request`` with token ids in [0, voc
   path. ``short`` (~160 tokens at the leaves) fits a KV cache, ``long`` (~4k tokens) does not.
 
 Values are v = 1 + Pareto(1.5), i.e. a Pareto law with scale 1 and tail index 1.5 (heavy-tailed:
-a few requests are worth far more than the rest). Requests arrive in a random interleaving;
-users are drawn at random per request; bids are the values (truthful bidders).
+a few requests are worth far more than the rest), drawn by a ``ValueModel``: i.i.d., correlated
+within clusters (the requests of one article, trajectory or problem) with Gaussian-copula
+correlation ρ, or one bidding cluster with everyone else at zero. Requests arrive in a random
+interleaving; users are drawn at random per request; bids are the values (truthful bidders).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
+from scipy.special import ndtr
 
 from auction import Request
 
@@ -32,15 +35,48 @@ VOCAB = 32_000
 PARETO_SHAPE = 1.5
 
 TokenArray = npt.NDArray[np.uint32]
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class ValueModel:
+    """How request values are drawn: ``iid``, ``correlated`` (ρ within a cluster) or
+    ``one-cluster`` (the largest cluster bids, the rest value nothing)."""
+
+    kind: str = "iid"
+    rho: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("iid", "correlated", "one-cluster"):
+            raise ValueError(f"value model must be iid, correlated or one-cluster: {self.kind!r}")
+        if not 0.0 <= self.rho <= 1.0:
+            raise ValueError(f"rho must lie in [0, 1], got {self.rho}")
+
+    def draw(self, rng: np.random.Generator, clusters: npt.NDArray[np.int64]) -> FloatArray:
+        n = clusters.shape[0]
+        if self.kind == "iid" or n == 0:
+            return pareto_values(rng, n)
+        if self.kind == "one-cluster":
+            largest = int(np.argmax(np.bincount(clusters)))
+            return np.where(clusters == largest, pareto_values(rng, n), 0.0)
+        # Gaussian copula: z = √ρ·z_cluster + √(1−ρ)·ε keeps each marginal Pareto(1.5) exactly.
+        shared = rng.standard_normal(int(clusters.max()) + 1)[clusters]
+        z = np.sqrt(self.rho) * shared + np.sqrt(1.0 - self.rho) * rng.standard_normal(n)
+        u = ndtr(z)
+        return np.asarray((1.0 - u) ** (-1.0 / PARETO_SHAPE), dtype=np.float64)
 
 
 @dataclass(frozen=True)
 class Workload:
-    """A named batch and the facts about its sharing that experiments report."""
+    """A named batch and the facts about its sharing that experiments report.
+
+    ``clusters[k]`` labels the unit request k belongs to (its article, trajectory or problem;
+    singletons are clusters of one)."""
 
     name: str
     requests: tuple[Request, ...]
     seed: int
+    clusters: tuple[int, ...] = ()
 
     @property
     def total_tokens(self) -> int:
@@ -76,10 +112,12 @@ def _jitter(rng: np.random.Generator, mean: int, spread: float = 0.25) -> int:
 def _assemble(
     name: str,
     prompts: list[TokenArray],
+    clusters: list[int],
     *,
     users: int,
     seed: int,
     rng: np.random.Generator,
+    values: ValueModel | None,
 ) -> Workload:
     """Shuffle arrivals, give each request a user at random and draw values."""
     n = len(prompts)
@@ -87,18 +125,19 @@ def _assemble(
         raise ValueError(f"users must be >= 1, got {users}")
     arrival = rng.permutation(n)
     user_of = rng.integers(0, users, size=n)
-    values = pareto_values(rng, n)
+    labels = np.asarray(clusters, dtype=np.int64)
+    drawn = (values or ValueModel()).draw(rng, labels)
     requests = tuple(
         Request(
             id=f"{name}-{k}",
             user=f"user{int(user_of[k])}",
             tokens=prompts[k],
-            bid=float(values[k]),
+            bid=float(drawn[k]),
             arrival=int(arrival[k]),
         )
         for k in range(n)
     )
-    return Workload(name=name, requests=requests, seed=seed)
+    return Workload(name=name, requests=requests, seed=seed, clusters=tuple(clusters))
 
 
 def stars(
@@ -110,6 +149,7 @@ def stars(
     prefix_tokens: int = 1024,
     question_tokens: int = 64,
     seed: int = 0,
+    values: ValueModel | None = None,
 ) -> Workload:
     """``mixshare-P``: ``share_pct`` % of queries share one of ``articles`` prefixes."""
     if not 0.0 <= share_pct <= 100.0:
@@ -119,14 +159,17 @@ def stars(
     shared = round(n * share_pct / 100.0)
     heads = [_tokens(rng, _jitter(rng, prefix_tokens, 0.1)) for _ in range(max(1, articles))]
     prompts: list[TokenArray] = []
+    clusters: list[int] = []
     for k in range(n):
         if k < shared:
             head = heads[k % len(heads)]
             prompts.append(np.concatenate((head, _tokens(rng, _jitter(rng, question_tokens)))))
+            clusters.append(k % len(heads))
         else:
             prompts.append(_tokens(rng, _jitter(rng, prefix_tokens + question_tokens, 0.1)))
+            clusters.append(len(heads) + k)
     name = f"mixshare-{share_pct:g}"
-    return _assemble(name, prompts, users=users, seed=seed, rng=rng)
+    return _assemble(name, prompts, clusters, users=users, seed=seed, rng=rng, values=values)
 
 
 def chains(
@@ -138,6 +181,7 @@ def chains(
     task_tokens: int = 256,
     final_tokens: int = 3072,
     seed: int = 0,
+    values: ValueModel | None = None,
 ) -> Workload:
     """Agent trajectories of ``steps`` steps, each prompt extending the last, ~``final_tokens``."""
     _check_count(n)
@@ -147,12 +191,16 @@ def chains(
     system = _tokens(rng, system_tokens)
     step_tokens = max(1, (final_tokens - system_tokens - task_tokens) // steps)
     prompts: list[TokenArray] = []
+    clusters: list[int] = []
+    trajectory = 0
     while len(prompts) < n:
         prompt = np.concatenate((system, _tokens(rng, _jitter(rng, task_tokens))))
         for _ in range(min(steps, n - len(prompts))):
             prompt = np.concatenate((prompt, _tokens(rng, _jitter(rng, step_tokens))))
             prompts.append(prompt)
-    return _assemble("chains", prompts, users=users, seed=seed, rng=rng)
+            clusters.append(trajectory)
+        trajectory += 1
+    return _assemble("chains", prompts, clusters, users=users, seed=seed, rng=rng, values=values)
 
 
 TREE_SIZES = {"short": (64, 32), "long": (3200, 270)}  # (question tokens, tokens per thought)
@@ -166,6 +214,7 @@ def trees(
     branching: int = 3,
     depth: int = 3,
     seed: int = 0,
+    values: ValueModel | None = None,
 ) -> Workload:
     """Tree-of-thought problems: every thought of a ``branching``-ary tree is a request."""
     _check_count(n)
@@ -174,6 +223,8 @@ def trees(
     question_tokens, thought_tokens = TREE_SIZES[size]
     rng = np.random.default_rng(seed)
     prompts: list[TokenArray] = []
+    clusters: list[int] = []
+    problem = 0
     while len(prompts) < n:
         frontier = [_tokens(rng, _jitter(rng, question_tokens, 0.1))]
         for _ in range(depth):
@@ -184,8 +235,10 @@ def trees(
             ]
             take = frontier[: n - len(prompts)]
             prompts.extend(take)
+            clusters.extend([problem] * len(take))
+        problem += 1
     name = f"trees-{size}"
-    return _assemble(name, prompts, users=users, seed=seed, rng=rng)
+    return _assemble(name, prompts, clusters, users=users, seed=seed, rng=rng, values=values)
 
 
 def _check_count(n: int) -> None:
@@ -201,7 +254,9 @@ GENERATORS: dict[str, Callable[..., Workload]] = {
 }
 
 
-def make_workload(name: str, n: int, *, users: int = 128, seed: int = 0) -> Workload:
+def make_workload(
+    name: str, n: int, *, users: int = 128, seed: int = 0, values: ValueModel | None = None
+) -> Workload:
     """A workload by name: ``mixshare-P`` (e.g. ``mixshare-50``), ``chains``, ``trees-short``,
     ``trees-long``."""
     if name.startswith("mixshare-"):
@@ -209,11 +264,11 @@ def make_workload(name: str, n: int, *, users: int = 128, seed: int = 0) -> Work
             share = float(name.removeprefix("mixshare-"))
         except ValueError:
             raise ValueError(f"bad workload {name!r}: expected mixshare-P, P in [0, 100]") from None
-        return stars(n, share, users=users, seed=seed)
+        return stars(n, share, users=users, seed=seed, values=values)
     if name not in GENERATORS or name == "stars":
         known = "mixshare-P, " + ", ".join(k for k in GENERATORS if k != "stars")
         raise ValueError(f"unknown workload {name!r}; known: {known}")
-    return GENERATORS[name](n, users=users, seed=seed)
+    return GENERATORS[name](n, users=users, seed=seed, values=values)
 
 
 class TemplateSource:

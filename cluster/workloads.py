@@ -298,18 +298,27 @@ class TemplateSource:
         self.output_tokens = output_tokens
         self.prefix = prefix
         self.count = 0
+        self._pending_heads: list[int] = []
+        self._pending_tails: list[TokenArray] = []
 
     def _draw(self, length: int) -> TokenArray:
         return self._rng.integers(0, VOCAB, size=length, dtype=np.uint32)
 
+    def _refill(self) -> None:
+        # One numpy call per 512 requests: per-request draws dominated the simulator's profile.
+        tail = self.input_tokens - self._heads[0].shape[0]
+        self._pending_heads = self._rng.integers(len(self._heads), size=512).tolist()
+        self._pending_tails = list(self._rng.integers(0, VOCAB, size=(512, tail), dtype=np.uint32))
+
     def __call__(self) -> SimRequest:
         from cluster.sim.cluster import SimRequest
 
-        head = self._heads[int(self._rng.integers(len(self._heads)))]
-        tail = self._draw(self.input_tokens - head.shape[0])
+        if not self._pending_heads:
+            self._refill()
+        head = self._heads[self._pending_heads.pop()]
         self.count += 1
         return SimRequest(
             request_id=f"{self.prefix}-{self.count}",
-            tokens=np.concatenate((head, tail)),
+            tokens=np.concatenate((head, self._pending_tails.pop())),
             output_tokens=self.output_tokens,
         )

@@ -28,7 +28,15 @@ from router.cost import (
     softmax_probabilities,
     uncached_tokens,
 )
-from router.events import Cleared, KvEvent, MalformedEventError, Removed, Stored, parse_kv_event
+from router.events import (
+    Cleared,
+    KvEvent,
+    MalformedEventError,
+    Removed,
+    Stored,
+    parse_kv_event,
+    to_payload,
+)
 from router.hashing import (
     DEFAULT_BLOCK_SIZE,
     XXH3_SEED,
@@ -67,6 +75,7 @@ __all__ = [
     "sample_index",
     "sequence_hashes",
     "softmax_probabilities",
+    "to_payload",
     "token_bytes",
     "uncached_tokens",
 ]

@@ -129,3 +129,16 @@ def parse_kv_event(payload: object) -> KvEvent:
     if kind == "cleared":
         return Cleared(worker)
     raise MalformedEventError(f"unknown event type {kind!r}")
+
+
+def to_payload(event: KvEvent) -> dict[str, object]:
+    """The flattened Dynamo payload of a typed event (the inverse of ``parse_kv_event``)."""
+    data: object
+    if isinstance(event, Stored):
+        blocks = [{"block_hash": b, "tokens_hash": t} for b, t in event.blocks]
+        data = {"stored": {"parent_hash": event.parent_hash, "blocks": blocks}}
+    elif isinstance(event, Removed):
+        data = {"removed": {"block_hashes": list(event.block_hashes)}}
+    else:
+        data = "cleared"
+    return {"worker_id": event.worker, "data": data}

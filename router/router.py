@@ -11,7 +11,7 @@ per-request override wins over it for that request only.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -250,9 +250,13 @@ class Router:
         override: Override | Mapping[str, float] | None = None,
         *,
         reserve: bool = True,
+        local_hashes: Sequence[int] | None = None,
     ) -> Decision:
         """Route one request; with ``reserve``, its load stays on the chosen worker until
-        ``finish_prefill`` (prefill tokens) and ``complete`` (everything) release it."""
+        ``finish_prefill`` (prefill tokens) and ``complete`` (everything) release it.
+
+        ``local_hashes`` are the prompt's block hashes when the caller already has them (a
+        simulated engine hashes every prompt anyway); they must be ``block_hashes(tokens)``."""
         policy, overridden = self._policy, False
         if override:  # None, {} and Override() leave the policy as it is
             policy, overridden = _overridden(policy, override), True
@@ -266,7 +270,9 @@ class Router:
         if reserve and request_id in loads:
             raise ValueError(f"request {request_id!r} is already in flight")
         block_size = self.block_size
-        overlaps = self.index.overlap_column(block_hashes(tokens, block_size))
+        if local_hashes is None:
+            local_hashes = block_hashes(tokens, block_size)
+        overlaps = self.index.overlap_column(local_hashes)
         prefill_now = tuple(loads.prefill_tokens)
         decode_now = tuple(loads.decode_blocks)
         costs = routing_costs(

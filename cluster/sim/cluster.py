@@ -30,7 +30,7 @@ from cluster.sim.loop import EventLoop
 from cluster.sim.prefill import PrefillJob, PrefillWorker
 from cluster.sim.profile import HardwareProfile
 from cluster.sim.records import RequestRecord
-from router import Policy, Router, block_hashes, sequence_hashes
+from router import KvEvent, Policy, Router, block_hashes, sequence_hashes, to_payload
 
 
 @dataclass(frozen=True)
@@ -185,7 +185,9 @@ class SimCluster:
         flight = self._inflight[request.request_id]
         rec = flight.record
         rec.released, rec.batch_id, rec.payment = self.now, batch_id, payment
-        decision = self.decode_router.decide(request.request_id, request.tokens)
+        decision = self.decode_router.decide(
+            request.request_id, request.tokens, local_hashes=flight.local_hashes
+        )
         rec.decision, rec.routed, rec.decode_worker = decision, self.now, decision.worker
         self._note("route", request.request_id, decision.worker)
         worker = self.decode[decision.worker]
@@ -194,7 +196,9 @@ class SimCluster:
         if not self.prefill or uncached <= self.profile.decode.local_prefill_max_tokens:
             self._to_decode(flight, prefill_locally=True)
             return
-        pick = self.prefill_router.decide(request.request_id, request.tokens)
+        pick = self.prefill_router.decide(
+            request.request_id, request.tokens, local_hashes=flight.local_hashes
+        )
         rec.prefill_worker = pick.worker
         job = PrefillJob(request.request_id, prompt, flight.local_hashes, flight.seq_hashes)
         self.prefill[pick.worker].submit(job, self.now)
@@ -286,12 +290,16 @@ class SimCluster:
 
     # -- KV events ---------------------------------------------------------------------------
 
-    def _prefill_sink(self, payload: dict[str, Any]) -> None:
-        self.prefill_router.apply_event(payload)
-        for listener in self.kv_listeners:
-            listener(payload)
+    def _prefill_sink(self, event: KvEvent) -> None:
+        self.prefill_router.index.apply(event)
+        self._publish(event)
 
-    def _decode_sink(self, payload: dict[str, Any]) -> None:
-        self.decode_router.apply_event(payload)
-        for listener in self.kv_listeners:
-            listener(payload)
+    def _decode_sink(self, event: KvEvent) -> None:
+        self.decode_router.index.apply(event)
+        self._publish(event)
+
+    def _publish(self, event: KvEvent) -> None:
+        if self.kv_listeners:
+            payload = to_payload(event)
+            for listener in self.kv_listeners:
+                listener(payload)

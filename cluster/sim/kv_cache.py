@@ -6,10 +6,9 @@ only under its parent, so a cached prefix is always reachable from the root (SGL
 discipline), and eviction takes the least recently used unpinned leaf. The KV memory also holds
 private blocks (decode growth, partial tail blocks), which are never shared.
 
-Every change is published as a Dynamo-shaped KV event payload, ``{"worker_id": w, "data": D}`` with
-D = ``{"stored": {"parent_hash", "blocks": [{"block_hash", "tokens_hash"}]}}``,
-``{"removed": {"block_hashes"}}`` or ``"cleared"``, so one router index serves simulated and real
-workers alike.
+Every change is published as a KV event (``router.Stored`` / ``Removed`` / ``Cleared``: the typed
+form of Dynamo's ``stored``, ``removed`` and ``cleared``; ``router.to_payload`` gives the wire
+dict), so one router index serves simulated and real workers alike.
 """
 
 from __future__ import annotations
@@ -17,9 +16,10 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-KvEventSink = Callable[[dict[str, Any]], None]
+from router import Cleared, KvEvent, Removed, Stored
+
+KvEventSink = Callable[[KvEvent], None]
 
 
 @dataclass(eq=False)
@@ -108,7 +108,7 @@ class KvCache:
         lease.cached = k
         self.lookups += len(seq_hashes)
         self.hits += k
-        stored: list[dict[str, int]] = []
+        stored: list[tuple[int, int]] = []
         parent_hash = parent.seq_hash if parent is not None else None
         for j in range(k, len(seq_hashes)):
             if not self._make_room(1):
@@ -119,10 +119,10 @@ class KvCache:
                 parent.children += 1
             self._pin(block, now)
             lease.blocks.append(block)
-            stored.append({"block_hash": block.seq_hash, "tokens_hash": block.local_hash})
+            stored.append((block.seq_hash, block.local_hash))
             parent = block
         if stored:
-            self._publish({"stored": {"parent_hash": parent_hash, "blocks": stored}})
+            self._publish(Stored(self.worker_id, parent_hash, tuple(stored)))
         return lease
 
     def grow(self, lease: Lease, blocks: int) -> bool:
@@ -157,7 +157,7 @@ class KvCache:
             if block.parent is not None and block.parent.seq_hash in self._blocks:
                 block.parent.children += 1
         self._lru = []
-        self._publish("cleared")
+        self._publish(Cleared(self.worker_id))
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -179,7 +179,7 @@ class KvCache:
                 break
             removed.append(victim.seq_hash)
         if removed:
-            self._publish({"removed": {"block_hashes": removed}})
+            self._publish(Removed(self.worker_id, tuple(removed)))
         return self.free >= blocks
 
     def _pop_lru(self) -> _Block | None:
@@ -199,6 +199,6 @@ class KvCache:
             return block
         return None
 
-    def _publish(self, data: dict[str, Any] | str) -> None:
+    def _publish(self, event: KvEvent) -> None:
         if self._sink is not None:
-            self._sink({"worker_id": self.worker_id, "data": data})
+            self._sink(event)

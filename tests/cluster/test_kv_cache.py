@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from cluster.sim.kv_cache import KvCache
-from router import KvIndex, block_hashes, sequence_hashes
+from router import Cleared, KvIndex, Removed, block_hashes, sequence_hashes, to_payload
 
 
 def _hashes(tokens: list[int], bs: int = 2) -> tuple[list[int], list[int]]:
@@ -10,7 +10,7 @@ def _hashes(tokens: list[int], bs: int = 2) -> tuple[list[int], list[int]]:
 
 
 def test_hits_pin_and_lru_eviction_order() -> None:
-    events: list[dict] = []
+    events: list = []
     cache = KvCache(worker_id=7, capacity=4, sink=events.append)
     a = _hashes([1, 1, 2, 2])  # blocks A1 A2
     b = _hashes([3, 3, 4, 4])  # blocks B1 B2
@@ -26,11 +26,11 @@ def test_hits_pin_and_lru_eviction_order() -> None:
     # A was used least recently: its leaf goes first, then its root, never B.
     lease_c = cache.acquire(*c, now=5.0)
     assert len(lease_c.blocks) == 1
-    removed = [e["data"]["removed"]["block_hashes"] for e in events if "removed" in e["data"]]
+    removed = [list(e.block_hashes) for e in events if isinstance(e, Removed)]
     assert removed == [[a[1][1]]]
     d = _hashes([6, 6])
     cache.acquire(*d, now=6.0)
-    removed = [e["data"]["removed"]["block_hashes"] for e in events if "removed" in e["data"]]
+    removed = [list(e.block_hashes) for e in events if isinstance(e, Removed)]
     assert removed[-1] == [a[1][0]]
     assert cache.leading_hits(b[1]) == 2 and cache.leading_hits(a[1]) == 0
 
@@ -46,10 +46,11 @@ def test_a_reused_prefix_hits_and_is_refreshed() -> None:
 
 
 def test_events_rebuild_the_same_index_as_the_cache() -> None:
-    """The router's index fed by the cache's events agrees with the cache on every prompt."""
+    """The router's index fed by the cache's events, as Dynamo wire payloads, agrees with the
+    cache on every prompt."""
     index = KvIndex(block_size=2)
     index.add_worker(3)
-    cache = KvCache(worker_id=3, capacity=6, sink=index.apply_event)
+    cache = KvCache(worker_id=3, capacity=6, sink=lambda e: index.apply_event(to_payload(e)))
     prompts = [[1, 1, 2, 2, 3, 3], [1, 1, 2, 2, 4, 4], [5, 5, 6, 6], [1, 1, 7, 7], [8, 8, 9, 9]]
     for t, tokens in enumerate(prompts):
         cache.release(cache.acquire(*_hashes(tokens), now=float(t)), now=float(t))
@@ -64,5 +65,6 @@ def test_clear_publishes_cleared_and_keeps_pinned_blocks() -> None:
     held = cache.acquire(*_hashes([1, 1]), now=0.0)
     cache.release(cache.acquire(*_hashes([2, 2]), now=0.0), now=0.0)
     cache.clear()
-    assert events[-1] == {"worker_id": 2, "data": "cleared"}
+    assert events[-1] == Cleared(2)
+    assert to_payload(events[-1]) == {"worker_id": 2, "data": "cleared"}
     assert cache.cached_blocks == 1 and held.blocks

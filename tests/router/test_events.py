@@ -120,3 +120,15 @@ def test_arbitrary_payloads_never_raise_into_the_index_caller(payload: object) -
     assert applied != (sum(index.dropped.values()) >= 1) or index.dropped.keys() == {
         "unknown_block"
     }
+
+
+def test_to_payload_is_the_inverse_of_parsing() -> None:
+    from router.events import Cleared, Removed, Stored, parse_kv_event, to_payload
+
+    for event in (
+        Stored(4, None, ((11, 12), (13, 14))),
+        Stored(4, 11, ((15, 16),)),
+        Removed(9, (11, 13)),
+        Cleared(2),
+    ):
+        assert parse_kv_event(to_payload(event)) == event

@@ -70,22 +70,24 @@ def knee(profile: HardwareProfile, topology: str, hold: float = HOLD_S) -> float
     return busy.throughput_rps * e2e
 
 
+def point_value(
+    profile: HardwareProfile, topology: str, concurrency: int, metric: str, hold: float = HOLD_S
+) -> float:
+    """One figure of one operating point (the median over ``TAIL_SEEDS`` for TTFT)."""
+    seeds = TAIL_SEEDS if metric.startswith("ttft") else (0,)
+    values = [
+        float(getattr(_cached_point(profile.name, topology, concurrency, hold, s), metric))
+        for s in seeds
+    ]
+    return statistics.median(values)
+
+
 def simulated_value(profile: HardwareProfile, point: CalibrationPoint, hold: float) -> float:
     if point.metric == "knee_concurrency":
         return knee(profile, point.topology, hold)
     if point.metric == "kv_capacity_tokens":
         return float(profile.decode.kv_capacity_tokens)
-    seeds = TAIL_SEEDS if point.metric.startswith("ttft") else (0,)
-    values = [
-        float(
-            getattr(
-                _cached_point(profile.name, point.topology, point.concurrency, hold, s),
-                point.metric,
-            )
-        )
-        for s in seeds
-    ]
-    return statistics.median(values)
+    return point_value(profile, point.topology, point.concurrency, point.metric, hold)
 
 
 def within(point: CalibrationPoint, simulated: float) -> bool:

@@ -1,0 +1,121 @@
+"""Join routing decisions with completions by request id, whatever order they arrive in.
+
+Events come off a bus: out of order, duplicated, or never. The joiner holds whichever half of a
+request it saw first until the other arrives (then emits a ``WindowRequest`` for the PoA estimator)
+or until it is older than ``ttl_s`` (then it is dropped and counted). Duplicates of a half already
+held or already joined are counted and ignored. Failed requests and completions that name another
+worker than their decision (a migrated request) are counted and not attributed.
+
+    attribution_rate = joined / (joined + completions that expired unjoined + unusable ones)
+
+is the share of settled completions the estimator could use; 1 before any settled.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from games.poa import WindowRequest
+
+
+@dataclass(frozen=True)
+class RouteRecord:
+    """A routing decision: the chosen worker and u(r, w) for every candidate."""
+
+    request_id: str
+    t: float
+    worker: int
+    uncached: Mapping[int, int]
+
+
+@dataclass(frozen=True)
+class CompletionRecord:
+    request_id: str
+    t: float
+    worker: int
+    ttft_s: float
+    status: str = "ok"
+
+
+class EventJoiner:
+    def __init__(self, ttl_s: float = 60.0, remember: int = 100_000) -> None:
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
+        self.ttl_s = ttl_s
+        self._routes: OrderedDict[str, RouteRecord] = OrderedDict()
+        self._completions: OrderedDict[str, CompletionRecord] = OrderedDict()
+        self._done: OrderedDict[str, None] = OrderedDict()  # joined ids, for duplicate detection
+        self._remember = remember
+        self.counts: Counter[str] = Counter()
+
+    @property
+    def pending(self) -> int:
+        return len(self._routes) + len(self._completions)
+
+    @property
+    def attribution_rate(self) -> float:
+        settled = (
+            self.counts["joined"]
+            + self.counts["expired_completion"]
+            + self.counts["failed"]
+            + self.counts["worker_mismatch"]
+        )
+        return 1.0 if settled == 0 else self.counts["joined"] / settled
+
+    def add_route(self, route: RouteRecord) -> WindowRequest | None:
+        if self._seen(route.request_id) or route.request_id in self._routes:
+            self.counts["duplicate_route"] += 1
+            return None
+        completion = self._completions.pop(route.request_id, None)
+        if completion is None:
+            self._routes[route.request_id] = route
+            return None
+        return self._join(route, completion)
+
+    def add_completion(self, completion: CompletionRecord) -> WindowRequest | None:
+        if self._seen(completion.request_id) or completion.request_id in self._completions:
+            self.counts["duplicate_completion"] += 1
+            return None
+        route = self._routes.pop(completion.request_id, None)
+        if route is None:
+            self._completions[completion.request_id] = completion
+            return None
+        return self._join(route, completion)
+
+    def expire(self, now: float) -> int:
+        """Drop halves older than ``ttl_s``; returns how many were dropped."""
+        horizon = now - self.ttl_s
+        stale_routes = [k for k, r in self._routes.items() if r.t < horizon]
+        stale_completions = [k for k, c in self._completions.items() if c.t < horizon]
+        for key in stale_routes:
+            del self._routes[key]
+        for key in stale_completions:
+            del self._completions[key]
+        self.counts["expired_route"] += len(stale_routes)
+        self.counts["expired_completion"] += len(stale_completions)
+        return len(stale_routes) + len(stale_completions)
+
+    def _seen(self, request_id: str) -> bool:
+        return request_id in self._done
+
+    def _join(self, route: RouteRecord, completion: CompletionRecord) -> WindowRequest | None:
+        self._done[route.request_id] = None
+        if len(self._done) > self._remember:
+            self._done.popitem(last=False)
+        if completion.status != "ok":
+            self.counts["failed"] += 1
+            return None
+        if completion.worker != route.worker or route.worker not in route.uncached:
+            self.counts["worker_mismatch"] += 1
+            return None
+        self.counts["joined"] += 1
+        return WindowRequest(
+            request_id=route.request_id,
+            worker=route.worker,
+            routed_at=route.t,
+            completed_at=completion.t,
+            latency=max(0.0, completion.ttft_s),
+            uncached=route.uncached,
+        )

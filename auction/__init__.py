@@ -8,11 +8,29 @@ Public API::
     vcg_payments(tree, bids)                      fast Clarke-pivot payments, O(M log ν)
     vcg_payments_naive(tree, bids)                the reference: recompute the optimum per user
     prefix_reuse(tree, order)                     prompt tokens an order lets the cache reuse
+    PacingBidder(gamma, T)                        budget-pacing autobidder (alpha = 1/(1+mu))
+    repeated.simulate(draw_batch, T, pacing)      repeated auctions; autobidder_regret(...)
+    pacing_welfare_bound(tree, values, bids)      (1/(n-1))·Σ_u L_u*(v)/κ_u
+    Ledger(path)                                  exactly-once charges against budgets, on disk
 """
 
-from auction import schedulers
+from auction import repeated, schedulers
+from auction.ledger import (
+    Account,
+    BudgetExceeded,
+    Charge,
+    ChargeConflictError,
+    Ledger,
+    LedgerCorruptError,
+    LedgerError,
+    UnknownAccountError,
+)
+from auction.pacing import PacingBidder, PacingStep, capped_alpha
+from auction.pacing_bound import pacing_kappa, pacing_welfare_bound
 from auction.radix import RadixTree, build_radix_tree
 from auction.reference import all_dfs_orders, vcg_payments_naive
+from auction.regret import Regret, autobidder_regret, best_fixed_alpha, loglog_slope
+from auction.repeated import Batch, RepeatedResult, simulate, stationary_source
 from auction.request import Request
 from auction.reuse import prefix_reuse
 from auction.run import AuctionResult, run_auction
@@ -22,20 +40,42 @@ from auction.welfare import local_welfare, positions, priorities, welfare, welfa
 
 __all__ = [
     "SCHEDULERS",
+    "Account",
     "AuctionResult",
+    "Batch",
+    "BudgetExceeded",
+    "Charge",
+    "ChargeConflictError",
+    "Ledger",
+    "LedgerCorruptError",
+    "LedgerError",
+    "PacingBidder",
+    "PacingStep",
     "RadixTree",
+    "Regret",
+    "RepeatedResult",
     "Request",
     "Scheduler",
+    "UnknownAccountError",
     "all_dfs_orders",
+    "autobidder_regret",
+    "best_fixed_alpha",
     "build_radix_tree",
+    "capped_alpha",
     "dfs_bid_order",
     "get_scheduler",
     "local_welfare",
+    "loglog_slope",
+    "pacing_kappa",
+    "pacing_welfare_bound",
     "positions",
     "prefix_reuse",
     "priorities",
+    "repeated",
     "run_auction",
     "schedulers",
+    "simulate",
+    "stationary_source",
     "vcg_payments",
     "vcg_payments_naive",
     "welfare",

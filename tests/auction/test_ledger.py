@@ -1,0 +1,307 @@
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from auction.ledger import (
+    BudgetExceeded,
+    Charge,
+    ChargeConflictError,
+    Ledger,
+    LedgerCorruptError,
+    LedgerError,
+    UnknownAccountError,
+    to_micros,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    with Ledger(tmp_path / "ledger.db") as opened:
+        opened.open_account("alice", 10.0)
+        opened.open_account("bob", 1.0)
+        yield opened
+
+
+# -- unit ------------------------------------------------------------------------------------------
+
+
+def test_charge_moves_the_balance_and_is_journalled(ledger: Ledger) -> None:
+    charge = ledger.charge("b1", "alice", 2.5)
+    assert charge == Charge(charge.seq, "b1", "alice", 2.5, 7.5)
+    ledger.charge(2, "alice", 0.0)  # a VCG price of zero is still a charge (and a key)
+    assert ledger.balance("alice") == 7.5
+    assert [(c.batch_id, c.amount) for c in ledger.journal("alice")] == [("b1", 2.5), ("2", 0.0)]
+    assert ledger.account("alice").spent == 2.5
+
+
+def test_repeated_charge_is_a_no_op_returning_the_original(ledger: Ledger) -> None:
+    first = ledger.charge("b1", "alice", 3.0)
+    assert ledger.charge("b1", "alice", 3.0) == first
+    assert ledger.balance("alice") == 7.0
+    assert len(ledger.journal()) == 1
+    # Same batch, another user: a different key.
+    assert ledger.charge("b1", "bob", 0.5).seq != first.seq
+
+
+def test_repeated_key_with_another_amount_is_a_conflict(ledger: Ledger) -> None:
+    ledger.charge("b1", "alice", 3.0)
+    with pytest.raises(ChargeConflictError, match="already charged"):
+        ledger.charge("b1", "alice", 3.5)
+    assert ledger.balance("alice") == 7.0 and len(ledger.journal()) == 1
+
+
+def test_overdraft_raises_budget_exceeded_and_writes_nothing(ledger: Ledger) -> None:
+    ledger.charge("b1", "bob", 0.75)
+    with pytest.raises(BudgetExceeded, match="exceeds its remaining budget") as info:
+        ledger.charge("b2", "bob", 0.3)
+    assert info.value.user == "bob" and info.value.balance == pytest.approx(0.25)
+    assert isinstance(info.value, LedgerError)
+    assert ledger.balance("bob") == 0.25 and len(ledger.journal("bob")) == 1
+    ledger.charge("b2", "bob", 0.25)  # the exact remainder fits
+    assert ledger.balance("bob") == 0.0
+    with pytest.raises(BudgetExceeded):
+        ledger.charge("b3", "bob", 0.000001)
+    # The refused key stays free: a later, affordable charge under it is not a conflict.
+    ledger.charge("b3", "bob", 0.0)
+
+
+def test_unknown_account_and_bad_input(ledger: Ledger) -> None:
+    with pytest.raises(UnknownAccountError, match="carol"):
+        ledger.charge("b1", "carol", 1.0)
+    with pytest.raises(UnknownAccountError):
+        ledger.balance("carol")
+    for amount in (-1.0, math.nan, math.inf, "3", True):
+        with pytest.raises(ValueError):
+            ledger.charge("b1", "alice", amount)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="batch_id"):
+        ledger.charge("", "alice", 1.0)
+    with pytest.raises(ValueError, match="batch_id"):
+        ledger.charge(1.5, "alice", 1.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="user"):
+        ledger.charge("b1", "", 1.0)
+    with pytest.raises(ValueError, match="budget"):
+        ledger.open_account("dave", -5.0)
+    assert ledger.journal() == []
+
+
+def test_accounts_open_once(ledger: Ledger) -> None:
+    assert ledger.open_account("alice", 10.0).budget == 10.0  # same budget: a no-op
+    with pytest.raises(LedgerError, match="already exists"):
+        ledger.open_account("alice", 20.0)
+    assert [a.user for a in ledger.accounts()] == ["alice", "bob"]
+
+
+def test_money_is_counted_in_exact_micro_units(ledger: Ledger) -> None:
+    for k in range(10):
+        ledger.charge(f"b{k}", "alice", 0.1)
+    assert ledger.balance("alice") == 9.0  # ten float 0.1s would not sum to exactly 1.0
+    assert to_micros(0.1) == 100_000 and to_micros(1e-7) == 0
+
+
+def test_reopen_replays_the_journal(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    with Ledger(path) as ledger:
+        ledger.open_account("alice", 5.0)
+        charges = [ledger.charge(f"b{k}", "alice", 1.25) for k in range(3)]
+    with Ledger(path) as reopened:
+        assert reopened.balance("alice") == 1.25
+        assert reopened.journal() == charges
+        assert reopened.replay()["alice"].spent == 3.75
+        assert reopened.charge("b1", "alice", 1.25) == charges[1]  # still idempotent
+        mode = reopened._db.execute("PRAGMA journal_mode").fetchone()[0]
+        sync = reopened._db.execute("PRAGMA synchronous").fetchone()[0]
+        assert (mode, sync) == ("wal", 2)  # 2 = FULL
+
+
+def test_journal_is_append_only_and_tampering_is_detected(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    with Ledger(path) as ledger:
+        ledger.open_account("alice", 5.0)
+        ledger.charge("b1", "alice", 2.0)
+    raw = sqlite3.connect(path)
+    try:
+        with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+            raw.execute("UPDATE journal SET amount = 0")
+        with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+            raw.execute("DELETE FROM journal")
+        with pytest.raises(sqlite3.IntegrityError):  # the schema forbids an overdraft as well
+            raw.execute("UPDATE accounts SET spent = 6000000")
+        raw.execute("UPDATE accounts SET spent = 0")  # forge the account, not the journal
+        raw.commit()
+    finally:
+        raw.close()
+    with pytest.raises(LedgerCorruptError, match="journal sums to"):
+        Ledger(path)
+
+
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.integers(min_value=0, max_value=6),  # batch
+            st.sampled_from(["alice", "bob"]),
+            st.sampled_from([0.0, 0.25, 0.5, 1.0, 2.0]),
+        ),
+        max_size=30,
+    )
+)
+@settings(max_examples=40, deadline=None)
+def test_ledger_matches_a_model(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[int, str, float]]
+) -> None:
+    budgets = {"alice": 3.0, "bob": 1.5}
+    charged: dict[tuple[str, str], float] = {}
+    with Ledger(tmp_path_factory.mktemp("model") / "ledger.db") as ledger:
+        for user, budget in budgets.items():
+            ledger.open_account(user, budget)
+        for batch, user, amount in steps:
+            key = (str(batch), user)
+            spent = sum(a for (_, u), a in charged.items() if u == user)
+            new = key not in charged
+            try:
+                ledger.charge(batch, user, amount)
+            except ChargeConflictError:
+                assert not new and charged[key] != amount
+            except BudgetExceeded:
+                assert new and spent + amount > budgets[user]
+            else:
+                if new:
+                    assert spent + amount <= budgets[user]
+                    charged[key] = amount
+                else:
+                    assert charged[key] == amount
+        for user, budget in budgets.items():
+            spent = sum(a for (_, u), a in charged.items() if u == user)
+            assert ledger.balance(user) == pytest.approx(budget - spent)
+            assert ledger.balance(user) >= 0
+        assert len(ledger.journal()) == len(charged)
+
+
+# -- integration: real processes -------------------------------------------------------------------
+
+WRITER = r"""
+import sys
+from auction.ledger import BudgetExceeded, Ledger
+
+path, user, start, stop = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+ledger = Ledger(path, timeout=60.0)
+for k in range(start, stop):
+    amount = (k % 7 + 1) / 8
+    try:
+        charge = ledger.charge(f"batch-{k}", user, amount)
+    except BudgetExceeded:
+        print(f"exceeded {k}", flush=True)
+        continue
+    # Acknowledged only once ``charge`` has returned, i.e. after the commit.
+    print(f"ok {k} {charge.seq} {charge.amount}", flush=True)
+print("done", flush=True)
+"""
+
+
+def _writer(path: Path, user: str, start: int, stop: int) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path), user, str(start), str(stop)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
+
+
+def _amount(k: int) -> float:
+    return (k % 7 + 1) / 8
+
+
+@pytest.mark.integration
+def test_sigkill_mid_stream_loses_no_charge_and_duplicates_none(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    with Ledger(path) as ledger:
+        ledger.open_account("alice", 1e9)
+    stream = 2000  # far more than gets written before the kill
+    writer = _writer(path, "alice", 0, stream)
+    acked: dict[int, int] = {}
+    try:
+        assert writer.stdout is not None
+        while len(acked) < 40:
+            line = writer.stdout.readline()
+            assert line.startswith("ok"), line
+            _, k, seq, _ = line.split()
+            acked[int(k)] = int(seq)
+        os.kill(writer.pid, signal.SIGKILL)
+    finally:
+        writer.kill()
+        writer.wait()
+        if writer.stdout is not None:
+            writer.stdout.close()
+    assert writer.returncode == -signal.SIGKILL
+
+    with Ledger(path) as reopened:  # replays and checks the journal
+        journal = reopened.journal("alice")
+        by_key = {c.batch_id: c for c in journal}
+        assert len(by_key) == len(journal)  # no duplicates
+        for k, seq in acked.items():
+            assert by_key[f"batch-{k}"].seq == seq  # every acknowledged charge, exactly once
+        assert max(acked) < stream - 1  # it really was killed mid-stream
+        assert sum(c.amount for c in journal) == pytest.approx(reopened.account("alice").spent)
+
+    # The retry replays the whole stream: what was written stays, the rest is added once.
+    rerun = _writer(path, "alice", 0, 200)
+    out, _ = rerun.communicate(timeout=120)
+    assert rerun.returncode == 0 and out.rstrip().endswith("done")
+    with Ledger(path) as final:
+        keys = [c.batch_id for c in final.journal("alice") if int(c.batch_id.split("-")[1]) < 200]
+        assert sorted(keys) == sorted(f"batch-{k}" for k in range(200))
+        for k, seq in acked.items():
+            assert next(c for c in final.journal() if c.batch_id == f"batch-{k}").seq == seq
+
+
+@pytest.mark.integration
+def test_two_processes_charging_concurrently_never_overdraw_or_duplicate(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    budget = 40.0  # about 70 of the 120 charges fit
+    with Ledger(path) as ledger:
+        ledger.open_account("alice", budget)
+    # Both writers walk the same keys, so every key is contended.
+    writers = [_writer(path, "alice", 0, 120), _writer(path, "alice", 0, 120)]
+    outputs = []
+    try:
+        for w in writers:
+            out, _ = w.communicate(timeout=120)
+            assert w.returncode == 0, out
+            outputs.append(out.splitlines())
+    finally:
+        for w in writers:
+            if w.poll() is None:
+                w.kill()
+                w.wait()
+
+    with Ledger(path) as final:
+        journal = final.journal("alice")
+        assert len({c.batch_id for c in journal}) == len(journal)  # exactly once per key
+        spent = sum(c.amount for c in journal)
+        assert spent <= budget + 1e-9 and final.balance("alice") >= 0
+        assert final.account("alice").spent == pytest.approx(spent)
+        by_key = {c.batch_id: c for c in journal}
+        for lines in outputs:
+            assert lines[-1] == "done"
+            for line in lines[:-1]:
+                kind, k, *rest = line.split()
+                if kind == "ok":  # both processes see the same (single) charge for a key
+                    assert by_key[f"batch-{k}"].seq == int(rest[0])
+                    assert float(rest[1]) == _amount(int(k))
+        refused = {line for lines in outputs for line in lines if line.startswith("exceeded")}
+        assert refused  # the budget ran out and said so
+        assert spent > budget - 1.0  # and it was used up to less than the largest charge

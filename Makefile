@@ -5,7 +5,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-MATH_ROOMS := auction router games
+MATH_ROOMS := auction router games controller
 
 .PHONY: demo test lint bench clean
 

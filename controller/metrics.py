@@ -70,3 +70,6 @@ AUCTION_REVENUE = Counter("disagg_auction_revenue", "VCG payments charged", regi
 EVENTS_DROPPED = Counter(
     "disagg_events_dropped", "Events skipped, by reason", ["reason"], registry=REGISTRY
 )
+CAPACITY_ADVICE = Counter(
+    "disagg_capacity_advice", "P/D re-split recommendations issued", registry=REGISTRY
+)

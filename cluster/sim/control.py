@@ -1,0 +1,114 @@
+"""The control loop on a simulated cluster: the controller and the PoA estimator, ticking in
+virtual time exactly as the live actors tick in wall time.
+
+Every completion feeds the detector (its TTFT) and the joiner (its routing decision and its
+completion, as the bus would deliver them); every ``tick_s`` the estimator refreshes poa_hat over
+its window and the controller ticks with it, so the router's (τ, ω) follow the regime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cluster.events import RouteEvent, completion_event
+from cluster.sim.cluster import SimCluster
+from cluster.sim.records import RequestRecord
+from controller import metrics
+from controller.controller import Controller
+from games.join import EventJoiner
+from games.poa import PoaEstimate, PoaEstimator
+
+
+@dataclass(frozen=True)
+class TickSample:
+    """What one tick saw: the timeline the demo and the adaptive benchmark plot."""
+
+    t: float
+    regime: int
+    tau: float
+    omega: float
+    ttft_p99_window_s: float | None
+    ttft_p99_smoothed_s: float | None
+    poa_hat: float
+    poa_routing: float
+    poa_capacity: float
+    queue_depth: int
+    in_flight: int
+
+
+class ControlLoop:
+    def __init__(
+        self,
+        cluster: SimCluster,
+        controller: Controller | None,
+        estimator: PoaEstimator,
+        *,
+        tick_s: float = 1.0,
+        until: float = float("inf"),
+    ) -> None:
+        if tick_s <= 0:
+            raise ValueError(f"tick_s must be > 0, got {tick_s}")
+        self.cluster = cluster
+        self.controller = controller
+        self.estimator = estimator
+        self.joiner = EventJoiner(ttl_s=max(60.0, 10 * tick_s))
+        self.tick_s = tick_s
+        self.until = until
+        self.timeline: list[TickSample] = []
+        self.last: PoaEstimate | None = None
+        cluster.completion_listeners.append(self._completed)
+        if controller is not None:
+            controller.start(cluster.now)
+        cluster.loop.after(tick_s, self._tick)
+
+    def _completed(self, record: RequestRecord) -> None:
+        if record.ttft is not None and self.controller is not None:
+            self.controller.observe(record.first_token or record.finished or 0.0, record.ttft)
+        metrics.REQUESTS.labels(record.status).inc()
+        if record.decision is not None and record.routed is not None:
+            route = RouteEvent.from_decision(record.decision, record.routed, record.user, "")
+            self.joiner.add_route(route.to_record())
+        joined = self.joiner.add_completion(completion_event(record).to_record())
+        if joined is not None:
+            self.estimator.add(joined)
+
+    def _tick(self) -> None:
+        now = self.cluster.now
+        self.joiner.expire(now)
+        est = self.estimator.estimate(now)
+        self.last = est
+        metrics.POA_HAT.set(est.poa_hat)
+        metrics.POA_ROUTING.set(est.poa_routing)
+        metrics.POA_CAPACITY.set(est.poa_capacity)
+        depth = self.cluster.admission.depth + self.cluster.backlog
+        metrics.AUCTION_QUEUE_DEPTH.set(self.cluster.admission.depth)
+        if self.controller is not None:
+            self.controller.tick(
+                now,
+                queue_depth=depth,
+                poa_hat=est.poa_hat,
+                poa_routing=est.poa_routing,
+                poa_capacity=est.poa_capacity,
+            )
+            detector = self.controller.detector
+            regime, p99, smoothed = int(detector.regime), detector.last_p99, detector.smoothed_p99
+        else:
+            regime, p99, smoothed = 0, None, None
+        policy = self.cluster.decode_router.policy
+        self.timeline.append(
+            TickSample(
+                t=now,
+                regime=regime,
+                tau=policy.tau,
+                omega=policy.omega,
+                ttft_p99_window_s=p99,
+                ttft_p99_smoothed_s=smoothed,
+                poa_hat=est.poa_hat,
+                poa_routing=est.poa_routing,
+                poa_capacity=est.poa_capacity,
+                queue_depth=depth,
+                in_flight=len(self.cluster._inflight),
+            )
+        )
+        if now + self.tick_s <= self.until:
+            self.cluster.loop.after(self.tick_s, self._tick)

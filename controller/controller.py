@@ -1,0 +1,188 @@
+"""The adaptive controller: detector + policy table → the router's (τ, ω), live (DESIGN §4).
+
+Each tick the detector updates the regime; on a switch the controller bumps the policy version
+and calls ``set_policy(tau, omega, version)`` on its target (a ``router.Router``, or an actor that
+forwards to one), so a policy change reaches routing without restarting anything and every
+decision carries the version that made it. Regime changes are reported as ``RegimeChange``
+records (the bus turns them into ``disagg.<ns>.regime`` events) and in the Prometheus gauges.
+
+Two optional signals ride on the ticks:
+
+- a leading indicator (off by default): queue depth or poa_hat rising faster than a set rate
+  escalates one regime at once and holds it a few ticks, before TTFT P99 has caught up;
+- capacity advice: saturated, with poa_capacity ≥ ``dominance``·poa_routing for ``sustain``
+  ticks, means routing cannot help; the controller asks its advisor (Game 1) for a P/D re-split
+  and reports it. Advice only: nothing is resized.
+
+If the controller stops, its target keeps the last policy it was given.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from controller import metrics
+from controller.detector import Regime, SaturationDetector
+from controller.policy import PolicyTable
+
+
+class PolicyTarget(Protocol):
+    def set_policy(self, tau: float, omega: float, version: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class RegimeChange:
+    t: float
+    regime: Regime
+    tau: float
+    omega: float
+    ttft_p99_smoothed_s: float
+    version: int
+    cause: str = "ttft"  # "ttft" or "leading"
+
+
+@dataclass(frozen=True)
+class CapacityAdvice:
+    t: float
+    poa_routing: float
+    poa_capacity: float
+    recommendation: Any  # the advisor's record, e.g. a Game-1 split
+
+
+class LeadingIndicator:
+    """Fires when queue depth or poa_hat grows faster than ``*_rise_per_s`` over ``horizon``
+    ticks (each rate None: that signal is off)."""
+
+    def __init__(
+        self,
+        queue_rise_per_s: float | None = None,
+        poa_rise_per_s: float | None = None,
+        horizon: int = 3,
+    ) -> None:
+        if horizon < 1:
+            raise ValueError(f"horizon must be >= 1, got {horizon}")
+        self.queue_rise_per_s = queue_rise_per_s
+        self.poa_rise_per_s = poa_rise_per_s
+        self._queue: deque[tuple[float, float]] = deque(maxlen=horizon + 1)
+        self._poa: deque[tuple[float, float]] = deque(maxlen=horizon + 1)
+
+    def update(self, now: float, queue_depth: float | None, poa_hat: float | None) -> bool:
+        fired = False
+        for series, value, limit in (
+            (self._queue, queue_depth, self.queue_rise_per_s),
+            (self._poa, poa_hat, self.poa_rise_per_s),
+        ):
+            if value is None or limit is None:
+                continue
+            series.append((now, value))
+            if len(series) == series.maxlen:
+                (t0, v0), (t1, v1) = series[0], series[-1]
+                if t1 > t0 and (v1 - v0) / (t1 - t0) > limit:
+                    fired = True
+        return fired
+
+
+class Controller:
+    def __init__(
+        self,
+        detector: SaturationDetector,
+        table: PolicyTable,
+        target: PolicyTarget,
+        *,
+        on_change: Callable[[RegimeChange], None] | None = None,
+        leading: LeadingIndicator | None = None,
+        hold_ticks: int = 6,
+        advisor: Callable[[], Any] | None = None,
+        on_advice: Callable[[CapacityAdvice], None] | None = None,
+        dominance: float = 2.0,
+        sustain: int = 10,
+    ) -> None:
+        self.detector = detector
+        self.table = table
+        self.target = target
+        self.on_change = on_change
+        self.leading = leading
+        self.hold_ticks = hold_ticks
+        self.advisor = advisor
+        self.on_advice = on_advice
+        self.dominance = dominance
+        self.sustain = sustain
+        self.version = 0
+        self.changes: list[RegimeChange] = []
+        self.advice: list[CapacityAdvice] = []
+        self._capacity_ticks = 0
+
+    @property
+    def regime(self) -> Regime:
+        return self.detector.regime
+
+    def start(self, now: float) -> RegimeChange:
+        """Push the current regime's policy (version 1): the target starts from a known state."""
+        return self._apply(now, "ttft")
+
+    def observe(self, t: float, ttft_s: float) -> None:
+        self.detector.observe(t, ttft_s)
+        metrics.TTFT.observe(ttft_s)
+
+    def tick(
+        self,
+        now: float,
+        queue_depth: float | None = None,
+        poa_hat: float | None = None,
+        poa_routing: float | None = None,
+        poa_capacity: float | None = None,
+    ) -> Regime:
+        before = self.detector.regime
+        after = self.detector.tick(now)
+        fired = self.leading is not None and self.leading.update(now, queue_depth, poa_hat)
+        if fired and after == before:
+            after = self.detector.escalate(now, self.hold_ticks)
+            if after != before:
+                self._apply(now, "leading")
+        elif after != before:
+            self._apply(now, "ttft")
+        if self.detector.smoothed_p99 is not None:
+            metrics.TTFT_P99_SMOOTHED.set(self.detector.smoothed_p99)
+        self._advise(now, poa_routing, poa_capacity)
+        return self.detector.regime
+
+    def _apply(self, now: float, cause: str) -> RegimeChange:
+        regime = self.detector.regime
+        policy = self.table[regime]
+        self.version += 1
+        self.target.set_policy(policy.tau, policy.omega, self.version)
+        change = RegimeChange(
+            now,
+            regime,
+            policy.tau,
+            policy.omega,
+            self.detector.smoothed_p99 or 0.0,
+            self.version,
+            cause,
+        )
+        self.changes.append(change)
+        metrics.REGIME.set(int(regime))
+        metrics.ROUTER_TEMPERATURE.set(policy.tau)
+        metrics.ROUTER_OVERLAP_WEIGHT.set(policy.omega)
+        if self.on_change is not None:
+            self.on_change(change)
+        return change
+
+    def _advise(self, now: float, poa_routing: float | None, poa_capacity: float | None) -> None:
+        capacity_bound = (
+            self.detector.regime == Regime.SATURATED
+            and poa_routing is not None
+            and poa_capacity is not None
+            and poa_capacity >= self.dominance * poa_routing
+        )
+        self._capacity_ticks = self._capacity_ticks + 1 if capacity_bound else 0
+        if self._capacity_ticks == self.sustain and self.advisor is not None:
+            assert poa_routing is not None and poa_capacity is not None
+            advice = CapacityAdvice(now, poa_routing, poa_capacity, self.advisor())
+            self.advice.append(advice)
+            metrics.CAPACITY_ADVICE.inc()
+            if self.on_advice is not None:
+                self.on_advice(advice)

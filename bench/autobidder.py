@@ -47,14 +47,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--users", type=int, default=12)
     p.add_argument("--pacing", type=int, default=3, help="users that pace; the rest are truthful")
     p.add_argument("--shapes", type=int, default=4, help="distinct trees batches are drawn from")
-    p.add_argument("--budget-fraction", type=float, default=0.5,
-                   help="γ as a fraction of the user's truthful per-batch spend")
-    p.add_argument("--eta-scale", type=float, default=DEFAULT_ETA_SCALE,
-                   help="η = eta_scale/(γ·√T)")
+    p.add_argument(
+        "--budget-fraction",
+        type=float,
+        default=0.5,
+        help="γ as a fraction of the user's truthful per-batch spend",
+    )
+    p.add_argument(
+        "--eta-scale", type=float, default=DEFAULT_ETA_SCALE, help="η = eta_scale/(γ·√T)"
+    )
     p.add_argument("--mu-max", type=float, default=100.0)
     p.add_argument("--horizons", type=int, nargs="+", default=[100, 400, 1600, 6400])
-    p.add_argument("--seeds", type=int, nargs="+", default=[8, 4, 2, 2],
-                   help="runs per horizon (one number per horizon)")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[8, 4, 2, 2],
+        help="runs per horizon (one number per horizon)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
@@ -69,8 +79,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     started = time.perf_counter()
     trees = [
-        build_radix_tree(make_workload(args.workload, args.n, users=args.users,
-                                       seed=args.seed + k).requests)
+        build_radix_tree(
+            make_workload(args.workload, args.n, users=args.users, seed=args.seed + k).requests
+        )
         for k in range(args.shapes)
     ]
     source = stationary_source(trees, pareto_values)
@@ -90,46 +101,64 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     per_T: dict[int, list[dict[str, float]]] = {T: [] for T in args.horizons}
     for T, s in bar:
         bar.set_postfix(T=T, seed=s)
-        result = simulate(source, T, gamma, users=users, seed=args.seed + 100_000 * s + T,
-                          eta_scale=args.eta_scale, mu_max=args.mu_max)
+        result = simulate(
+            source,
+            T,
+            gamma,
+            users=users,
+            seed=args.seed + 100_000 * s + T,
+            eta_scale=args.eta_scale,
+            mu_max=args.mu_max,
+        )
         if s == 0 and max(args.horizons) == T:
             alpha_run = result
         for user in gamma:
             r = autobidder_regret(result, user, mu_max=args.mu_max)
             j = result.pacing.index(user)
-            per_T[T].append({
-                "regret": r.regret,
-                "utility": r.utility,
-                "best_utility": r.best_utility,
-                "best_alpha": r.best_alpha,
-                "mean_alpha": float(result.alpha_capped[:, j].mean()),
-                "spend_over_budget": r.spend / r.budget,
-            })
+            per_T[T].append(
+                {
+                    "regret": r.regret,
+                    "utility": r.utility,
+                    "best_utility": r.best_utility,
+                    "best_alpha": r.best_alpha,
+                    "mean_alpha": float(result.alpha_capped[:, j].mean()),
+                    "spend_over_budget": r.spend / r.budget,
+                }
+            )
     for T in args.horizons:
         cells = per_T[T]
         reg = np.array([c["regret"] for c in cells])
-        rows.append({
-            "T": T,
-            "runs": len(cells),
-            "regret_mean": float(reg.mean()),
-            "regret_stderr": float(reg.std(ddof=1) / math.sqrt(reg.size)) if reg.size > 1 else None,
-            "regret_per_batch": float(reg.mean() / T),
-            "regret_over_utility": float(reg.sum() / sum(c["best_utility"] for c in cells)),
-            "best_fixed_alpha_mean": float(np.mean([c["best_alpha"] for c in cells])),
-            "autobidder_alpha_mean": float(np.mean([c["mean_alpha"] for c in cells])),
-            "spend_over_budget_mean": float(np.mean([c["spend_over_budget"] for c in cells])),
-        })
+        rows.append(
+            {
+                "T": T,
+                "runs": len(cells),
+                "regret_mean": float(reg.mean()),
+                "regret_stderr": float(reg.std(ddof=1) / math.sqrt(reg.size))
+                if reg.size > 1
+                else None,
+                "regret_per_batch": float(reg.mean() / T),
+                "regret_over_utility": float(reg.sum() / sum(c["best_utility"] for c in cells)),
+                "best_fixed_alpha_mean": float(np.mean([c["best_alpha"] for c in cells])),
+                "autobidder_alpha_mean": float(np.mean([c["mean_alpha"] for c in cells])),
+                "spend_over_budget_mean": float(np.mean([c["spend_over_budget"] for c in cells])),
+            }
+        )
 
     horizons = [row["T"] for row in rows]
     regrets = [row["regret_mean"] for row in rows]
     slope = loglog_slope(horizons, regrets)
-    ci = _bootstrap_slope(horizons, [[c["regret"] for c in per_T[T]] for T in horizons],
-                          np.random.default_rng(args.seed))
+    ci = _bootstrap_slope(
+        horizons,
+        [[c["regret"] for c in per_T[T]] for T in horizons],
+        np.random.default_rng(args.seed),
+    )
     beaten = [row["T"] for row in rows if row["regret_mean"] <= 0]
     positive = [(T, g) for T, g in zip(horizons, regrets, strict=True) if g > 0]
     args.out.mkdir(parents=True, exist_ok=True)
-    pngs = [str(_plot_regret(args.out, horizons, regrets, rows, slope)),
-            str(_plot_alpha(args.out, alpha_run))]
+    pngs = [
+        str(_plot_regret(args.out, horizons, regrets, rows, slope)),
+        str(_plot_alpha(args.out, alpha_run)),
+    ]
     report: dict[str, Any] = {
         "bench": "autobidder",
         "workload": args.workload,

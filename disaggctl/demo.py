@@ -114,6 +114,12 @@ def plot(rows: Sequence[DemoRow], path: Path) -> None:
 
 
 def main(out: Path, n: int, users: int, seed: int) -> int:
+    from disaggctl.system_demo import run as run_system
+
+    print("== The whole system: simulated 70B 1P/5D, adaptive routing, live PoA, auction ==\n")
+    run_system(out, seed=seed)
+    print(f"\nwrote {out / 'system.json'} and {out / 'timeline.png'}\n")
+    print("== The auction on queued batches: every scheduler, every workload shape ==\n")
     rows = run_demo(n=n, users=users, seed=seed)
     print(format_table(rows))
     out.mkdir(parents=True, exist_ok=True)

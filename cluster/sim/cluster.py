@@ -75,10 +75,10 @@ class SimRequest:
 
 
 def sim_requests(requests: Sequence[Request], output_tokens: int) -> list[SimRequest]:
-    """Auction requests (a workload's batch) as simulator requests with ``output_tokens`` each."""
-    return [
-        SimRequest(r.id, r.token_array, output_tokens, user=r.user, bid=r.bid) for r in requests
-    ]
+    """Auction requests (a workload's batch) as simulator requests with ``output_tokens`` each,
+    in arrival order (the order to submit them in)."""
+    ordered = sorted(requests, key=lambda r: r.arrival)
+    return [SimRequest(r.id, r.token_array, output_tokens, user=r.user, bid=r.bid) for r in ordered]
 
 
 @dataclass(eq=False)

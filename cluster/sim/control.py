@@ -8,6 +8,7 @@ its window and the controller ticks with it, so the router's (τ, ω) follow the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cluster.events import RouteEvent, completion_event
@@ -45,6 +46,7 @@ class ControlLoop:
         *,
         tick_s: float = 1.0,
         until: float = float("inf"),
+        on_tick: Callable[[TickSample], None] | None = None,
     ) -> None:
         if tick_s <= 0:
             raise ValueError(f"tick_s must be > 0, got {tick_s}")
@@ -54,12 +56,24 @@ class ControlLoop:
         self.joiner = EventJoiner(ttl_s=max(60.0, 10 * tick_s))
         self.tick_s = tick_s
         self.until = until
+        self.on_tick = on_tick
         self.timeline: list[TickSample] = []
         self.last: PoaEstimate | None = None
         cluster.completion_listeners.append(self._completed)
         if controller is not None:
             controller.start(cluster.now)
         cluster.loop.after(tick_s, self._tick)
+
+    def arrival_rate(self, window_s: float = 10.0) -> float:
+        """Requests per second that arrived over the last ``window_s``: the demand."""
+        now = self.cluster.now
+        horizon = now - window_s
+        arrived = 0
+        for record in reversed(self.cluster.records):
+            if record.arrival <= horizon:
+                break
+            arrived += 1
+        return arrived / min(window_s, max(now, 1e-9))
 
     def _completed(self, record: RequestRecord) -> None:
         if record.ttft is not None and self.controller is not None:
@@ -110,5 +124,7 @@ class ControlLoop:
                 in_flight=len(self.cluster._inflight),
             )
         )
+        if self.on_tick is not None:
+            self.on_tick(self.timeline[-1])
         if now + self.tick_s <= self.until:
             self.cluster.loop.after(self.tick_s, self._tick)

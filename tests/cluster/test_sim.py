@@ -93,7 +93,7 @@ def test_dfs_order_hits_the_cache_at_least_as_often_as_any_other_order() -> None
     for other in ("bid-sort", "no-sort"):
         assert hit_rate["dfs-uniform"] >= hit_rate[other]
         assert hit_rate["dfs-bid"] >= hit_rate[other]
-    assert hit_rate["dfs-uniform"] > hit_rate["bid-sort"]
+    assert hit_rate["dfs-uniform"] > max(hit_rate["bid-sort"], hit_rate["no-sort"])
 
 
 def test_auction_admission_charges_vcg_and_orders_batches() -> None:

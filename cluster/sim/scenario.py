@@ -1,0 +1,163 @@
+"""A whole-system run on the simulator: load phases, the router under a static or adaptive
+policy, the PoA estimator, and per-phase figures.
+
+Used by ``bench/adaptive.py`` (static vs adaptive) and by ``disaggctl demo``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cluster.sim.admission import Admission
+from cluster.sim.cluster import SimCluster
+from cluster.sim.control import ControlLoop, TickSample
+from cluster.sim.loadgen import ClosedLoop, Phase
+from cluster.sim.planning import capacity_advisor
+from cluster.sim.profile import HardwareProfile
+from cluster.sim.records import RequestRecord, summarize
+from cluster.workloads import TemplateSource
+from controller.controller import CapacityAdvice, Controller, RegimeChange
+from controller.detector import SaturationDetector, Thresholds
+from controller.policy import PolicyTable
+from games.pd_allocation import SloTargets
+from games.poa import PoaEstimator
+
+
+@dataclass(frozen=True)
+class NamedPhase:
+    name: str
+    phase: Phase
+
+
+@dataclass
+class ScenarioResult:
+    topology: str
+    adaptive: bool
+    phases: list[dict[str, Any]]
+    timeline: list[TickSample]
+    changes: list[RegimeChange]
+    advice: list[CapacityAdvice]
+    records: list[RequestRecord] = field(repr=False)
+    thresholds: Thresholds | None = None
+
+
+def calm_baseline_p99(
+    profile: HardwareProfile,
+    topology: str,
+    concurrency: int = 32,
+    seconds: float = 30.0,
+    seed: int = 0,
+) -> float:
+    """TTFT P99 of a calm closed loop: the baseline the thresholds are multiples of."""
+    cluster = SimCluster(profile, topology, seed=seed)
+    load = ClosedLoop(cluster, template_source(profile, seed), [Phase(seconds, concurrency, 5.0)])
+    cluster.loop.run(load.end)
+    return summarize(cluster.records, min(10.0, seconds / 2), load.end).ttft_p99_s
+
+
+def template_source(profile: HardwareProfile, seed: int) -> TemplateSource:
+    w = profile.workload
+    return TemplateSource(
+        w.templates, w.template_tokens, w.input_tokens, w.output_tokens, seed=seed + 1
+    )
+
+
+def unloaded_ttft(profile: HardwareProfile) -> float:
+    """The profile's TTFT with nobody ahead: one prefill iteration, the transfer, one decode
+    iteration (the PoA estimator's base latency)."""
+    p, d, w = profile.prefill, profile.decode, profile.workload
+    uncached = w.input_tokens - w.template_tokens
+    prefill = p.a_s + p.b_s_per_token * uncached + p.c_s_per_request
+    transfer = profile.link.latency_s + (
+        w.input_tokens * profile.kv_bytes_per_token * 8 / (profile.link.bandwidth_gbps * 1e9)
+    )
+    return prefill + transfer + d.d0_s + d.d1_s_per_seq
+
+
+def run_scenario(
+    profile: HardwareProfile,
+    topology: str,
+    phases: Sequence[NamedPhase],
+    *,
+    adaptive: bool,
+    thresholds: Thresholds | None = None,
+    seed: int = 0,
+    admission: Admission | None = None,
+    table: PolicyTable | None = None,
+    source: TemplateSource | None = None,
+    on_tick: Callable[[TickSample], None] | None = None,
+) -> ScenarioResult:
+    """Drive ``phases`` of a closed loop; adaptive runs put a controller on the decode router."""
+    cluster = SimCluster(profile, topology, seed=seed, admission=admission)
+    source = source or template_source(profile, seed)
+    load = ClosedLoop(cluster, source, [p.phase for p in phases])
+    controller = None
+    loop_ref: list[ControlLoop] = []
+    if adaptive:
+        if thresholds is None:
+            baseline = calm_baseline_p99(profile, topology, seed=seed)
+            thresholds = Thresholds.calibrated(baseline, 5, 15)
+        slo = SloTargets(ttft_s=thresholds.theta1, itl_s=1.5 * profile.decode.d0_s)
+        advisor = capacity_advisor(
+            profile, cluster.topology, slo, lambda: loop_ref[0].arrival_rate()
+        )
+        controller = Controller(
+            SaturationDetector(thresholds),
+            table or PolicyTable(),
+            cluster.decode_router,
+            advisor=advisor,
+        )
+    estimator = PoaEstimator(
+        profile.prefill.b_s_per_token, 256, 10.0, unloaded_latency_s=unloaded_ttft(profile)
+    )
+    loop = ControlLoop(cluster, controller, estimator, until=load.end, on_tick=on_tick)
+    loop_ref.append(loop)
+    cluster.loop.run(load.end)
+    rows = []
+    start = 0.0
+    for named in phases:
+        end = start + named.phase.duration
+        rows.append(phase_figures(named.name, start, end, cluster.records, loop.timeline))
+        start = end
+    return ScenarioResult(
+        topology=topology,
+        adaptive=adaptive,
+        phases=rows,
+        timeline=loop.timeline,
+        changes=controller.changes if controller else [],
+        advice=controller.advice if controller else [],
+        records=cluster.records,
+        thresholds=thresholds,
+    )
+
+
+def phase_figures(
+    name: str,
+    start: float,
+    end: float,
+    records: Sequence[RequestRecord],
+    timeline: Sequence[TickSample],
+) -> dict[str, Any]:
+    summary = summarize(records, start, end)
+    ticks = [s for s in timeline if start < s.t <= end]
+
+    def mean(values: list[float]) -> float:
+        return float(np.mean(values)) if values else float("nan")
+
+    return {
+        "phase": name,
+        "start_s": start,
+        "end_s": end,
+        "completed": summary.completed,
+        "throughput_rps": round(summary.throughput_rps, 3),
+        "ttft_p99_s": round(summary.ttft_p99_s, 4),
+        "itl_p99_s": round(summary.itl_p99_s, 5),
+        "poa_hat": round(mean([s.poa_hat for s in ticks]), 3),
+        "poa_routing": round(mean([s.poa_routing for s in ticks]), 4),
+        "poa_capacity": round(mean([s.poa_capacity for s in ticks]), 3),
+        "cache_hit_rate": round(summary.cache_hit_rate, 4),
+    }

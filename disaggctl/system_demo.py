@@ -1,0 +1,235 @@
+"""The whole system on the simulator: Llama-3.1-70B on 1P/5D through a ramp across the knee and
+a spike, the router under the adaptive controller, the live PoA estimate, and the auction ordering
+queued requests when they queue (a few bidding users, the rest anonymous).
+
+A status line follows the run (regime, τ, ω, poa_hat, TTFT P99, queue depth); it ends with a
+table per phase, priced priority per user class, and a PNG timeline.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from cluster.sim.admission import AuctionAdmission
+from cluster.sim.control import TickSample
+from cluster.sim.loadgen import Phase
+from cluster.sim.profile import load_profile
+from cluster.sim.records import percentile
+from cluster.sim.scenario import (
+    NamedPhase,
+    ScenarioResult,
+    calm_baseline_p99,
+    run_scenario,
+    template_source,
+)
+from controller.detector import Regime, Thresholds
+
+PROFILE, TOPOLOGY = "b200-llama70b-fp8-tp4", "1P/5D"
+PHASES = (
+    NamedPhase("calm", Phase(20.0, 48, ramp=5.0)),
+    NamedPhase("ramp", Phase(40.0, 192, ramp=40.0)),
+    NamedPhase("saturated", Phase(25.0, 192)),
+    NamedPhase("recovery", Phase(40.0, 48, ramp=2.0)),
+    NamedPhase("spike", Phase(8.0, 288, ramp=1.0)),
+    NamedPhase("after", Phase(45.0, 48, ramp=1.0)),
+)
+BIDDERS = {"gold": 0.05, "silver": 0.05, "bronze": 0.05}
+AUCTION_BATCH = 32
+
+
+def run(out: Path, seed: int = 0) -> ScenarioResult:
+    profile = load_profile(PROFILE)
+    thresholds = Thresholds.calibrated(calm_baseline_p99(profile, TOPOLOGY, seed=seed), 5, 15)
+    total = sum(p.phase.duration for p in PHASES)
+    bar = tqdm(total=int(total), desc="1P/5D simulated s", file=sys.stderr, unit="s")
+
+    def status(sample: TickSample) -> None:
+        bar.update(1)
+        p99 = sample.ttft_p99_window_s
+        bar.set_postfix_str(
+            f"{Regime(sample.regime).label:<10} τ={sample.tau:.1f} ω={sample.omega:.1f} "
+            f"poa_hat={sample.poa_hat:6.1f} ttft_p99={'-' if p99 is None else f'{p99:.2f}s'} "
+            f"queue={sample.queue_depth}"
+        )
+
+    admission = AuctionAdmission(AUCTION_BATCH, "dfs-bid", max_backlog=8)
+    source = template_source(profile, seed)
+    source = type(source)(
+        profile.workload.templates,
+        profile.workload.template_tokens,
+        profile.workload.input_tokens,
+        profile.workload.output_tokens,
+        seed=seed + 1,
+        bidders=BIDDERS,
+    )
+    result = run_scenario(
+        profile,
+        TOPOLOGY,
+        PHASES,
+        adaptive=True,
+        thresholds=thresholds,
+        seed=seed,
+        admission=admission,
+        source=source,
+        on_tick=status,
+    )
+    bar.close()
+    out.mkdir(parents=True, exist_ok=True)
+    plot_timeline(result, thresholds, out / "timeline.png")
+    (out / "system.json").write_text(
+        json.dumps(
+            {
+                "profile": PROFILE,
+                "topology": TOPOLOGY,
+                "thresholds_s": [thresholds.theta1, thresholds.theta2],
+                "phases": result.phases,
+                "regime_changes": [
+                    {
+                        "t": c.t,
+                        "regime": c.regime.label,
+                        "tau": c.tau,
+                        "omega": c.omega,
+                        "version": c.version,
+                    }
+                    for c in result.changes
+                ],
+                "priority": priority_by_class(result),
+                "auction": {"batches": admission.batches, "revenue": admission.revenue},
+                "capacity_advice": [
+                    {
+                        "t": a.t,
+                        "poa_routing": a.poa_routing,
+                        "poa_capacity": a.poa_capacity,
+                        "gpus_prefill": a.recommendation.optimum.gpus_p,
+                        "gpus_decode": a.recommendation.optimum.gpus_d,
+                    }
+                    for a in result.advice
+                ],
+                "timeline": [asdict(s) for s in result.timeline],
+            },
+            indent=1,
+        )
+    )
+    print(format_phases(result))
+    for advice in result.advice:
+        best = advice.recommendation.optimum
+        print(
+            f"\ncapacity advice at t={advice.t:.0f} s (poa_capacity {advice.poa_capacity:.1f} ≫ "
+            f"poa_routing {advice.poa_routing:.2f}): re-split the {best.gpus_p + best.gpus_d} "
+            f"GPUs as {best.gpus_p} prefill / {best.gpus_d} decode "
+            f"(goodput {best.welfare:.1f} req/s at the measured demand)"
+        )
+    print()
+    print(format_priority(priority_by_class(result), admission.batches, admission.revenue))
+    return result
+
+
+def priority_by_class(result: ScenarioResult) -> list[dict[str, Any]]:
+    """TTFT and admission wait per user class, for requests that waited in the auction."""
+    rows = []
+    for user in ("anonymous", *BIDDERS):
+        mine = [r for r in result.records if r.user == user and r.ttft is not None]
+        auctioned = [r for r in mine if r.batch_id is not None and (r.queue_wait or 0) > 0]
+        rows.append(
+            {
+                "user": user,
+                "requests": len(mine),
+                "auctioned": len(auctioned),
+                "ttft_p50_s": round(percentile([r.ttft for r in auctioned], 50), 3),
+                "ttft_p99_s": round(percentile([r.ttft for r in auctioned], 99), 3),
+                "queue_wait_mean_s": round(
+                    float(np.mean([r.queue_wait for r in auctioned]))
+                    if auctioned
+                    else float("nan"),
+                    3,
+                ),
+                "paid": round(sum(r.payment for r in mine), 3),
+            }
+        )
+    return rows
+
+
+def format_phases(result: ScenarioResult) -> str:
+    header = (
+        f"{'phase':<10} {'C':>4} {'req/s':>7} {'TTFT P99':>9} {'ITL P99':>8} {'ends in':<10} "
+        f"{'poa_hat':>8} {'routing':>8} {'capacity':>9}"
+    )
+    lines = [header, "-" * len(header)]
+    for named, row in zip(PHASES, result.phases, strict=True):
+        ticks = [s for s in result.timeline if row["start_s"] < s.t <= row["end_s"]]
+        regime = Regime(ticks[-1].regime).label if ticks else "-"  # where the phase ends
+        lines.append(
+            f"{row['phase']:<10} {named.phase.concurrency:>4} {row['throughput_rps']:>7.1f} "
+            f"{row['ttft_p99_s']:>8.2f}s {1e3 * row['itl_p99_s']:>6.1f}ms {regime:<10} "
+            f"{row['poa_hat']:>8.2f} {row['poa_routing']:>8.3f} {row['poa_capacity']:>9.2f}"
+        )
+    return "\n".join(lines)
+
+
+def format_priority(rows: Sequence[dict[str, Any]], batches: int, revenue: float) -> str:
+    header = (
+        f"{'user':<10} {'requests':>8} {'auctioned':>9} {'TTFT P50':>9} {'TTFT P99':>9} "
+        f"{'wait':>7} {'paid':>8}"
+    )
+    lines = [
+        f"priced priority at saturation: {batches} auctioned batches, revenue {revenue:.2f}",
+        header,
+        "-" * len(header),
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['user']:<10} {r['requests']:>8} {r['auctioned']:>9} "
+            f"{r['ttft_p50_s']:>8.2f}s {r['ttft_p99_s']:>8.2f}s "
+            f"{r['queue_wait_mean_s']:>6.2f}s {r['paid']:>8.2f}"
+        )
+    return "\n".join(lines)
+
+
+def plot_timeline(result: ScenarioResult, thresholds: Thresholds, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tl = result.timeline
+    t = [s.t for s in tl]
+    fig, axes = plt.subplots(4, 1, figsize=(11, 10), sharex=True)
+    axes[0].plot(t, [s.in_flight for s in tl], label="requests in flight")
+    axes[0].plot(t, [s.queue_depth for s in tl], label="queued (admission + workers)")
+    axes[0].set_ylabel("requests")
+    window = [np.nan if s.ttft_p99_window_s is None else s.ttft_p99_window_s for s in tl]
+    smooth = [np.nan if s.ttft_p99_smoothed_s is None else s.ttft_p99_smoothed_s for s in tl]
+    axes[1].semilogy(t, window, label="TTFT P99 (10 s window)", alpha=0.6)
+    axes[1].semilogy(t, smooth, label="smoothed (EMA)")
+    for theta, name in ((thresholds.theta1, "θ1"), (thresholds.theta2, "θ2")):
+        axes[1].axhline(theta, ls="--", lw=0.8, color="grey")
+        axes[1].text(t[0], theta, f" {name}", va="bottom", fontsize=8)
+    axes[1].set_ylabel("seconds")
+    axes[2].step(t, [s.regime for s in tl], where="post", label="regime (0 below, 2 saturated)")
+    axes[2].step(t, [s.tau for s in tl], where="post", label="τ")
+    axes[2].step(t, [s.omega for s in tl], where="post", label="ω")
+    axes[3].semilogy(t, [s.poa_hat for s in tl], label="poa_hat")
+    axes[3].semilogy(t, [s.poa_routing for s in tl], label="poa_routing")
+    axes[3].semilogy(t, [s.poa_capacity for s in tl], label="poa_capacity")
+    axes[3].set_xlabel("simulated seconds")
+    start = 0.0
+    for named in PHASES:
+        for ax in axes:
+            ax.axvline(start, color="black", lw=0.4, alpha=0.4)
+        axes[0].text(start + 1, axes[0].get_ylim()[1] * 0.9, named.name, fontsize=8)
+        start += named.phase.duration
+    for ax in axes:
+        ax.legend(fontsize=8, loc="upper left")
+        ax.grid(alpha=0.3)
+    fig.suptitle("disaggctl on a simulated 70B 1P/5D cluster: adaptive routing, live PoA")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -61,15 +61,7 @@ def run(out: Path, seed: int = 0) -> ScenarioResult:
         )
 
     admission = AuctionAdmission(AUCTION_BATCH, "dfs-bid", max_backlog=8)
-    source = template_source(profile, seed)
-    source = type(source)(
-        profile.workload.templates,
-        profile.workload.template_tokens,
-        profile.workload.input_tokens,
-        profile.workload.output_tokens,
-        seed=seed + 1,
-        bidders=BIDDERS,
-    )
+    source = template_source(profile, seed, bidders=BIDDERS)
     result = run_scenario(
         profile,
         TOPOLOGY,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -87,7 +87,6 @@ class _InFlight:
     record: RequestRecord
     local_hashes: list[int]
     seq_hashes: list[int]
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class SimCluster:
@@ -172,6 +171,11 @@ class SimCluster:
             self.loop.note(f"{what} {request_id}" + ("" if where is None else f" @{where}"))
 
     @property
+    def in_flight(self) -> int:
+        """Requests submitted and not yet finished."""
+        return len(self._inflight)
+
+    @property
     def backlog(self) -> int:
         """Requests routed but not yet started by any worker (what admission throttles on)."""
         return sum(len(p.waiting) for p in self.prefill.values()) + sum(
@@ -248,7 +252,6 @@ class SimCluster:
             flight.seq_hashes,
             prefill_locally=prefill_locally,
         )
-        flight.extra["seq"] = seq
         wid = rec.decode_worker
         assert wid is not None
         self.decode[wid].submit(seq, self.now)

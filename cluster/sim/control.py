@@ -121,7 +121,7 @@ class ControlLoop:
                 poa_routing=est.poa_routing,
                 poa_capacity=est.poa_capacity,
                 queue_depth=depth,
-                in_flight=len(self.cluster._inflight),
+                in_flight=self.cluster.in_flight,
             )
         )
         if self.on_tick is not None:

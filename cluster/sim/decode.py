@@ -65,7 +65,6 @@ class DecodeWorker:
         self._jitter = Jitter(model.jitter, seed)
         self._started_at = 0.0
         self.busy_time = 0.0
-        self.alive = True
 
     @property
     def active_blocks(self) -> int:

@@ -53,7 +53,6 @@ class PrefillWorker:
         self._plan: list[tuple[PrefillJob, int]] = []
         self._jitter = Jitter(model.jitter, seed)
         self.busy_time = 0.0
-        self.alive = True
 
     @property
     def queued_tokens(self) -> int:

@@ -6,7 +6,7 @@ Used by ``bench/adaptive.py`` (static vs adaptive) and by ``disaggctl demo``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,10 +59,18 @@ def calm_baseline_p99(
     return summarize(cluster.records, min(10.0, seconds / 2), load.end).ttft_p99_s
 
 
-def template_source(profile: HardwareProfile, seed: int) -> TemplateSource:
+def template_source(
+    profile: HardwareProfile, seed: int, bidders: Mapping[str, float] | None = None
+) -> TemplateSource:
+    """The profile's calibration workload (optionally with bidding users)."""
     w = profile.workload
     return TemplateSource(
-        w.templates, w.template_tokens, w.input_tokens, w.output_tokens, seed=seed + 1
+        w.templates,
+        w.template_tokens,
+        w.input_tokens,
+        w.output_tokens,
+        seed=seed + 1,
+        bidders=bidders,
     )
 
 

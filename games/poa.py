@@ -211,6 +211,8 @@ class PoaEstimator:
             raise ValueError(f"max_requests must be >= 1, got {max_requests}")
         if max_age_s is not None and max_age_s <= 0:
             raise ValueError(f"max_age_s must be > 0, got {max_age_s}")
+        if prefill_s_per_token < 0:
+            raise ValueError(f"prefill_s_per_token must be >= 0, got {prefill_s_per_token}")
         self.prefill_s_per_token = prefill_s_per_token
         self.max_requests = max_requests
         self.max_age_s = max_age_s

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from typing import TYPE_CHECKING
 
-from auction import Request, run_auction
+from auction import Request, get_scheduler, run_auction
 
 if TYPE_CHECKING:
     from cluster.sim.cluster import SimCluster, SimRequest
@@ -72,6 +72,7 @@ class AuctionAdmission(Admission):
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if max_backlog < 1:
             raise ValueError(f"max_backlog must be >= 1, got {max_backlog}")
+        get_scheduler(scheduler)  # an unknown name fails here, not mid-run
         self.batch_size = batch_size
         self.scheduler = scheduler
         self.max_backlog = max_backlog

@@ -143,6 +143,15 @@ def test_bad_profiles_fail_at_load_time_naming_the_field(tmp_path) -> None:
         OpenLoop(SimCluster(load_profile(PROFILE), "1P/1D"), TemplateSource(), [(0, -1.0)], 1.0)
 
 
+def test_admission_settings_are_validated() -> None:
+    with pytest.raises(ValueError, match="unknown scheduler 'lottery'"):
+        AuctionAdmission(8, "lottery")
+    with pytest.raises(ValueError, match="batch_size"):
+        AuctionAdmission(0)
+    with pytest.raises(ValueError, match="max_backlog"):
+        FcfsAdmission(max_backlog=0)
+
+
 def test_requests_are_validated() -> None:
     with pytest.raises(ValueError, match="empty prompt"):
         SimRequest("x", np.zeros(0, dtype=np.uint32), 4)

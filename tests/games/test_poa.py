@@ -126,3 +126,6 @@ def test_windows_by_count_and_by_time() -> None:
     assert [r.request_id for r in est.window()] == ["r3", "r4", "r5"]
     assert [r.request_id for r in est.window(now=9.0)] == ["r4", "r5"]
     assert est.estimate(now=100.0).n == 0
+    for bad in (dict(max_requests=0), dict(max_age_s=0.0), dict(prefill_s_per_token=-1.0)):
+        with pytest.raises(ValueError):
+            PoaEstimator(**{"prefill_s_per_token": 1e-4, **bad})

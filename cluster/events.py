@@ -118,6 +118,13 @@ class RegimeEvent:
     omega: float
     ttft_p99_smoothed_s: float
 
+    @classmethod
+    def from_change(cls, change: Any) -> RegimeEvent:
+        """From a ``controller.RegimeChange``."""
+        return cls(
+            change.t, change.regime.label, change.tau, change.omega, change.ttft_p99_smoothed_s
+        )
+
 
 @dataclass(frozen=True)
 class AuctionEvent:

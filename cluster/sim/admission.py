@@ -14,6 +14,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from auction import Request, get_scheduler, run_auction
+from controller import metrics
 
 if TYPE_CHECKING:
     from cluster.sim.cluster import SimCluster, SimRequest
@@ -113,6 +114,8 @@ class AuctionAdmission(Admission):
         batch_id = self.batches
         self.batches += 1
         self.revenue += result.revenue
+        metrics.AUCTION_WELFARE.set(result.welfare)
+        metrics.AUCTION_REVENUE.inc(result.revenue)
         for rid in result.order:
             r = by_id[rid]
             # A user's payment is split evenly over its requests in the batch, for per-request

@@ -30,6 +30,7 @@ from cluster.sim.loop import EventLoop
 from cluster.sim.prefill import PrefillJob, PrefillWorker
 from cluster.sim.profile import HardwareProfile
 from cluster.sim.records import RequestRecord
+from controller import metrics
 from router import KvEvent, Policy, Router, block_hashes, sequence_hashes, to_payload
 
 
@@ -193,6 +194,7 @@ class SimCluster:
             request.request_id, request.tokens, local_hashes=flight.local_hashes
         )
         rec.decision, rec.routed, rec.decode_worker = decision, self.now, decision.worker
+        metrics.ROUTING_COST.set(decision.chosen.cost)
         self._note("route", request.request_id, decision.worker)
         worker = self.decode[decision.worker]
         prompt = rec.prompt_tokens

@@ -79,6 +79,8 @@ class ControlLoop:
         if record.ttft is not None and self.controller is not None:
             self.controller.observe(record.first_token or record.finished or 0.0, record.ttft)
         metrics.REQUESTS.labels(record.status).inc()
+        if record.mean_itl is not None:
+            metrics.ITL.observe(record.mean_itl)
         if record.decision is not None and record.routed is not None:
             route = RouteEvent.from_decision(record.decision, record.routed, record.user, "")
             self.joiner.add_route(route.to_record())

@@ -76,3 +76,13 @@ def test_subjects() -> None:
             subject(bad, "route")
     with pytest.raises(ValueError):
         subject("prod", "everything")
+
+
+def test_regime_changes_become_regime_events() -> None:
+    from controller.controller import RegimeChange
+    from controller.detector import Regime
+
+    change = RegimeChange(12.0, Regime.SATURATED, 0.8, 0.1, 3.5, 4)
+    event = RegimeEvent.from_change(change)
+    assert event == RegimeEvent(12.0, "saturated", 0.8, 0.1, 3.5)
+    assert decode("regime", encode(event, "ctl", 1))[0] == event

@@ -1,4 +1,4 @@
-"""The inference auction (DESIGN §1): radix tree of prompts, DFS schedulers, welfare, VCG payments.
+"""The inference auction (docs/design.md §1): radix tree of prompts, DFS schedulers, welfare, VCG payments.
 
 Public API::
 

@@ -1,4 +1,4 @@
-"""The ledger: budgets and VCG charges as money that is never lost or taken twice (DESIGN §1).
+"""The ledger: budgets and VCG charges as money that is never lost or taken twice (docs/design.md §1).
 
 An account holds a budget B_i; a charge is keyed by (batch_id, user), so the same batch can never
 bill a user twice, whoever retries it. The journal of charges is append-only, lives in SQLite in WAL

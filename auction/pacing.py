@@ -1,4 +1,4 @@
-"""The pacing autobidder of a budgeted user (DESIGN §1, "Autobidder (pacing)").
+"""The pacing autobidder of a budgeted user (docs/design.md §1, "Autobidder (pacing)").
 
 A user with budget B = T·γ over T batches bids b_r = α·v_r on each of its requests, with
 α = 1/(1+μ). After each batch it pays p_t and moves its dual variable by one step of dual

@@ -1,4 +1,4 @@
-"""Welfare under heterogeneous pacing (DESIGN §1, "Heterogeneous pacing").
+"""Welfare under heterogeneous pacing (docs/design.md §1, "Heterogeneous pacing").
 
 With bids b_r = α_r·v_r the schedule is chosen by the bids but judged by the true values. The
 value-weighted pacing of a subtree c is α(c) = F_b(c)/F_v(c), and at a node u

@@ -1,4 +1,4 @@
-"""The radix tree T of a batch's prompts (DESIGN §1).
+"""The radix tree T of a batch's prompts (docs/design.md §1).
 
 A compressed trie: every edge carries a non-empty run of tokens, except the zero-length edge to
 a request whose prompt ends at an internal node (or duplicates another prompt). Every request is a

@@ -1,4 +1,4 @@
-"""Schedulers: each turns a radix tree and bids into an order of service (DESIGN §1).
+"""Schedulers: each turns a radix tree and bids into an order of service (docs/design.md §1).
 
 - ``dfs-bid``: DFS that visits children in decreasing average bid F(c)/s(c) (Smith's rule). An
   exchange of adjacent siblings a, b changes Σ_u L_u by F(a)s(b) − F(b)s(a), so this order is

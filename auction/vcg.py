@@ -1,4 +1,4 @@
-"""VCG payments over the DFS orders of the radix tree, in O(M log ν) (DESIGN §1).
+"""VCG payments over the DFS orders of the radix tree, in O(M log ν) (docs/design.md §1).
 
 Clarke pivot: with user i's bids set to zero (its requests stay in the batch),
 

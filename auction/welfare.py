@@ -1,4 +1,4 @@
-"""Priority, welfare and its local decomposition over the radix tree (DESIGN §1).
+"""Priority, welfare and its local decomposition over the radix tree (docs/design.md §1).
 
 With n requests served in positions pos_r ∈ {1..n}, the fractional priority of r is
 x_r = (n − pos_r)/(n − 1): 1 for the first served, 0 for the last. A user's value is

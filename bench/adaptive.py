@@ -1,7 +1,7 @@
 """Static vs adaptive routing on the simulator, through a load ramp into a saturated hold.
 
 70B FP8 on 1P/2D and 1P/5D. Static keeps τ = 0, ω = 1; adaptive runs the controller (thresholds
-5× and 15× a calm baseline P99, DESIGN's policy table). Per phase: poa_hat, poa_routing, TTFT P99,
+5× and 15× a calm baseline P99, the design's policy table). Per phase: poa_hat, poa_routing, TTFT P99,
 ITL P99 and throughput, as JSON, plus the ratios adaptive / static in the saturated hold.
 
     .venv/bin/python -m bench.adaptive [--seeds 2]

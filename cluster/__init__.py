@@ -1,1 +1,1 @@
-"""Runtime adapters: workloads, simulated engines, buses (DESIGN §6)."""
+"""Runtime adapters: workloads, simulated engines, buses (docs/design.md §6)."""

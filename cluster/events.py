@@ -1,4 +1,4 @@
-"""The event contracts on NATS (DESIGN §5): one JSON model per subject, each with a version ``v``.
+"""The event contracts on NATS (docs/design.md §5): one JSON model per subject, each with a version ``v``.
 
 Subjects are ``disagg.<ns>.route``, ``.complete``, ``.regime`` and ``.auction``. Every message also
 carries ``publisher`` (an id that is new each time a publisher starts) and ``seq`` (1, 2, ...

@@ -1,5 +1,5 @@
 """Dynamo's KV-event wire format: msgpack envelopes on ``namespace.<ns>.component.<c>.endpoint.
-<e>.kv-events`` (DESIGN §6, checked against ai-dynamo 1.6.1).
+<e>.kv-events`` (docs/design.md §6, checked against ai-dynamo 1.6.1).
 
 Envelope: ``{publisher_id, sequence, published_at, topic, payload}``; the payload holds Dynamo
 ``RouterEvent``s, ``{"worker_id": w, "event": {"event_id", "data", "dp_rank"}}``, one or a list,

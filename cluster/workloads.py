@@ -1,4 +1,4 @@
-"""Seeded, token-level workload generators for the auction and the simulator (DESIGN §8).
+"""Seeded, token-level workload generators for the auction and the simulator (docs/design.md §8).
 
 Three tree shapes, each a batch of ``auction.Request`` with token ids in [0, vocab):
 

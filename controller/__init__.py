@@ -1,1 +1,1 @@
-"""The saturation detector, the regime → policy table and the metric definitions (DESIGN §4, §5)."""
+"""The saturation detector, the regime → policy table and the metric definitions (docs/design.md §4, §5)."""

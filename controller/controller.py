@@ -1,4 +1,4 @@
-"""The adaptive controller: detector + policy table → the router's (τ, ω), live (DESIGN §4).
+"""The adaptive controller: detector + policy table → the router's (τ, ω), live (docs/design.md §4).
 
 Each tick the detector updates the regime; on a switch the controller bumps the policy version
 and calls ``set_policy(tau, omega, version)`` on its target (a ``router.Router``, or an actor that

@@ -1,4 +1,4 @@
-"""The saturation detector: smoothed TTFT P99 → regime, with hysteresis and dwell (DESIGN §4).
+"""The saturation detector: smoothed TTFT P99 → regime, with hysteresis and dwell (docs/design.md §4).
 
 Every tick (default 1 s) the detector takes the P99 of the TTFT samples in the trailing window
 (default 10 s, at least ``min_samples`` = 20) and smooths it,

@@ -1,4 +1,4 @@
-"""The Prometheus metrics of DESIGN §5, defined once on one registry.
+"""The Prometheus metrics of docs/design.md §5, defined once on one registry.
 
 The Helm chart's dashboard and alerts depend on these names; everything that reports (the PoA
 estimator, the controller, the auction, the event bus) updates the objects here, and

@@ -1,4 +1,4 @@
-"""The regime → routing policy table (DESIGN §4).
+"""The regime → routing policy table (docs/design.md §4).
 
 Default: below τ = 0, ω = 1.0 (cache affinity, deterministic); transition τ = 0.7, ω = 1.0;
 saturated τ = 0.8, ω = 0.1 (spread load, barely weigh the cache). Loadable from YAML:

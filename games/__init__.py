@@ -1,4 +1,4 @@
-"""The three games of DESIGN §3: the live Price-of-Anarchy estimator (Game 3), P/D allocation
+"""The three games of docs/design.md §3: the live Price-of-Anarchy estimator (Game 3), P/D allocation
 (Game 1) and KV placement (Game 2)."""
 
 from games.assignment import optimal_cost, optimal_cost_hungarian

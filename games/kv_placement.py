@@ -1,4 +1,4 @@
-"""Game 2 — KV placement as selfish caching (DESIGN §3).
+"""Game 2 — KV placement as selfish caching (docs/design.md §3).
 
 Workers w = 0..n−1 with capacities cap_w (blocks) each choose a set S_w of prefix blocks,
 |S_w| ≤ cap_w. Worker w needs block k d_wk times per unit time; an access costs 0 when k ∈ S_w and

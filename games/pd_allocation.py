@@ -1,4 +1,4 @@
-"""Game 1 — P/D resource allocation (DESIGN §3).
+"""Game 1 — P/D resource allocation (docs/design.md §3).
 
 Two players, the prefill pool P and the decode pool D, split G GPUs in steps of the tensor-parallel
 degree TP: G_P, G_D ∈ {TP, 2·TP, …}, G_P + G_D ≤ G, with n_P = G_P/TP and n_D = G_D/TP workers.

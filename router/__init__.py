@@ -1,4 +1,4 @@
-"""Plain-Python KV-aware router, compatible with Dynamo's (DESIGN §2).
+"""Plain-Python KV-aware router, compatible with Dynamo's (docs/design.md §2).
 
 One module per idea: ``hashing`` (Dynamo's block and sequence hashes), ``events`` (KV events
 from plain dicts), ``kv_index`` (which worker caches which prefix), ``load`` (active prefill

@@ -1,4 +1,4 @@
-"""The routing cost and the τ-softmax selection (DESIGN §2), as in Dynamo's KV router.
+"""The routing cost and the τ-softmax selection (docs/design.md §2), as in Dynamo's KV router.
 
 For request r (|r| prompt tokens, block size B) and worker w:
 

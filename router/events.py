@@ -1,4 +1,4 @@
-"""KV events in Dynamo's shape, parsed from plain dicts into typed records (DESIGN §5, §6).
+"""KV events in Dynamo's shape, parsed from plain dicts into typed records (docs/design.md §5, §6).
 
 Accepted payloads (msgpack/JSON already decoded by the caller):
 

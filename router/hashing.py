@@ -1,4 +1,4 @@
-"""Block hashing compatible with Dynamo's KV router (DESIGN §2).
+"""Block hashing compatible with Dynamo's KV router (docs/design.md §2).
 
 A prompt is cut into fixed blocks of ``block_size`` tokens; a partial tail block is not hashed.
 Two hashes exist per block, both XXH3-64 with seed ``XXH3_SEED`` = 1337:

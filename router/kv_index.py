@@ -1,4 +1,4 @@
-"""Per-worker index of cached KV blocks, fed by Dynamo KV events (DESIGN §2).
+"""Per-worker index of cached KV blocks, fed by Dynamo KV events (docs/design.md §2).
 
 The index is a radix tree over *local* block hashes, like Dynamo's RadixTree: a node stands
 for the prefix spelled by the local hashes on its path from the root, and records which

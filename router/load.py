@@ -1,6 +1,6 @@
 """Load per worker: what the caller reports plus what routed, unfinished requests reserve.
 
-The cost model (DESIGN §2, ``router.cost``) reads two loads per worker: active prefill tokens
+The cost model (docs/design.md §2, ``router.cost``) reads two loads per worker: active prefill tokens
 and active decode blocks. They come from two places:
 
 - ``report``: the caller's measurement (e.g. Dynamo's ``kv_metrics`` ``active_prefill_tokens``

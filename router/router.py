@@ -1,4 +1,4 @@
-"""The KV-aware router: index + loads + cost → one decision per request (DESIGN §2, §4).
+"""The KV-aware router: index + loads + cost → one decision per request (docs/design.md §2, §4).
 
 ``Router.decide`` hashes the prompt, walks the KV index once to get every worker's overlap,
 prices each worker with ``router.cost`` and picks one (tau = 0: lowest cost; tau > 0: seeded

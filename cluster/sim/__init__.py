@@ -1,1 +1,1 @@
-"""The simulated disaggregated cluster (DESIGN §6 "Simulated")."""
+"""The simulated disaggregated cluster (docs/design.md §6 "Simulated")."""

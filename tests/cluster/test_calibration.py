@@ -1,4 +1,4 @@
-"""The hardware profiles reproduce their published figures (DESIGN §6), within each point's
+"""The hardware profiles reproduce their published figures (docs/design.md §6), within each point's
 tolerance; figures the model cannot meet are recorded as such with the reason, and the
 qualitative shape they describe still holds."""
 

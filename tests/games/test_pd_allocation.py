@@ -202,7 +202,7 @@ def test_overload_advice_is_the_balanced_split(
 
 def test_real_profiles_are_prefill_bound() -> None:
     # The B200 profiles: decode has ample capacity, so PoA_1 = 1 and, as λ grows, the best split
-    # only ever moves GPUs to prefill, the bottleneck pool (DESIGN §6: "saturation is
+    # only ever moves GPUs to prefill, the bottleneck pool (docs/design.md §6: "saturation is
     # prefill-bound").
     profile_mod = pytest.importorskip("cluster.sim.profile")
     slo = SloTargets(ttft_s=0.5, itl_s=0.025)

@@ -1,4 +1,4 @@
-"""Block hashing must equal Dynamo's byte for byte (DESIGN §2)."""
+"""Block hashing must equal Dynamo's byte for byte (docs/design.md §2)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ TOKENS = st.lists(st.integers(0, 2**32 - 1), max_size=80)
 
 
 def test_design_test_vectors() -> None:
-    # DESIGN §2, checked against ai-dynamo 1.6.1's compute_block_hash_for_seq.
+    # docs/design.md §2, checked against ai-dynamo 1.6.1's compute_block_hash_for_seq.
     assert block_hashes(list(range(40)), 16) == [15310707395893867146, 15292316782987903195]
     assert block_hashes([5] * 16) == [9340675565616011363]
 

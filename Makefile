@@ -23,10 +23,10 @@ lint: $(STAMP)
 	$(BIN)/mypy $(MATH_ROOMS)
 
 test: lint
-	$(BIN)/pytest
+	$(BIN)/pytest --cov --cov-report=term-missing:skip-covered
 
 bench: $(STAMP)
 	$(BIN)/python bench/auction.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .coverage

@@ -1,8 +1,9 @@
-"""The inference auction (docs/design.md §1): radix tree of prompts, DFS schedulers, welfare, VCG payments.
+"""The inference auction (docs/design.md §1): radix tree of prompts, DFS schedulers, welfare,
+VCG payments.
 
 Public API::
 
-    Request(id, user, tokens, bid, arrival)       one queued request
+    Request(id, user, tokens, bid, arrival)       one queued request (0 <= bid <= MAX_BID)
     run_auction(requests, scheduler="dfs-bid")    -> AuctionResult(order, payments, welfare, ...)
     schedulers                                    "dfs-bid", "dfs-uniform", "bid-sort", "no-sort"
     vcg_payments(tree, bids)                      fast Clarke-pivot payments, O(M log ν)
@@ -31,7 +32,7 @@ from auction.radix import RadixTree, build_radix_tree
 from auction.reference import all_dfs_orders, vcg_payments_naive
 from auction.regret import Regret, autobidder_regret, best_fixed_alpha, loglog_slope
 from auction.repeated import Batch, RepeatedResult, simulate, stationary_source
-from auction.request import Request
+from auction.request import MAX_BID, Request
 from auction.reuse import prefix_reuse
 from auction.run import AuctionResult, run_auction
 from auction.schedulers import SCHEDULERS, Scheduler, dfs_bid_order, get_scheduler
@@ -39,6 +40,7 @@ from auction.vcg import vcg_payments
 from auction.welfare import local_welfare, positions, priorities, welfare, welfare_pct_above_half
 
 __all__ = [
+    "MAX_BID",
     "SCHEDULERS",
     "Account",
     "AuctionResult",

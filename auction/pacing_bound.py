@@ -13,6 +13,16 @@ earns max(F_v(a)s(b), F_v(b)s(a)); if the bids put a first while the values pref
 Pacing costs welfare only where it reverses the average order of siblings; with one common α every
 κ_u = 1 and nothing is lost.
 
+Range and accuracy. Values and bids are money: finite, in [0, ``MAX_BID``] (auction/request.py;
+anything else raises ``ValueError`` naming the request). Within that range α(c) and κ_u carry a
+relative error of at most about 4·n·ε (ε = 2⁻⁵², n requests), however widely the values spread:
+F_v(c) and F_b(c) are summed over each subtree (terms ≥ 0, so a sum of k of them is within
+(k − 1)·ε/2 of exact, relatively), not taken as differences of prefix sums over the batch, whose
+absolute error, about ε·Σ_r v_r, swamps the sum of a small subtree beside a large one (values 1
+and 2e-16 under one common α gave κ = 1.00016). A positive bid or value below float64's smallest
+normal number (≈ 2.2e-308) has fewer significant bits than that, so α(c) is only as precise as it;
+bids formed as α·v should keep α·v normal.
+
 Children without value. A child with F_v(c) = 0 and F_b(c) = 0 is left out of κ_u: its key is 0,
 so it goes after every sibling with a positive bid and costs nothing. Two cases can lose a valued
 sibling's whole term, and get κ_u = ∞ (the node's term in the bound is 0):
@@ -27,6 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from auction.radix import FloatArray, RadixTree
+from auction.request import check_bid_array
 from auction.schedulers import average_bids, sibling_order
 from auction.welfare import local_welfare
 
@@ -34,12 +45,32 @@ from auction.welfare import local_welfare
 def subtree_pacing(tree: RadixTree, values: npt.ArrayLike, bids: npt.ArrayLike) -> FloatArray:
     """α(c) = F_b(c)/F_v(c) for every node: NaN where F_v(c) = F_b(c) = 0, ∞ where only F_v = 0."""
     v, b = _checked(tree, values, bids)
-    F_v, F_b = tree.subtree_sums(v), tree.subtree_sums(b)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    F_v, F_b = subtree_sums_bottom_up(tree, v), subtree_sums_bottom_up(tree, b)
+    # α(c) past float64's range (a large bid on a subtree worth ~1e-300) overflows to ∞, which
+    # the bound treats like F_v = 0: conservative, the node's term becomes 0.
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         alpha = F_b / F_v
     alpha[(F_v == 0) & (F_b == 0)] = np.nan
     alpha[(F_v == 0) & (F_b > 0)] = np.inf
     return np.asarray(alpha, dtype=np.float64)
+
+
+def subtree_sums_bottom_up(tree: RadixTree, per_request: FloatArray) -> FloatArray:
+    """Σ of a non-negative per-request quantity over each node's subtree, accumulated leaf to root.
+
+    ``RadixTree.subtree_sums`` takes each sum as a difference of prefix sums (fast, and accurate
+    relative to the whole batch, which is what welfare needs); a ratio of two subtree sums needs
+    each sum accurate relative to itself, which only direct summation of its own terms gives.
+    Nodes are numbered in pre-order (a parent before its children), so one pass from the last
+    node to the first adds every finished subtree into its parent: O(N).
+    """
+    sums = np.zeros(tree.num_nodes, dtype=np.float64)
+    sums[tree.leaf_of] = per_request
+    acc: list[float] = sums.tolist()  # Python floats: the same float64 rounding, faster per item
+    parent: list[int] = tree.parent.tolist()
+    for node in range(tree.num_nodes - 1, 0, -1):
+        acc[parent[node]] += acc[node]
+    return np.asarray(acc, dtype=np.float64)
 
 
 def pacing_kappa(tree: RadixTree, values: npt.ArrayLike, bids: npt.ArrayLike) -> FloatArray:
@@ -57,7 +88,9 @@ def pacing_kappa(tree: RadixTree, values: npt.ArrayLike, bids: npt.ArrayLike) ->
     np.minimum.at(lo, parent[counted], a[counted])
     valued = np.bincount(parent[counted & np.isfinite(a)], minlength=N)
     fan_out = np.bincount(parent, minlength=N)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    # A spread past float64's range (α(c) can be subnormal when a tiny bid paces a huge value)
+    # becomes κ = ∞: the node's term L_u*/κ_u ≤ n²·MAX_BID/1.8e308 is 0 to float64 precision anyway.
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         kappa = hi / lo
     kappa[valued == 0] = 1.0  # no valued child: L_u* = 0, any κ will do
     # A worthless child that bids (α = ∞) or a valued child that does not (α = 0, a tie at key 0).
@@ -68,7 +101,7 @@ def pacing_kappa(tree: RadixTree, values: npt.ArrayLike, bids: npt.ArrayLike) ->
 
 def optimal_local_welfare(tree: RadixTree, values: npt.ArrayLike) -> FloatArray:
     """L_u*(v) for every node: siblings by decreasing average value F_v/s (Smith's rule)."""
-    v = np.asarray(values, dtype=np.float64)
+    v = check_bid_array(values, tree.requests, what="values")
     kids = sibling_order(tree, average_bids(tree, v))
     rank = np.zeros(tree.num_nodes, dtype=np.int64)
     rank[kids] = np.arange(kids.size)  # a global slot ranks siblings among themselves too
@@ -100,11 +133,8 @@ def pacing_welfare_bound(tree: RadixTree, values: npt.ArrayLike, bids: npt.Array
 def _checked(
     tree: RadixTree, values: npt.ArrayLike, bids: npt.ArrayLike
 ) -> tuple[FloatArray, FloatArray]:
-    v = np.asarray(values, dtype=np.float64)
-    b = np.asarray(bids, dtype=np.float64)
-    for name, x in (("values", v), ("bids", b)):
-        if x.shape != (tree.n,):
-            raise ValueError(f"expected {tree.n} {name}, got shape {x.shape}")
-        if not np.all(np.isfinite(x)) or (x.size and float(x.min()) < 0):
-            raise ValueError(f"{name} must be finite and >= 0")
-    return v, b
+    """Values and bids as arrays, one per request, each finite and in [0, MAX_BID]."""
+    return (
+        check_bid_array(values, tree.requests, what="values"),
+        check_bid_array(bids, tree.requests, what="bids"),
+    )

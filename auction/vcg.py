@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from auction.radix import FloatArray, IntArray, RadixTree
+from auction.request import check_bid_array
 from auction.schedulers import average_bids, sibling_order
 from auction.segments import exclusive_run_cumsum, run_start_of
 
@@ -37,6 +38,9 @@ LongArray = npt.NDArray[np.longdouble]
 
 def vcg_payments(tree: RadixTree, bids: npt.ArrayLike) -> dict[str, float]:
     """VCG (Clarke pivot) payment of every user in the batch for the ``dfs-bid`` schedule.
+
+    ``bids`` has one entry per request, each finite and in [0, ``MAX_BID``] (``ValueError``
+    naming the request otherwise); within that range every payment is finite and ≥ 0.
 
     Two users share a prefix; alice bids 4 on request a, bob bids 1 on b and 1 on c, where b and c
     share a longer prefix. ``dfs-bid`` serves a, b, c (a's average 4 beats the {b, c} subtree's 1),
@@ -51,9 +55,8 @@ def vcg_payments(tree: RadixTree, bids: npt.ArrayLike) -> dict[str, float]:
     >>> vcg_payments(build_radix_tree(batch), [4.0, 1.0, 1.0])
     {'alice': 1.0, 'bob': 0.0}
     """
-    b = np.asarray(bids, dtype=np.float64)
-    if b.shape != (tree.n,):
-        raise ValueError(f"expected {tree.n} bids, got shape {b.shape}")
+    # Bounded bids (MAX_BID, auction/request.py) keep every sum finite: no inf or nan price.
+    b = check_bid_array(bids, tree.requests)
     payments = np.zeros(len(tree.user_names), dtype=np.float64)
     if tree.n > 1 and np.any(b > 0):
         np.add.at(payments, *_pivot_terms(tree, b))

@@ -9,22 +9,37 @@ Local decomposition: for a node u whose children are served in the order π_u,
 L_u(π_u; G) = Σ_{a before b} G(c_a)·s(c_b). Every request after r contributes one to n − pos_r,
 and it lies in a later sibling of the child holding r at exactly one common ancestor, so
 Σ_r b_r·(n − pos_r) = Σ_u L_u(π_u; F) and W = (1/(n−1))·Σ_u L_u.
+
+Bids (and true values, in the same units) must be finite and in [0, ``MAX_BID``]
+(auction/request.py), and an order must be a permutation of the batch's indices; anything else
+raises ``ValueError``, where a bid of 1e308 used to give W = ``inf`` or ``nan`` (∞·0).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import numpy.typing as npt
 
 from auction.radix import FloatArray, IntArray, RadixTree
+from auction.request import check_bid_array
 from auction.segments import exclusive_run_cumsum
 
 
 def positions(order: npt.ArrayLike) -> IntArray:
-    """pos[r] (0-based) of each request index r in ``order``."""
-    served = np.asarray(order, dtype=np.int64)
-    pos = np.empty(served.shape[0], dtype=np.int64)
-    pos[served] = np.arange(served.shape[0])
+    """pos[r] (0-based) of each request index r in ``order``, a permutation of 0..n−1."""
+    served = np.asarray(order)
+    if served.ndim != 1 or (served.size and served.dtype.kind not in "iu"):
+        raise ValueError(f"order must be a flat sequence of request indices, got {order!r}")
+    served = served.astype(np.int64, copy=False)  # [] comes in as float64
+    n = served.shape[0]
+    pos = np.full(n, -1, dtype=np.int64)
+    if n and (int(served.min()) < 0 or int(served.max()) >= n):
+        raise ValueError(f"order must be a permutation of 0..{n - 1}, got {order!r}")
+    pos[served] = np.arange(n)
+    if n and int(pos.min()) < 0:  # an index served twice leaves another never served
+        raise ValueError(f"order must be a permutation of 0..{n - 1}, got {order!r}")
     return pos
 
 
@@ -51,18 +66,27 @@ def welfare(order: npt.ArrayLike, bids: npt.ArrayLike) -> float:
     >>> welfare([0], [5.0])
     0.0
     """
-    b = np.asarray(bids, dtype=np.float64)
+    b = check_bid_array(bids)
+    x = priorities(order)
+    if x.shape != b.shape:
+        raise ValueError(f"order serves {x.shape[0]} requests, bids has {b.shape[0]}")
     if b.shape[0] <= 1:
         return 0.0
-    return float(np.dot(b, priorities(order)))
+    return float(np.dot(b, x))
 
 
 def user_values(order: npt.ArrayLike, bids: npt.ArrayLike, users: IntArray) -> FloatArray:
     """V_i = Σ_{r∈R_i} b_r·x_r for every user index i (0 for all when n ≤ 1)."""
-    b = np.asarray(bids, dtype=np.float64)
+    b = check_bid_array(bids)
     if b.shape[0] <= 1:
         return np.zeros(int(users.max(initial=-1)) + 1, dtype=np.float64)
-    return np.bincount(users, weights=b * priorities(order)).astype(np.float64)
+    x = priorities(order)
+    if x.shape != b.shape or users.shape != b.shape:
+        raise ValueError(
+            f"order, bids and users must have one entry per request, got {x.shape[0]}, "
+            f"{b.shape[0]} and {users.shape[0]}"
+        )
+    return np.bincount(users, weights=b * x).astype(np.float64)
 
 
 def welfare_pct_above_half(welfare_value: float, bids: npt.ArrayLike) -> float:
@@ -71,7 +95,9 @@ def welfare_pct_above_half(welfare_value: float, bids: npt.ArrayLike) -> float:
     >>> round(welfare_pct_above_half(4.0, [3.0, 1.0, 2.0]), 6)
     33.333333
     """
-    half = 0.5 * float(np.sum(np.asarray(bids, dtype=np.float64)))
+    if not math.isfinite(welfare_value):
+        raise ValueError(f"welfare_value must be finite, got {welfare_value!r}")
+    half = 0.5 * float(np.sum(check_bid_array(bids)))
     if half <= 0.0:
         return 0.0
     return 100.0 * (welfare_value - half) / half

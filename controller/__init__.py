@@ -1,1 +1,1 @@
-"""The saturation detector, the regime → policy table and the metric definitions (docs/design.md §4, §5)."""
+"""Saturation detector, regime → policy table and metric definitions (docs/design.md §4, §5)."""

@@ -19,6 +19,7 @@ If the controller stops, its target keeps the last policy it was given.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +53,14 @@ class CapacityAdvice:
     recommendation: Any  # the advisor's record, e.g. a Game-1 split
 
 
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _finite(value: object) -> bool:
+    return _number(value) and math.isfinite(value)  # type: ignore[arg-type]
+
+
 class LeadingIndicator:
     """Fires when queue depth or poa_hat grows faster than ``*_rise_per_s`` over ``horizon``
     ticks (each rate None: that signal is off)."""
@@ -62,8 +71,12 @@ class LeadingIndicator:
         poa_rise_per_s: float | None = None,
         horizon: int = 3,
     ) -> None:
-        if horizon < 1:
-            raise ValueError(f"horizon must be >= 1, got {horizon}")
+        if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
+            raise ValueError(f"horizon must be an integer >= 1, got {horizon!r}")
+        rates = (("queue_rise_per_s", queue_rise_per_s), ("poa_rise_per_s", poa_rise_per_s))
+        for name, rate in rates:
+            if rate is not None and not _finite(rate):
+                raise ValueError(f"{name} must be a finite number or None, got {rate!r}")
         self.queue_rise_per_s = queue_rise_per_s
         self.poa_rise_per_s = poa_rise_per_s
         self._queue: deque[tuple[float, float]] = deque(maxlen=horizon + 1)
@@ -100,6 +113,11 @@ class Controller:
         dominance: float = 2.0,
         sustain: int = 10,
     ) -> None:
+        for name, count in (("hold_ticks", hold_ticks), ("sustain", sustain)):
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {count!r}")
+        if not _finite(dominance) or dominance < 1:
+            raise ValueError(f"dominance must be a finite number >= 1, got {dominance!r}")
         self.detector = detector
         self.table = table
         self.target = target
@@ -135,6 +153,17 @@ class Controller:
         poa_routing: float | None = None,
         poa_capacity: float | None = None,
     ) -> Regime:
+        signals = (
+            ("queue_depth", queue_depth),
+            ("poa_hat", poa_hat),
+            ("poa_routing", poa_routing),
+            ("poa_capacity", poa_capacity),
+        )
+        for name, value in signals:
+            # inf is a legitimate reading (an optimum of zero cost); NaN would silently fail
+            # every comparison below and keep the leading indicator and the advice from firing.
+            if value is not None and (not _number(value) or math.isnan(value)):
+                raise ValueError(f"{name} must be a number or None, got {value!r}")
         before = self.detector.regime
         after = self.detector.tick(now)
         fired = self.leading is not None and self.leading.update(now, queue_depth, poa_hat)

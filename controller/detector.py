@@ -1,4 +1,4 @@
-"""The saturation detector: smoothed TTFT P99 → regime, with hysteresis and dwell (docs/design.md §4).
+"""The saturation detector: smoothed TTFT P99 → regime, hysteresis and dwell (docs/design.md §4).
 
 Every tick (default 1 s) the detector takes the P99 of the TTFT samples in the trailing window
 (default 10 s, at least ``min_samples`` = 20) and smooths it,
@@ -15,17 +15,57 @@ A tick with too few samples carries no evidence of saturation: s decays as if th
 
 θ1, θ2 are seconds, or multiples of a calm baseline P99 (``Thresholds.calibrated``). The detector
 is a plain object fed (time, TTFT) samples and ticks, so tests run it in virtual time.
+
+Inputs, and what happens to bad ones (every refusal is a ``ValueError`` naming the parameter and
+the value):
+
+- A sample's time t and every ``now`` must be finite real numbers, and a TTFT finite and ≥ 0. A
+  NaN time used to be stored and then block eviction for good (NaN ≤ horizon is never true), so
+  the window grew without bound.
+- The clock (the ``now`` of ``tick``, ``window_p99`` and ``escalate``) never goes back: a ``now``
+  before the latest one is refused, since the samples it would need were already evicted.
+- Samples may arrive late and out of order: a TTFT is known at the first token but is usually
+  reported at completion, so in the simulator about 40% of samples come after a later one. A
+  late sample still inside the trailing window of the latest tick is inserted in time order; one
+  at or before that window's start can never count again, so it is dropped and counted in
+  ``late_dropped`` rather than kept (or raised: lateness is normal, not a caller's mistake).
+- Memory is bounded: at most ``max_samples`` (default ``DEFAULT_MAX_SAMPLES`` = 100 000) samples
+  are kept; past that the oldest go first (they leave the window first anyway), counted in
+  ``overflow_dropped``. 100 000 is a 10 s window at 10 000 requests/s, beyond one router's rate,
+  and a P99 over that many samples still rests on 1 000 tail samples.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+import numbers
 from collections import deque
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Final
 
 import numpy as np
+
+DEFAULT_MAX_SAMPLES: Final = 100_000
+"""Default cap on the samples a detector keeps (module docstring, "Memory is bounded")."""
+
+
+def _finite(name: str, value: object) -> float:
+    """``value`` as a float, or ``ValueError`` naming ``name`` unless it is a finite real."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
+    x = float(value)
+    if not math.isfinite(x):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return x
+
+
+def _count(name: str, value: object, minimum: int) -> int:
+    """``value`` as an int, or ``ValueError`` naming ``name`` unless it is an int ≥ ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
 
 
 class Regime(IntEnum):
@@ -46,17 +86,27 @@ class Thresholds:
     theta2: float
 
     def __post_init__(self) -> None:
-        if not (0 < self.theta1 < self.theta2) or not math.isfinite(self.theta2):
+        theta1, theta2 = _finite("theta1", self.theta1), _finite("theta2", self.theta2)
+        if not 0 < theta1 < theta2:
             raise ValueError(f"thresholds need 0 < theta1 < theta2, got {self}")
 
     @classmethod
     def calibrated(cls, baseline_p99_s: float, k1: float = 2.0, k2: float = 5.0) -> Thresholds:
         """θ1 = k1·baseline, θ2 = k2·baseline, from a measured calm P99."""
-        if baseline_p99_s <= 0:
-            raise ValueError(f"baseline P99 must be > 0, got {baseline_p99_s}")
-        return cls(k1 * baseline_p99_s, k2 * baseline_p99_s)
+        baseline = _finite("baseline_p99_s", baseline_p99_s)
+        if baseline <= 0:
+            raise ValueError(f"baseline_p99_s must be > 0, got {baseline_p99_s!r}")
+        f1, f2 = _finite("k1", k1), _finite("k2", k2)
+        if not 0 < f1 < f2:
+            raise ValueError(f"calibration needs 0 < k1 < k2, got k1={k1!r}, k2={k2!r}")
+        theta1, theta2 = f1 * baseline, f2 * baseline
+        if not math.isfinite(theta2):  # two finite factors can still overflow
+            raise ValueError(f"k2·baseline_p99_s overflows: k2={k2!r}, baseline={baseline!r}")
+        return cls(theta1, theta2)
 
     def level(self, s: float, scale: float = 1.0) -> Regime:
+        """The regime of a smoothed P99 ``s`` against θ1, θ2 scaled by ``scale``."""
+        s = _finite("s", s)
         if s >= scale * self.theta2:
             return Regime.SATURATED
         if s >= scale * self.theta1:
@@ -65,6 +115,8 @@ class Thresholds:
 
 
 class SaturationDetector:
+    """Smoothed TTFT P99 → regime (module docstring); a plain object driven by its caller."""
+
     def __init__(
         self,
         thresholds: Thresholds,
@@ -74,42 +126,79 @@ class SaturationDetector:
         beta: float = 0.3,
         hysteresis: float = 0.2,
         dwell: int = 3,
+        max_samples: int = DEFAULT_MAX_SAMPLES,
     ) -> None:
-        if window_s <= 0 or min_samples < 1 or not 0 < beta <= 1 or not 0 <= hysteresis < 1:
-            raise ValueError("need window_s > 0, min_samples >= 1, 0 < beta <= 1, 0 <= h < 1")
-        if dwell < 1:
-            raise ValueError(f"dwell must be >= 1, got {dwell}")
+        if not isinstance(thresholds, Thresholds):
+            raise ValueError(f"thresholds must be a Thresholds, got {thresholds!r}")
+        window = _finite("window_s", window_s)
+        if window <= 0:
+            raise ValueError(f"window_s must be > 0, got {window_s!r}")
+        smoothing, h = _finite("beta", beta), _finite("hysteresis", hysteresis)
+        if not 0 < smoothing <= 1:
+            raise ValueError(f"beta must lie in (0, 1], got {beta!r}")
+        if not 0 <= h < 1:
+            raise ValueError(f"hysteresis must lie in [0, 1), got {hysteresis!r}")
         self.thresholds = thresholds
-        self.window_s = window_s
-        self.min_samples = min_samples
-        self.beta = beta
-        self.hysteresis = hysteresis
-        self.dwell = dwell
+        self.window_s = window
+        self.min_samples = _count("min_samples", min_samples, 1)
+        self.beta = smoothing
+        self.hysteresis = h
+        self.dwell = _count("dwell", dwell, 1)
+        self.max_samples = _count("max_samples", max_samples, self.min_samples)
         self.regime = Regime.BELOW
         self.smoothed_p99: float | None = None
         self.last_p99: float | None = None
         self.last_switch_at: float | None = None
         self.switches = 0
+        self.late_dropped = 0  # samples at or before the latest tick's window: never countable
+        self.overflow_dropped = 0  # oldest samples dropped to stay within max_samples
         self._times: deque[float] = deque()
         self._ttfts: deque[float] = deque()
+        self._clock: float | None = None  # the latest now seen; time never goes back
         self._pending: Regime | None = None
         self._pending_ticks = 0
         self._hold = 0  # ticks during which an escalation may not be undone
 
     def observe(self, t: float, ttft_s: float) -> None:
-        """One request's time to first token, completed at time t (samples may come late)."""
-        if not math.isfinite(ttft_s) or ttft_s < 0:
-            return  # a broken measurement carries no information
+        """One request's time to first token, at time t (its first token; samples may come late).
+
+        ``ValueError`` unless t is finite and ``ttft_s`` finite and ≥ 0. A sample at or before
+        the start of the latest tick's window is dropped (``late_dropped``)."""
+        t = _finite("t", t)
+        ttft = _finite("ttft_s", ttft_s)
+        if ttft < 0:
+            raise ValueError(f"ttft_s must be >= 0, got {ttft_s!r}")
+        if self._clock is not None and t <= self._clock - self.window_s:
+            self.late_dropped += 1
+            return
         if self._times and t < self._times[-1]:
             i = bisect.bisect_right(self._times, t)
             self._times.insert(i, t)
-            self._ttfts.insert(i, ttft_s)
+            self._ttfts.insert(i, ttft)
         else:
             self._times.append(t)
-            self._ttfts.append(ttft_s)
+            self._ttfts.append(ttft)
+        if len(self._times) > self.max_samples:
+            self._times.popleft()
+            self._ttfts.popleft()
+            self.overflow_dropped += 1
+
+    @property
+    def samples(self) -> int:
+        """Samples held now (at most ``max_samples``)."""
+        return len(self._times)
+
+    def _advance(self, now: float) -> float:
+        """Move the clock to ``now``: finite, and never before the latest ``now``."""
+        now = _finite("now", now)
+        if self._clock is not None and now < self._clock:
+            raise ValueError(f"now must not go back in time: got {now!r} after {self._clock!r}")
+        self._clock = now
+        return now
 
     def window_p99(self, now: float) -> float | None:
         """P99 of the samples in (now − window_s, now], or None with too few of them."""
+        now = self._advance(now)
         horizon = now - self.window_s
         while self._times and self._times[0] <= horizon:
             self._times.popleft()
@@ -121,6 +210,8 @@ class SaturationDetector:
 
     def escalate(self, now: float, hold_ticks: int) -> Regime:
         """Move up one regime now (a leading signal) and hold it for ``hold_ticks`` ticks."""
+        hold_ticks = _count("hold_ticks", hold_ticks, 0)
+        now = self._advance(now)
         if self.regime < Regime.SATURATED:
             self._switch(Regime(self.regime + 1), now)
             self._hold = hold_ticks
@@ -128,6 +219,7 @@ class SaturationDetector:
 
     def tick(self, now: float) -> Regime:
         """Update s and the regime at time ``now``."""
+        now = self._advance(now)  # before any state changes: a refused tick changes nothing
         holding = self._hold > 0
         self._hold = max(0, self._hold - 1)
         p99 = self.window_p99(now)

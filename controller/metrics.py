@@ -2,14 +2,84 @@
 
 The Helm chart's dashboard and alerts depend on these names; everything that reports (the PoA
 estimator, the controller, the auction, the event bus) updates the objects here, and
-``prometheus_client.generate_latest(REGISTRY)`` serves them.
+``prometheus_client.generate_latest(REGISTRY)`` serves them:
+
+- ``disagg_poa_hat``, ``disagg_poa_routing``, ``disagg_poa_capacity``: the live PoA estimate and
+  its two factors (gauges, ``PoaGauge``);
+- ``disagg_poa_impossible_total{factor}``: how many times one of those gauges was set below 1
+  (``factor`` is ``poa_hat``, ``poa_routing`` or ``poa_capacity``). Each is realised (or modelled)
+  cost over an optimum, so a value below 1 − ``POA_TOLERANCE`` is impossible and means the
+  estimator is wrong, not that the cluster beats its optimum. The value is still exported as it
+  came (never clamped, so the dashboard shows what the estimator said); the counter counts it and
+  the first one per factor is logged as a warning;
+- ``disagg_regime`` (0/1/2), ``disagg_router_temperature``, ``disagg_router_overlap_weight``,
+  ``disagg_routing_cost``, ``disagg_ttft_p99_smoothed_seconds``;
+- ``disagg_ttft_seconds``, ``disagg_itl_seconds`` (histograms);
+- ``disagg_requests_total{status}``, ``disagg_auction_queue_depth``, ``disagg_auction_welfare``,
+  ``disagg_auction_revenue_total``, ``disagg_events_dropped_total{reason}``,
+  ``disagg_capacity_advice_total``.
 """
 
 from __future__ import annotations
 
+import logging
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+log = logging.getLogger(__name__)
+
 REGISTRY = CollectorRegistry(auto_describe=True)
+
+# A PoA value below 1 − POA_TOLERANCE is flagged; the slack absorbs float rounding of a ratio
+# that is exactly 1 (e.g. poa_hat = poa_routing · poa_capacity with both factors at 1).
+POA_TOLERANCE = 1e-9
+POA_FACTORS = ("poa_hat", "poa_routing", "poa_capacity")
+
+POA_IMPOSSIBLE = Counter(
+    "disagg_poa_impossible",
+    "PoA gauge values set below 1 (impossible: realised over optimal), by factor",
+    ["factor"],
+    registry=REGISTRY,
+)
+for _factor in POA_FACTORS:
+    POA_IMPOSSIBLE.labels(_factor)  # every factor's series exists (at 0) from the start
+
+_poa_warned: set[str] = set()  # factors already logged: one warning each per process
+
+
+def flag_impossible_poa(factor: str, value: float) -> bool:
+    """Count (and, the first time per factor, log) a PoA ``value`` below 1 − ``POA_TOLERANCE``.
+
+    Returns whether it was flagged. NaN and values ≥ 1 − tolerance (∞ included) are not.
+    """
+    if not value < 1.0 - POA_TOLERANCE:
+        return False
+    POA_IMPOSSIBLE.labels(factor).inc()
+    if factor not in _poa_warned:
+        _poa_warned.add(factor)
+        log.warning(
+            "%s = %r is below 1, which a ratio of realised over optimal cannot be: the PoA "
+            "estimate is wrong here (exported unchanged; counted in "
+            "disagg_poa_impossible_total{factor=%r}, further ones are not logged)",
+            factor,
+            value,
+            factor,
+        )
+    return True
+
+
+class PoaGauge(Gauge):
+    """A PoA gauge: ``set`` exports the value as given and flags it when it is below 1.
+
+    The factor is the metric's name without ``disagg_`` (``disagg_poa_hat`` → ``poa_hat``), so
+    every caller of ``POA_HAT.set`` and the others (today the simulator's control loop,
+    ``cluster/sim/control.py``) is checked without having to know about the check.
+    """
+
+    def set(self, value: float) -> None:
+        super().set(value)
+        flag_impossible_poa(self._name.removeprefix("disagg_"), float(value))
+
 
 # Latency buckets from 5 ms to 2 min: TTFT spans both sides of the knee.
 _LATENCY_BUCKETS = (
@@ -30,11 +100,13 @@ _LATENCY_BUCKETS = (
     120.0,
 )
 
-POA_HAT = Gauge("disagg_poa_hat", "Realised over optimal latency in the window", registry=REGISTRY)
-POA_ROUTING = Gauge(
+POA_HAT = PoaGauge(
+    "disagg_poa_hat", "Realised over optimal latency in the window", registry=REGISTRY
+)
+POA_ROUTING = PoaGauge(
     "disagg_poa_routing", "Router's assignment over the optimal one", registry=REGISTRY
 )
-POA_CAPACITY = Gauge(
+POA_CAPACITY = PoaGauge(
     "disagg_poa_capacity", "Realised latency over the router's modelled cost", registry=REGISTRY
 )
 REGIME = Gauge("disagg_regime", "0 below, 1 transition, 2 saturated", registry=REGISTRY)

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from controller.detector import Regime
+from router.cost import MAX_OMEGA
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,10 @@ class RegimePolicy:
                 raise ValueError(f"{name} must be a number, got {value!r}")
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+        # The router refuses a larger omega at set_policy; refuse it here, where the table is
+        # read, rather than in the middle of a control tick.
+        if self.omega > MAX_OMEGA:
+            raise ValueError(f"omega must be <= {MAX_OMEGA:g}, got {self.omega!r}")
 
 
 @dataclass(frozen=True)

@@ -1,27 +1,87 @@
-"""``disaggctl``: the command line."""
+"""``disaggctl``: the command line.
+
+Every subcommand's flags are checked by a strict model (disaggctl.options) before any work
+starts: a bad value ends with ``disaggctl: --flag message, got value`` and exit status 2, a
+failure during the work with ``disaggctl: message`` and status 1. Output on stdout is the result
+(strict JSON where it is JSON); progress bars and live status go to stderr, only on a terminal
+or with ``--progress``, never with ``--quiet``.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
+import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from auction import SCHEDULERS, run_auction
+from cluster.progress import progress_bar
+from disaggctl.jsonout import strict_dumps
+from disaggctl.options import (
+    MAX_N,
+    MAX_SEED,
+    MAX_TOP,
+    MAX_USERS,
+    WORKLOADS_HELP,
+    AuctionOptions,
+    DemoOptions,
+    UsageError,
+    from_args,
+)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults after every option's help; descriptions keep their line breaks."""
+
+
+def package_version() -> str:
+    try:
+        return version("disaggctl")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+def add_output_flags(parser: argparse.ArgumentParser) -> None:
+    """``--progress`` / ``--quiet``, shared by every subcommand that runs for a while."""
+    parser.add_argument(
+        "--progress",
+        action="store_const",
+        const=True,
+        default=argparse.SUPPRESS,  # unset: bars only when stderr is a terminal
+        help="draw progress bars even when stderr is not a terminal (default: only on a terminal)",
+    )
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress bars and no live status lines; the final result is still printed",
+    )
+
+
+def seed_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--seed", type=int, default=0, help=f"random seed, 0 to {MAX_SEED}: same seed, same run"
+    )
 
 
 def _demo(args: argparse.Namespace) -> int:
     from disaggctl.demo import main as demo_main
 
-    return demo_main(args.out, args.n, args.users, args.seed)
+    o = from_args(DemoOptions, args)
+    return demo_main(o.out, o.n, o.users, o.seed, progress=o.progress, quiet=o.quiet)
 
 
 def _auction(args: argparse.Namespace) -> int:
     from cluster.workloads import make_workload
 
-    batch = make_workload(args.workload, args.n, users=args.users, seed=args.seed)
-    result = run_auction(batch.requests, args.scheduler)
-    top = sorted(result.payments.items(), key=lambda kv: -kv[1])[: args.top]
+    o = from_args(AuctionOptions, args)
+    with progress_bar(total=2, desc="auction", progress=o.progress, quiet=o.quiet) as bar:
+        batch = make_workload(o.workload, o.n, users=o.users, seed=o.seed)
+        bar.update(1)
+        result = run_auction(batch.requests, o.scheduler)
+        bar.update(1)
+    top = sorted(result.payments.items(), key=lambda kv: -kv[1])[: o.top]
     report = {
         "workload": batch.name,
         "scheduler": result.scheduler,
@@ -29,47 +89,88 @@ def _auction(args: argparse.Namespace) -> int:
         "welfare": result.welfare,
         "welfare_pct_above_half": result.welfare_pct_above_half,
         "revenue": result.revenue,
-        "first": list(result.order[: args.top]),
+        "first": list(result.order[: o.top]),
         "top_payments": dict(top),
     }
-    print(json.dumps(report, indent=2))
+    print(strict_dumps(report, indent=2))
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="disaggctl", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="disaggctl", description=__doc__, formatter_class=HelpFormatter
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {package_version()}",
+        help="print the installed package version and exit",
+    )  # fmt: skip
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = sub.add_parser("demo", help="the main job on the embedded default")
-    demo.add_argument("--n", type=int, default=1024, help="requests per batch")
-    demo.add_argument("--users", type=int, default=128)
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--out", type=Path, default=Path("results/demo"))
+    demo = sub.add_parser(
+        "demo",
+        help="the main job on the embedded default (about 15 s)",
+        description="The whole system on a simulated 70B 1P/5D cluster, then the auction on "
+        "every workload shape with every scheduler; tables on stdout, JSON and PNGs in --out.",
+        formatter_class=HelpFormatter,
+    )
+    demo.add_argument(
+        "--n", type=int, default=1024, help=f"requests per auction batch, 1 to {MAX_N}"
+    )
+    demo.add_argument(
+        "--users", type=int, default=128, help=f"bidding users per batch, 1 to {MAX_USERS}"
+    )
+    seed_flag(demo)
+    demo.add_argument(
+        "--out",
+        type=Path,
+        default=Path("results/demo"),
+        help="output folder (created; checked writable before the run starts)",
+    )
+    add_output_flags(demo)
     demo.set_defaults(func=_demo)
 
-    auction = sub.add_parser("auction", help="order and price one generated batch")
-    auction.add_argument(
-        "--workload", default="mixshare-50", help="mixshare-P, chains, trees-short or trees-long"
+    auction = sub.add_parser(
+        "auction",
+        help="order and price one generated batch",
+        description="Generate one batch, order it with one scheduler, price it (VCG); JSON out.",
+        formatter_class=HelpFormatter,
     )
-    auction.add_argument("--scheduler", default="dfs-bid", choices=sorted(SCHEDULERS))
-    auction.add_argument("--n", type=int, default=256)
-    auction.add_argument("--users", type=int, default=32)
-    auction.add_argument("--seed", type=int, default=0)
-    auction.add_argument("--top", type=int, default=5, help="how many ids and payers to show")
+    auction.add_argument(
+        "--workload", default="mixshare-50", help=WORKLOADS_HELP.replace("%", "%%")
+    )  # argparse %-formats help: a literal "P%" would break --help
+    auction.add_argument(
+        "--scheduler", default="dfs-bid", choices=sorted(SCHEDULERS), help="the ordering policy"
+    )
+    auction.add_argument("--n", type=int, default=256, help=f"requests in the batch, 1 to {MAX_N}")
+    auction.add_argument("--users", type=int, default=32, help=f"bidding users, 1 to {MAX_USERS}")
+    seed_flag(auction)
+    auction.add_argument(
+        "--top", type=int, default=5, help=f"how many ids and payers to show, 0 to {MAX_TOP}"
+    )
+    add_output_flags(auction)
     auction.set_defaults(func=_auction)
 
     from disaggctl.sim_cli import add_parser as add_sim
 
-    add_sim(sub)
+    add_sim(sub, HelpFormatter, add_output_flags, seed_flag)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         return int(args.func(args))
+    except UsageError as exc:  # a bad flag value: like argparse's own errors, status 2
+        parser.exit(2, "".join(f"disaggctl: {line}\n" for line in str(exc).splitlines()))
     except ValueError as exc:
-        raise SystemExit(f"disaggctl: {exc}") from None
+        print(f"disaggctl: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # The reader went away (`disaggctl ... | head`): not an error of ours. Point stdout at
+        # devnull so the interpreter's final flush does not raise a second time.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command killed by the pipe
 
 
 if __name__ == "__main__":

@@ -2,22 +2,23 @@
 
 For each workload shape (stars, chains, short and long trees) a batch of n requests from ``users``
 bidders is ordered by each scheduler. The table shows what each order buys: welfare above a random
-order, prefix reuse (the cache-friendliness of the order), VCG revenue and the time to decide.
+order, prefix reuse (the cache-friendliness of the order), VCG revenue and the time to decide
+(docs/design.md §1, §8).
 """
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tqdm import tqdm
-
 from auction import SCHEDULERS, prefix_reuse, run_auction
-from cluster.workloads import make_workload
+from cluster.models import validate_model
+from cluster.progress import progress_bar
+from cluster.workloads import Workload, make_workload
+from disaggctl.jsonout import strict_dumps
+from disaggctl.options import MAX_N, DemoOptions
 
 DEMO_WORKLOADS = ("mixshare-50", "mixshare-90", "chains", "trees-short", "trees-long")
 
@@ -35,12 +36,24 @@ class DemoRow:
 
 
 def run_demo(
-    workloads: Sequence[str] = DEMO_WORKLOADS, n: int = 1024, users: int = 128, seed: int = 0
+    workloads: Sequence[str] = DEMO_WORKLOADS,
+    n: int = 1024,
+    users: int = 128,
+    seed: int = 0,
+    *,
+    progress: bool | None = None,
+    quiet: bool = False,
 ) -> list[DemoRow]:
+    if not 1 <= n <= MAX_N:  # 0: no tokens to share, the fractions below would be 0/0
+        raise ValueError(f"n must be between 1 and {MAX_N}, got {n}")
     rows = []
     steps = [(w, s) for w in workloads for s in SCHEDULERS]
-    batches = {w: make_workload(w, n, users=users, seed=seed) for w in workloads}
-    for workload, scheduler in tqdm(steps, desc="auction demo", file=sys.stderr):
+    batches: dict[str, Workload] = {}
+    for workload, scheduler in progress_bar(
+        steps, desc="auction demo", progress=progress, quiet=quiet
+    ):
+        if workload not in batches:  # one batch alive at a time, not all five at once
+            batches = {workload: make_workload(workload, n, users=users, seed=seed)}
         batch = batches[workload]
         start = time.perf_counter()
         result = run_auction(batch.requests, scheduler)
@@ -111,17 +124,30 @@ def plot(rows: Sequence[DemoRow], path: Path) -> None:
     plt.close(fig)
 
 
-def main(out: Path, n: int, users: int, seed: int) -> int:
+def main(
+    out: Path,
+    n: int,
+    users: int,
+    seed: int,
+    *,
+    progress: bool | None = None,
+    quiet: bool = False,
+) -> int:
+    """Both parts; every argument is checked (and ``out`` created and probed) before any work,
+    so a bad value fails in milliseconds, not after the run (:class:`ConfigError` names it)."""
     from disaggctl.system_demo import run as run_system
 
+    values = dict(out=out, n=n, users=users, seed=seed, progress=progress, quiet=quiet)
+    o = validate_model(DemoOptions, values, "disaggctl demo")
+    out = o.out
     print("== The whole system: simulated 70B 1P/5D, adaptive routing, live PoA, auction ==\n")
-    run_system(out, seed=seed)
+    run_system(out, seed=o.seed, progress=o.progress, quiet=o.quiet)
     print(f"\nwrote {out / 'system.json'} and {out / 'timeline.png'}\n")
     print("== The auction on queued batches: every scheduler, every workload shape ==\n")
-    rows = run_demo(n=n, users=users, seed=seed)
+    rows = run_demo(n=o.n, users=o.users, seed=o.seed, progress=o.progress, quiet=o.quiet)
     print(format_table(rows))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "auction.json").write_text(json.dumps([asdict(r) for r in rows], indent=2))
+    (out / "auction.json").write_text(strict_dumps([asdict(r) for r in rows], indent=2))
     plot(rows, out / "auction.png")
     print(
         f"\nwelfare: % above a random order (½Σb); reuse: prompt tokens served from the previous "

@@ -1,63 +1,141 @@
-"""``disaggctl sim``: run the simulated cluster, or check a profile against published figures."""
+"""``disaggctl sim``: run the simulated cluster, or check a profile against published figures
+(docs/design.md §6)."""
 
 from __future__ import annotations
 
 import argparse
-import json
+from collections.abc import Callable
 
+from tqdm import tqdm
+
+from cluster.progress import progress_bar
 from cluster.sim.calibration import check, run_point
 from cluster.sim.profile import available_profiles, load_profile
+from disaggctl.jsonout import strict_dumps
+from disaggctl.options import (
+    MAX_CONCURRENCY,
+    MAX_DECODE_WORKERS,
+    MAX_HOLD_S,
+    MAX_PREFILL_WORKERS,
+    MIN_HOLD_S,
+    SimCalibrateOptions,
+    SimRunOptions,
+    from_args,
+)
+
+AddFlags = Callable[[argparse.ArgumentParser], None]
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    sim = sub.add_parser("sim", help="the simulated disaggregated cluster")
-    verbs = sim.add_subparsers(dest="verb", required=True)
+def add_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    formatter: type[argparse.HelpFormatter] = argparse.ArgumentDefaultsHelpFormatter,
+    output_flags: AddFlags | None = None,
+    seed_flag: AddFlags | None = None,
+) -> None:
+    sim = sub.add_parser(
+        "sim",
+        help="the simulated disaggregated cluster",
+        description=__doc__,
+        formatter_class=formatter,
+    )
+    verbs = sim.add_subparsers(dest="verb", required=True, metavar="VERB")
 
-    run = verbs.add_parser("run", help="one closed-loop operating point")
-    run.add_argument("--profile", default="b200-llama70b-fp8-tp4", choices=available_profiles())
-    run.add_argument("--topology", default="1P/5D")
-    run.add_argument("--concurrency", type=int, default=64)
-    run.add_argument("--seconds", type=float, default=40.0, help="measured hold after warm-up")
-    run.add_argument("--seed", type=int, default=0)
+    run = verbs.add_parser(
+        "run",
+        help="one closed-loop operating point",
+        description="A closed loop at --concurrency on --topology: 10 s warm-up, then --seconds "
+        "measured; strict JSON on stdout (a figure nothing was measured for is null).",
+        formatter_class=formatter,
+    )
+    run.add_argument(
+        "--profile",
+        default="b200-llama70b-fp8-tp4",
+        choices=available_profiles(),
+        help="hardware profile (cluster/sim/profiles)",
+    )
+    run.add_argument(
+        "--topology",
+        default="1P/5D",
+        help=f"xP/yD workers, 0 <= x <= {MAX_PREFILL_WORKERS}, 1 <= y <= {MAX_DECODE_WORKERS} "
+        "(case and spaces do not matter)",
+    )
+    run.add_argument(
+        "--concurrency",
+        type=int,
+        default=64,
+        help=f"clients in the closed loop, 1 to {MAX_CONCURRENCY}",
+    )
+    run.add_argument(
+        "--seconds",
+        type=float,
+        default=40.0,
+        help=f"measured hold after the warm-up, simulated seconds, {MIN_HOLD_S:g} to "
+        f"{MAX_HOLD_S:g} (finite)",
+    )
+    if seed_flag:
+        seed_flag(run)
+    else:
+        run.add_argument("--seed", type=int, default=0, help="random seed")
+    if output_flags:
+        output_flags(run)
     run.set_defaults(func=_run)
 
-    calibrate = verbs.add_parser("calibrate", help="simulated vs published figures")
-    calibrate.add_argument("--profile", choices=available_profiles(), action="append")
+    calibrate = verbs.add_parser(
+        "calibrate",
+        help="simulated vs published figures",
+        description="Every published figure of each profile against the simulator (minutes).",
+        formatter_class=formatter,
+    )
+    calibrate.add_argument(
+        "--profile",
+        choices=available_profiles(),
+        action="append",
+        default=argparse.SUPPRESS,  # unset: every profile (the model's None)
+        help="a profile to check (repeat for several; default: all of them)",
+    )
+    if output_flags:
+        output_flags(calibrate)
     calibrate.set_defaults(func=_calibrate)
 
 
 def _run(args: argparse.Namespace) -> int:
-    profile = load_profile(args.profile)
-    summary = run_point(profile, args.topology, args.concurrency, args.seconds, args.seed)
-    print(
-        json.dumps(
-            {
-                "profile": profile.name,
-                "topology": args.topology,
-                "concurrency": args.concurrency,
-                **summary.as_dict(),
-            },
-            indent=2,
-        )
+    o = from_args(SimRunOptions, args)
+    profile = load_profile(o.profile)
+    summary = run_point(
+        profile, o.topology, o.concurrency, o.seconds, o.seed, progress=o.progress, quiet=o.quiet
     )
+    report = {
+        "profile": profile.name,
+        "topology": o.topology,
+        "concurrency": o.concurrency,
+        "seconds": o.seconds,
+        **summary.as_dict(),
+    }
+    print(strict_dumps(report, indent=2))
     return 0
 
 
 def _calibrate(args: argparse.Namespace) -> int:
+    o = from_args(SimCalibrateOptions, args)
+    profiles = [load_profile(name) for name in o.profile or available_profiles()]
     header = (
-        f"{'profile':<27} {'topo':<6} {'metric':<17} {'C':>4} {'published':>15} "
+        f"{'profile':<27} {'topo':<6} {'metric':<18} {'C':>4} {'published':>15} "
         f"{'simulated':>10} {'':>5}"
     )
     print(header)
     print("-" * len(header))
     missed = 0
-    for name in args.profile or available_profiles():
-        for r in check(load_profile(name)):
-            verdict = "ok" if r.ok else ("MISS" if r.point.reproduced else "known")
+    points = [(p, point) for p in profiles for point in p.calibration]
+    with progress_bar(
+        points, progress=o.progress, quiet=o.quiet, desc="calibration points", unit="pt"
+    ) as bar:
+        for profile, point in bar:
+            (r,) = check(profile, [point])
+            verdict = "ok" if r.ok else ("MISS" if point.reproduced else "known")
             missed += verdict == "MISS"
-            print(
-                f"{name:<27} {r.point.topology:<6} {r.point.metric:<17} "
-                f"{r.point.concurrency:>4} {r.published:>15} {r.simulated:>10.4g} {verdict:>5}"
+            tqdm.write(  # on stdout, above the bar (stderr) rather than through it
+                f"{profile.name:<27} {point.topology:<6} {point.metric:<18} "
+                f"{point.concurrency:>4} {r.published:>15} {r.simulated:>10.5g} {verdict:>5}"
             )
     print("\nknown: recorded figures the FCFS model cannot meet; see the profile's note.")
     return 1 if missed else 0

@@ -1,5 +1,5 @@
-"""The three games of docs/design.md §3: the live Price-of-Anarchy estimator (Game 3), P/D allocation
-(Game 1) and KV placement (Game 2)."""
+"""The three games of docs/design.md §3: the live Price-of-Anarchy estimator (Game 3),
+P/D allocation (Game 1) and KV placement (Game 2)."""
 
 from games.assignment import optimal_cost, optimal_cost_hungarian
 from games.join import CompletionRecord, EventJoiner, RouteRecord

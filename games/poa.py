@@ -1,4 +1,5 @@
-"""Game 3: the routing game's Price of Anarchy, estimated live from a request window (docs/design.md §3).
+"""Game 3: the routing game's Price of Anarchy, estimated live from a request window
+(docs/design.md §3).
 
 For every completed request r in the window we know the worker the router chose, a(r), the
 router's view of every candidate at decision time (uncached tokens u(r, w)) and the realised

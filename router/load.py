@@ -1,7 +1,7 @@
 """Load per worker: what the caller reports plus what routed, unfinished requests reserve.
 
-The cost model (docs/design.md §2, ``router.cost``) reads two loads per worker: active prefill tokens
-and active decode blocks. They come from two places:
+The cost model (docs/design.md §2, ``router.cost``) reads two loads per worker: active prefill
+tokens and active decode blocks. They come from two places:
 
 - ``report``: the caller's measurement (e.g. Dynamo's ``kv_metrics`` ``active_prefill_tokens``
   / ``active_decode_blocks``), which replaces the previous report;

@@ -6,11 +6,19 @@ softmax). The returned ``Decision`` carries the whole per-candidate breakdown, t
 omega used and the policy version, because the PoA estimator and the ``disagg.<ns>.route``
 event need them. The controller changes the policy with ``set_policy`` at any time; a
 per-request override wins over it for that request only.
+
+Every public entry point refuses bad input with a ``ValueError`` that names the field: a
+per-request override is a mapping whose keys are ``tau``, ``omega`` or Dynamo's aliases
+(``router_temperature``; ``overlap_score_weight`` and ``prefill_load_scale``), each field set at
+most once, and whose values are real numbers in the ranges of ``router.cost`` (tau finite ≥ 0;
+omega finite in [0, ``MAX_OMEGA``]; a bool is not a number). An unhashable value such as
+``{"tau": [1]}`` used to escape as ``TypeError`` from the policy cache.
 """
 
 from __future__ import annotations
 
 import functools
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -19,8 +27,8 @@ import numpy as np
 
 from router.cost import (
     CandidateCost,
-    check_tau_omega,
     lowest_cost_index,
+    policy_value,
     prefill_blocks,
     routing_costs,
     sample_index,
@@ -52,9 +60,11 @@ class Policy:
     version: int = 0
 
     def __post_init__(self) -> None:
-        check_tau_omega(self.tau, self.omega)
-        if type(self.version) is not int:
-            raise ValueError(f"policy version must be an int, got {self.version!r}")
+        # Stored as floats: equal policies compare and hash equal whatever number type built them.
+        object.__setattr__(self, "tau", policy_value("tau", self.tau))
+        object.__setattr__(self, "omega", policy_value("omega", self.omega))
+        if type(self.version) is not int or self.version < 0:
+            raise ValueError(f"policy version must be an int >= 0, got {self.version!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,19 +78,36 @@ class Override:
         return self.tau is not None or self.omega is not None
 
     def __post_init__(self) -> None:
-        check_tau_omega(
-            0.0 if self.tau is None else self.tau, 0.0 if self.omega is None else self.omega
-        )
+        for field in ("tau", "omega"):
+            value = getattr(self, field)
+            if value is not None:
+                object.__setattr__(self, field, policy_value(field, value))
 
     @classmethod
     def from_mapping(cls, fields: Mapping[str, float]) -> Override:
         """From ``{"tau"|"router_temperature": x, "omega"|"overlap_score_weight": y}``."""
-        values: dict[str, float] = {}
-        for key, value in fields.items():
-            if key not in _OVERRIDE_KEYS:
-                raise ValueError(f"unknown override field {key!r}")
-            values[_OVERRIDE_KEYS[key]] = value
-        return cls(**values)
+        return cls(**override_fields(fields))
+
+
+def override_fields(fields: object) -> dict[str, float]:
+    """A per-request override mapping, validated: ``{"tau": x, "omega": y}`` (either optional).
+
+    ``ValueError`` naming the key for a non-mapping, an unknown or non-string key, a field set
+    twice (``tau`` and ``router_temperature`` together) or a value out of range."""
+    if not isinstance(fields, Mapping):
+        raise ValueError(f"an override must be a mapping or an Override, got {fields!r}")
+    values: dict[str, float] = {}
+    named: dict[str, str] = {}
+    for key, value in fields.items():
+        field = _OVERRIDE_KEYS.get(key) if isinstance(key, str) else None
+        if field is None:
+            known = ", ".join(sorted(_OVERRIDE_KEYS))
+            raise ValueError(f"unknown override field {key!r}; known: {known}")
+        if field in named:
+            raise ValueError(f"override sets {field} twice: {named[field]!r} and {key!r}")
+        named[field] = key
+        values[field] = policy_value(field, value, key)
+    return values
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,26 +196,21 @@ class Decision:
 
 @functools.lru_cache(maxsize=1024, typed=True)
 def _policy(tau: float, omega: float, version: int) -> Policy:
-    """Policies for per-request overrides: a few distinct values, each built (and validated)
-    once; ``typed`` keeps e.g. ``True`` from hitting the entry of ``1.0``."""
+    """Policies for per-request overrides: a few distinct values, each built once. Callers pass
+    validated floats only (``override_fields``), so the cache never sees an unhashable or a bool;
+    ``typed`` stays as a second guard against ``True`` hitting the entry of ``1.0``."""
     return Policy(tau, omega, version)
 
 
 def _overridden(policy: Policy, override: Override | Mapping[str, float]) -> Policy:
     """``policy`` with the override's tau and omega in place of its own."""
-    tau, omega = policy.tau, policy.omega
-    if isinstance(override, Override):
-        tau = tau if override.tau is None else override.tau
-        omega = omega if override.omega is None else override.omega
+    if isinstance(override, Override):  # validated when it was made
+        tau = policy.tau if override.tau is None else override.tau
+        omega = policy.omega if override.omega is None else override.omega
     else:
-        for key, value in override.items():
-            field = _OVERRIDE_KEYS.get(key)
-            if field is None:
-                raise ValueError(f"unknown override field {key!r}")
-            if field == "tau":
-                tau = value
-            else:
-                omega = value
+        # Validated before the cache: an unhashable or out-of-range value must be a ValueError.
+        fields = override_fields(override)
+        tau, omega = fields.get("tau", policy.tau), fields.get("omega", policy.omega)
     return _policy(tau, omega, policy.version)
 
 
@@ -201,6 +223,15 @@ class Router:
         policy: Policy | None = None,
         seed: int | None = 0,
     ) -> None:
+        if type(block_size) is not int or block_size < 1:
+            raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
+        if policy is not None and not isinstance(policy, Policy):
+            raise ValueError(f"policy must be a router.Policy or None, got {policy!r}")
+        given: object = seed  # typed int | None, but callers are not type-checked
+        if given is not None and (
+            isinstance(given, bool) or not isinstance(given, numbers.Integral) or given < 0
+        ):
+            raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
         self.index = KvIndex(block_size)
         self.loads = LoadTracker()
         self.block_size = block_size
@@ -257,13 +288,20 @@ class Router:
 
         ``local_hashes`` are the prompt's block hashes when the caller already has them (a
         simulated engine hashes every prompt anyway); they must be ``block_hashes(tokens)``."""
+        if type(request_id) is not str or not request_id:
+            raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
         policy, overridden = self._policy, False
+        if override is not None and not isinstance(override, Override | Mapping):
+            raise ValueError(f"override must be a mapping or an Override, got {override!r}")
         if override:  # None, {} and Override() leave the policy as it is
             policy, overridden = _overridden(policy, override), True
         workers = self._workers
         if not workers:
             raise ValueError("no workers to route to")
-        prompt_tokens = len(tokens)
+        try:
+            prompt_tokens = len(tokens)
+        except TypeError:
+            raise ValueError(f"tokens must be a sequence of token ids, got {tokens!r}") from None
         if prompt_tokens == 0:
             raise ValueError("cannot route an empty prompt")
         loads = self.loads
@@ -272,6 +310,11 @@ class Router:
         block_size = self.block_size
         if local_hashes is None:
             local_hashes = block_hashes(tokens, block_size)
+        elif len(local_hashes) != prompt_tokens // block_size:
+            raise ValueError(
+                f"local_hashes must be block_hashes(tokens): {prompt_tokens} tokens make "
+                f"{prompt_tokens // block_size} blocks of {block_size}, got {len(local_hashes)}"
+            )
         overlaps = self.index.overlap_column(local_hashes)
         prefill_now = tuple(loads.prefill_tokens)
         decode_now = tuple(loads.decode_blocks)

@@ -4,21 +4,34 @@ Each point is the study's setting: a closed loop at concurrency C (ramp, then ho
 with the profile's template workload; figures come from the requests that finish during the hold.
 The knee is where demand meets capacity, C* = X_max · E2E(C=1): below it the prefill queue is
 mostly empty, above it every extra client waits in it (Little's law). A grid point "just above
-the knee" is the first point past C*.
+the knee" is the first point past C*. A KV-capacity point is no run at all: the capacity is
+derived from the model's shape and the GPU's memory (:func:`kv_capacity_tokens`) and compared
+with the published figure (docs/design.md §6).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 
+from cluster.progress import progress_bar
 from cluster.sim.cluster import SimCluster
 from cluster.sim.loadgen import ClosedLoop, Phase
-from cluster.sim.profile import CalibrationPoint, HardwareProfile, load_profile
+from cluster.sim.profile import (
+    MEASURED_METRICS,
+    ArchitectureSpec,
+    CalibrationPoint,
+    HardwareProfile,
+    MemorySpec,
+    load_profile,
+)
 from cluster.sim.records import Summary, summarize
 from cluster.workloads import TemplateSource
+
+GIB = 1 << 30
 
 WARMUP_S = 10.0
 HOLD_S = 40.0
@@ -36,13 +49,44 @@ class CheckResult:
     @property
     def published(self) -> str:
         v = self.point.value
-        return f"[{v[0]:g}, {v[1]:g}]" if isinstance(v, list) else f"{v:g}"
+        return f"[{v[0]:g}, {v[1]:g}]" if isinstance(v, tuple) else f"{v:g}"
+
+
+def kv_capacity_tokens(arch: ArchitectureSpec, memory: MemorySpec, block_size: int = 1) -> int:
+    """Tokens of KV cache one GPU holds once the weights and the reserves are placed:
+
+        free   = gpu_memory · utilization − weight_params · weight_bytes_per_param
+                 − activation − runtime                                   (bytes)
+        per    = 2 · layers · kv_heads · head_dim · kv_dtype_bytes       (K and V, bytes/token)
+        tokens = ⌊free / per / block_size⌋ · block_size                  (whole blocks; 0 if < 0)
+
+    The engine sizes its cache this way (vLLM: gpu_memory_utilization × total − weights − the
+    profiled activation peak − non-torch memory), so the result is independent of the profile's
+    own ``kv_capacity_tokens``, which it is checked against (docs/design.md §6)."""
+    free = (
+        memory.gpu_memory_gib * memory.utilization * GIB
+        - memory.weight_params * memory.weight_bytes_per_param
+        - (memory.activation_gib + memory.runtime_gib) * GIB
+    )
+    if free <= 0:
+        return 0
+    return int(free // arch.kv_bytes_per_token // block_size) * block_size
 
 
 def run_point(
-    profile: HardwareProfile, topology: str, concurrency: int, hold: float = HOLD_S, seed: int = 0
+    profile: HardwareProfile,
+    topology: str,
+    concurrency: int,
+    hold: float = HOLD_S,
+    seed: int = 0,
+    *,
+    progress: bool | None = None,
+    quiet: bool = True,
 ) -> Summary:
-    """Closed loop at ``concurrency``: ramp over half the warm-up, measure over ``hold``."""
+    """Closed loop at ``concurrency``: ramp over half the warm-up, measure over ``hold``.
+
+    A bar over simulated seconds is drawn only when asked (``progress``) or, with ``quiet``
+    false, on a terminal (cluster.progress)."""
     cluster = SimCluster(profile, topology, seed=seed)
     w = profile.workload
     source = TemplateSource(
@@ -51,7 +95,12 @@ def run_point(
     load = ClosedLoop(
         cluster, source, [Phase(WARMUP_S, concurrency, ramp=WARMUP_S / 2), Phase(hold, concurrency)]
     )
-    cluster.loop.run(load.end)
+    steps = math.ceil(load.end)
+    bar = progress_bar(
+        range(1, steps + 1), progress=progress, quiet=quiet, desc="simulated s", unit="s"
+    )
+    for second in bar:  # whole simulated seconds, so the bar moves; same events, same order
+        cluster.loop.run(min(float(second), load.end))
     return summarize(cluster.records, WARMUP_S, load.end)
 
 
@@ -74,6 +123,9 @@ def point_value(
     profile: HardwareProfile, topology: str, concurrency: int, metric: str, hold: float = HOLD_S
 ) -> float:
     """One figure of one operating point (the median over ``TAIL_SEEDS`` for TTFT)."""
+    if metric not in MEASURED_METRICS:  # validated points never get here: a message, not a crash
+        known = ", ".join(MEASURED_METRICS)
+        raise ValueError(f"unknown calibration metric {metric!r}; measured ones: {known}")
     seeds = TAIL_SEEDS if metric.startswith("ttft") else (0,)
     values = [
         float(getattr(_cached_point(profile.name, topology, concurrency, hold, s), metric))
@@ -86,13 +138,17 @@ def simulated_value(profile: HardwareProfile, point: CalibrationPoint, hold: flo
     if point.metric == "knee_concurrency":
         return knee(profile, point.topology, hold)
     if point.metric == "kv_capacity_tokens":
-        return float(profile.decode.kv_capacity_tokens)
+        if profile.architecture is None or profile.memory is None:
+            raise ValueError(f"{profile.name}: kv_capacity_tokens needs architecture and memory")
+        return float(kv_capacity_tokens(profile.architecture, profile.memory, profile.block_size))
     return point_value(profile, point.topology, point.concurrency, point.metric, hold)
 
 
 def within(point: CalibrationPoint, simulated: float) -> bool:
     tol = point.tolerance
-    if isinstance(point.value, list):
+    if not math.isfinite(simulated):  # nothing measured is never a match
+        return False
+    if isinstance(point.value, tuple):
         low, high = point.value
         return low * (1 - tol) <= simulated <= high * (1 + tol)
     return abs(simulated - point.value) <= tol * abs(point.value)

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from auction.ledger import (
+    MAX_AMOUNT,
     BudgetExceeded,
     Charge,
     ChargeConflictError,
@@ -41,7 +42,7 @@ def ledger(tmp_path: Path) -> Iterator[Ledger]:
 def test_charge_moves_the_balance_and_is_journalled(ledger: Ledger) -> None:
     charge = ledger.charge("b1", "alice", 2.5)
     assert charge == Charge(charge.seq, "b1", "alice", 2.5, 7.5)
-    ledger.charge(2, "alice", 0.0)  # a VCG price of zero is still a charge (and a key)
+    ledger.charge("2", "alice", 0.0)  # a VCG price of zero is still a charge (and a key)
     assert ledger.balance("alice") == 7.5
     assert [(c.batch_id, c.amount) for c in ledger.journal("alice")] == [("b1", 2.5), ("2", 0.0)]
     assert ledger.account("alice").spent == 2.5
@@ -171,7 +172,7 @@ def test_ledger_matches_a_model(
             spent = sum(a for (_, u), a in charged.items() if u == user)
             new = key not in charged
             try:
-                ledger.charge(batch, user, amount)
+                ledger.charge(str(batch), user, amount)
             except ChargeConflictError:
                 assert not new and charged[key] != amount
             except BudgetExceeded:
@@ -187,6 +188,115 @@ def test_ledger_matches_a_model(
             assert ledger.balance(user) == pytest.approx(budget - spent)
             assert ledger.balance(user) >= 0
         assert len(ledger.journal()) == len(charged)
+
+
+# -- files that are not ledgers --------------------------------------------------------------------
+
+
+def test_a_garbage_file_is_refused_naming_its_path_and_left_as_it_was(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    garbage = b"this is not a SQLite database, " * 200
+    path.write_bytes(garbage)
+    with pytest.raises(LedgerCorruptError, match=f"{path}.*not a readable ledger") as info:
+        Ledger(path)
+    assert isinstance(info.value, LedgerError)
+    assert isinstance(info.value.__cause__, sqlite3.DatabaseError)  # the reason, kept
+    assert path.read_bytes() == garbage
+
+
+def _other_database(path: Path, schema: str) -> None:
+    raw = sqlite3.connect(path)
+    try:
+        raw.execute(schema)
+        raw.execute("INSERT INTO " + schema.split()[2] + " VALUES ('x', 1)")
+        raw.commit()
+    finally:
+        raw.close()
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        "CREATE TABLE users (name TEXT, age INTEGER)",  # someone else's database
+        "CREATE TABLE accounts (name TEXT, money REAL)",  # a table of the same name, not ours
+    ],
+)
+def test_a_sqlite_database_of_another_schema_is_not_a_ledger(tmp_path: Path, schema: str) -> None:
+    path = tmp_path / "other.db"
+    _other_database(path, schema)
+    with pytest.raises(LedgerCorruptError, match=f"{path} is not a ledger"):
+        Ledger(path)
+    raw = sqlite3.connect(path)
+    try:  # nothing was added to it, nor its journal mode changed
+        tables = [row[0] for row in raw.execute("SELECT name FROM sqlite_master")]
+        assert tables == [schema.split()[2]]
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] != "wal"
+    finally:
+        raw.close()
+
+
+def test_a_ledger_file_in_a_missing_directory_is_a_ledger_error(tmp_path: Path) -> None:
+    path = tmp_path / "no-such-dir" / "ledger.db"
+    with pytest.raises(LedgerError, match=str(path)):
+        Ledger(path)
+
+
+def test_forged_rows_are_corruption_not_a_crash(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    with Ledger(path) as ledger:
+        ledger.open_account("alice", 5.0)
+    raw = sqlite3.connect(path)
+    try:  # text passes CHECK (amount >= 0): SQLite orders any text after every number
+        raw.execute(
+            "INSERT INTO journal (batch_id, user, amount, balance_after) "
+            "VALUES ('b1', 'alice', 'lots', 'none')"
+        )
+        raw.commit()
+    finally:
+        raw.close()
+    with pytest.raises(LedgerCorruptError, match=f"{path}.*journal row 1.*'lots'"):
+        Ledger(path)
+
+
+@pytest.mark.parametrize("timeout", [0.0, -1.0, math.nan, math.inf, True, "30"])
+def test_bad_timeouts_are_refused(tmp_path: Path, timeout: object) -> None:
+    with pytest.raises(ValueError, match="timeout"):
+        Ledger(tmp_path / "ledger.db", timeout=timeout)  # type: ignore[arg-type]
+
+
+# -- bounds on money and keys ----------------------------------------------------------------------
+
+
+def test_budgets_and_charges_are_bounded_by_max_amount(ledger: Ledger) -> None:
+    # 1e13 units are 1e19 micro-units, past SQLite's int64 (2**63 - 1 ≈ 9.2e18).
+    for budget in (1e13, MAX_AMOUNT * (1 + 1e-15), 10**400, math.inf, math.nan, -1.0):
+        with pytest.raises(ValueError, match="budget"):
+            ledger.open_account("whale", budget)  # type: ignore[arg-type]
+    whale = ledger.open_account("whale", MAX_AMOUNT)
+    assert whale.budget == MAX_AMOUNT and whale.balance == MAX_AMOUNT
+    for amount in (1e13, MAX_AMOUNT * 2, 10**400, math.inf):
+        with pytest.raises(ValueError, match="amount must be"):
+            ledger.charge("b1", "whale", amount)  # type: ignore[arg-type]
+    ledger.charge("b1", "whale", MAX_AMOUNT - 0.5)
+    ledger.charge("b2", "whale", 0.5)
+    assert ledger.balance("whale") == 0.0
+    assert ledger.replay()["whale"].spent == MAX_AMOUNT
+
+
+def test_large_amounts_round_to_the_nearest_micro_unit_exactly() -> None:
+    # 135229879868.28882 is 135229879868.288818359375 in binary: 135229879868288818.36 micro-
+    # units; the float product amount * 1e6 rounds to ...816, two micro-units off.
+    assert to_micros(135229879868.28882) == 135229879868288818
+    assert to_micros(MAX_AMOUNT) == 10**18
+    assert to_micros(2.5e-6) == 3  # 2.5e-6 is 2.50000000000000010...e-6 in binary
+
+
+def test_batch_ids_are_strings_only_so_1_and_the_string_1_cannot_collide(ledger: Ledger) -> None:
+    for batch_id in (1, 1.0, True, None, b"1"):
+        with pytest.raises(ValueError, match="batch_id must be a string"):
+            ledger.charge(batch_id, "alice", 1.0)  # type: ignore[arg-type]
+    first = ledger.charge("1", "alice", 1.0)
+    assert first.batch_id == "1" and ledger.journal() == [first]
 
 
 # -- integration: real processes -------------------------------------------------------------------

@@ -13,7 +13,7 @@ from auction.request import Request
 from auction.schedulers import dfs_bid_order
 from auction.vcg import vcg_payments
 from auction.welfare import priorities
-from tests.auction.strategies import batches
+from tests.auction.strategies import batches, welfare_tol
 
 
 @pytest.mark.parametrize(
@@ -135,7 +135,7 @@ def test_vcg_payment_never_exceeds_the_users_total_bid(batch: list[Request]) -> 
     for i, user in enumerate(tree.user_names):
         mine = tree.users == i
         reported_value = float(bids[mine] @ x[mine])
-        tolerance = 1e-9 * max(1.0, float(bids.sum()))
+        tolerance = welfare_tol(tree.n, bids)
         assert payments[user] <= reported_value + tolerance
         assert reported_value <= float(bids[mine].sum()) + tolerance
 

@@ -8,13 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from auction import (
+    MAX_BID,
     Request,
     build_radix_tree,
     dfs_bid_order,
     vcg_payments,
     vcg_payments_naive,
 )
-from tests.auction.strategies import batches, chain, star
+from auction.welfare import user_values
+from tests.auction.strategies import batches, chain, star, welfare_tol
 
 
 def _assert_same_payments(batch: list[Request]) -> None:
@@ -67,7 +69,7 @@ def test_payments_nonnegative_and_individually_rational(batch: list[Request]) ->
     for i, name in enumerate(tree.user_names):
         assert payments[name] >= 0.0
         value = float(np.sum(bids[tree.users == i] * x[tree.users == i]))
-        assert value - payments[name] >= -1e-9
+        assert value - payments[name] >= -welfare_tol(tree.n, bids)
 
 
 def _priorities(order: np.ndarray, n: int) -> np.ndarray:
@@ -87,3 +89,55 @@ def test_wrong_number_of_bids_is_refused() -> None:
     tree = build_radix_tree([Request("a", "u", [1], 1.0)])
     with pytest.raises(ValueError, match="expected 1 bids"):
         vcg_payments(tree, [1.0, 2.0])
+
+
+# -- payments at the top of the bid range ----------------------------------------------------------
+
+_top_bid = st.sampled_from([0.0, MAX_BID, MAX_BID * (1 - 2**-52), MAX_BID / 3])
+
+
+@st.composite
+def _batches_at_the_maximum(draw: st.DrawFn) -> list[Request]:
+    """A random batch (tree, users, arrivals) whose bids are all 0 or near MAX_BID."""
+    batch = draw(batches(min_size=1, max_size=12, max_users=4))
+    return [Request(r.id, r.user, r.tokens, draw(_top_bid), r.arrival) for r in batch]
+
+
+@given(_batches_at_the_maximum())
+@settings(max_examples=150, deadline=None)
+def test_payments_stay_finite_and_exact_at_the_maximum_bids(batch: list[Request]) -> None:
+    tree = build_radix_tree(batch)
+    bids = np.array([r.bid for r in batch])
+    payments = vcg_payments(tree, bids)
+    naive = vcg_payments_naive(tree, bids)
+    x = _priorities(dfs_bid_order(tree, bids), len(batch))
+    tol = welfare_tol(tree.n, bids)
+    for i, name in enumerate(tree.user_names):
+        assert math.isfinite(payments[name]) and payments[name] >= 0.0
+        assert payments[name] == pytest.approx(naive[name], rel=0.0, abs=tol)
+        value = float(np.sum(bids[tree.users == i] * x[tree.users == i]))
+        assert payments[name] <= value + tol  # individually rational, up to rounding
+
+
+@pytest.mark.parametrize("shape", ["random", "star", "chain"])
+def test_payments_stay_finite_for_a_65536_request_batch_at_max_bid(shape: str) -> None:
+    # The batch size MAX_BID's bound is argued for (auction/request.py): every sum stays below
+    # n²·MAX_BID ≈ 4.3e18, so no payment or welfare figure overflows or turns NaN.
+    n = 2**16
+    rng = np.random.default_rng(11)
+    if shape == "random":
+        prompts = [rng.integers(0, 4, size=int(rng.integers(1, 12))) for _ in range(n)]
+    elif shape == "star":
+        prompts = [np.array([9, 9, k], dtype=np.int64) for k in range(n)]
+    else:  # 1024 agent trajectories of 64 steps each: a deep tree (one chain of n has M ≈ n²/2)
+        prompts = [np.arange((k % 64) + 1) + 10**6 * (k // 64) for k in range(n)]
+    batch = [Request(f"r{k}", f"u{k % 5}", prompts[k], MAX_BID, k) for k in range(n)]
+    tree = build_radix_tree(batch)
+    bids = np.full(n, MAX_BID)
+    payments = vcg_payments(tree, bids)
+    values = user_values(dfs_bid_order(tree, bids), bids, tree.users)
+    assert np.all(np.isfinite(values))
+    for i, name in enumerate(tree.user_names):
+        assert math.isfinite(payments[name]) and payments[name] >= 0.0
+        own = float(bids[tree.users == i].sum())
+        assert payments[name] <= values[i] * (1 + 1e-9) <= own * (1 + 1e-9)

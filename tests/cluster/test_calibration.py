@@ -4,10 +4,12 @@ qualitative shape they describe still holds."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from cluster.sim.calibration import check, point_value
-from cluster.sim.profile import available_profiles, load_profile
+from cluster.sim.calibration import GIB, check, kv_capacity_tokens, point_value
+from cluster.sim.profile import ArchitectureSpec, MemorySpec, available_profiles, load_profile
 
 pytestmark = pytest.mark.slow
 
@@ -44,3 +46,50 @@ def test_saturation_is_prefill_bound(name: str, topology: str) -> None:
     assert figure(128, "ttft_p99_s") >= 2.5 * figure(96, "ttft_p99_s")
     assert figure(512, "ttft_p99_s") >= 5 * figure(128, "ttft_p99_s")
     assert figure(512, "itl_p99_s") == pytest.approx(figure(96, "itl_p99_s"), rel=0.05)
+
+
+def test_kv_capacity_formula_on_hand_numbers() -> None:
+    """⌊(memory · utilisation − weights − reserves) / (2 · layers · heads · dim · bytes)⌋ blocks."""
+    arch = ArchitectureSpec(layers=2, kv_heads=1, head_dim=256, kv_dtype_bytes=2)  # 2 KiB/token
+    memory = MemorySpec(
+        gpu_memory_gib=10.0,
+        utilization=0.5,
+        weight_params=2 * GIB,
+        weight_bytes_per_param=1.0,
+        activation_gib=1.0,
+        runtime_gib=0.5,
+    )
+    # 5 GiB − 2 GiB − 1.5 GiB = 1.5 GiB = 786432 tokens of 2 KiB; whole blocks of 1000
+    assert kv_capacity_tokens(arch, memory) == 786432
+    assert kv_capacity_tokens(arch, memory, block_size=1000) == 786000
+    heavy = memory.model_copy(update={"weight_params": 6 * GIB})
+    assert kv_capacity_tokens(arch, heavy) == 0  # the weights do not fit: no cache, not < 0
+
+
+def test_h100_kv_capacity_is_derived_not_read_back() -> None:
+    """The h100-32b point used to compare the profile's kv_capacity_tokens with itself. Now the
+    capacity comes from the architecture and memory budget alone, and is checked against the
+    published 23k (docs/design.md §6) within the reserve's stated uncertainty."""
+    profile = load_profile("h100-32b")
+    (point,) = [p for p in profile.calibration if p.metric == "kv_capacity_tokens"]
+    (result,) = check(profile, [point])
+    assert result.ok and result.simulated == 28128  # 6.87 GiB / 256 KiB, in 16-token blocks
+    assert point.value == 23000 and point.tolerance == 0.3
+    # Independent of the figure the simulator uses: change it and the derivation does not move.
+    other = dataclasses.replace(
+        profile, decode=dataclasses.replace(profile.decode, kv_capacity_tokens=999_999)
+    )
+    assert check(other, [point])[0].simulated == 28128
+    # And it can fail: an FP8 KV cache (half the bytes per token) doubles the derived capacity.
+    assert profile.architecture is not None
+    fp8 = dataclasses.replace(
+        profile,
+        kv_bytes_per_token=profile.kv_bytes_per_token // 2,
+        architecture=profile.architecture.model_copy(update={"kv_dtype_bytes": 1}),
+    )
+    assert not check(fp8, [point])[0].ok
+    assert profile.memory is not None
+    small = dataclasses.replace(
+        profile, memory=profile.memory.model_copy(update={"gpu_memory_gib": 74.0})
+    )
+    assert not check(small, [point])[0].ok

@@ -1,10 +1,20 @@
+"""The event contracts (docs/design.md §5): strict models, bounded sizes, a decoder that refuses
+anything off-contract with a counted reason and lets nothing else escape."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from cluster.events import (
+    DROP_REASONS,
+    MAX_ID_CHARS,
+    MAX_ITEMS,
+    MAX_MESSAGE_BYTES,
     AuctionEvent,
     Candidate,
     CompleteEvent,
@@ -16,24 +26,62 @@ from cluster.events import (
     subject,
 )
 
+CANDIDATE = Candidate(
+    worker_id=3,
+    overlap_blocks=2,
+    uncached_tokens=16,
+    prefill_blocks=1.0,
+    decode_blocks=4,
+    cost=5.0,
+    probability=1.0,
+)
 ROUTE = RouteEvent(
-    "r1", 1.5, "alice", 3, (Candidate(3, 2, 16, 1.0, 4, 5.0, 1.0),), 0.0, 1.0, "below", 7
+    request_id="r1",
+    t=1.5,
+    user="alice",
+    worker_id=3,
+    candidates=(CANDIDATE,),
+    tau=0.0,
+    omega=1.0,
+    regime="below",
+    policy_version=7,
 )
-COMPLETE = CompleteEvent("r1", 2.0, 3, 0, 0.12, 0.011, 3.0, 128, 64, 256, "ok")
+COMPLETE = CompleteEvent(
+    request_id="r1",
+    t=2.0,
+    worker_id=3,
+    prefill_worker_id=0,
+    ttft_s=0.12,
+    itl_s=0.011,
+    e2e_s=3.0,
+    prompt_tokens=128,
+    cached_tokens=64,
+    output_tokens=256,
+    status="ok",
+)
+REGIME = RegimeEvent(t=3.0, regime="saturated", tau=0.8, omega=0.1, ttft_p99_smoothed_s=10.2)
+AUCTION = AuctionEvent(
+    batch_id=4, t=5.0, n=2, order=("a", "b"), payments={"alice": 1.5}, welfare=4.5
+)
 
 
-@pytest.mark.parametrize(
-    "event",
-    [
-        ROUTE,
-        COMPLETE,
-        RegimeEvent(3.0, "saturated", 0.8, 0.1, 10.2),
-        AuctionEvent(4, 5.0, 2, ("a", "b"), {"alice": 1.5}, 4.5),
-    ],
-)
+def _wire(event, **changes) -> bytes:
+    raw = json.loads(encode(event, "p1", 1))
+    raw.update(changes)
+    return json.dumps(raw).encode()
+
+
+def _reason(kind: str, data: bytes) -> str:
+    with pytest.raises(MalformedEventError) as err:
+        decode(kind, data)
+    assert err.value.reason in DROP_REASONS
+    return err.value.reason
+
+
+@pytest.mark.parametrize("event", [ROUTE, COMPLETE, REGIME, AUCTION])
 def test_round_trip(event) -> None:
     decoded, publisher, seq = decode(event.kind, encode(event, "p1", 9))
-    assert decoded == event and (publisher, seq) == ("p1", 9)
+    assert decoded == event and type(decoded) is type(event) and (publisher, seq) == ("p1", 9)
 
 
 def test_route_event_becomes_a_join_record() -> None:
@@ -46,32 +94,122 @@ def test_route_event_becomes_a_join_record() -> None:
     ("data", "reason"),
     [
         (b"\xff\x00", "malformed"),
+        (b"", "malformed"),
         (b"[1, 2]", "malformed"),
+        (b'{"v": 1', "malformed"),
         (json.dumps({"v": 2, "publisher": "p", "seq": 1}).encode(), "version"),
-        (json.dumps({"v": 1, "publisher": "p"}).encode(), "malformed"),
-        (json.dumps({"v": 1, "publisher": "p", "seq": 1, "request_id": "x"}).encode(), "malformed"),
+        (_wire(COMPLETE, v=2), "version"),
+        (_wire(COMPLETE, v=True), "version"),
+        (_wire(COMPLETE, v=1.0), "version"),
+        (json.dumps({"v": 1, "publisher": "p"}).encode(), "schema"),
+        (json.dumps({"v": 1, "publisher": "p", "seq": 1, "request_id": "x"}).encode(), "schema"),
+        (_wire(COMPLETE, extra_field=1), "schema"),
+        (_wire(COMPLETE, seq=-1), "schema"),
+        (_wire(COMPLETE, seq=True), "schema"),
+        (_wire(COMPLETE, publisher=""), "schema"),
     ],
 )
 def test_bad_messages_are_refused_with_a_reason(data: bytes, reason: str) -> None:
-    with pytest.raises(MalformedEventError) as err:
-        decode("complete", data)
-    assert err.value.reason == reason
+    assert _reason("complete", data) == reason
 
 
-def test_wrongly_typed_fields_are_malformed() -> None:
+def test_deep_nesting_is_malformed_not_a_recursion_error() -> None:
+    # Regression: json.loads raised RecursionError straight through the subscription handler.
+    depth = 200_000
+    for data in (
+        b"[" * depth + b"]" * depth,
+        b'{"v": 1, "order": ' + b"[" * depth + b"]" * depth + b"}",
+        b'{"a":' * (depth // 4) + b"1" + b"}" * (depth // 4),
+    ):
+        assert len(data) <= MAX_MESSAGE_BYTES
+        assert _reason("auction", data) == "malformed"
+
+
+def test_oversized_messages_are_refused_before_parsing() -> None:
+    assert _reason("auction", b" " * (MAX_MESSAGE_BYTES + 1)) == "too_large"
+    assert _reason("auction", b"[" * (MAX_MESSAGE_BYTES + 1)) == "too_large"
+    assert _reason("nope", b"{}") == "unknown_subject"
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"order": "abc"},  # was ('a', 'b', 'c')
+        {"order": ["a", "b"], "n": -5},  # was accepted
+        {"order": ["a", "b"], "n": 3},  # n disagrees with the order
+        {"order": ["a", "a"]},  # a request twice in one order
+        {"order": ["a", 7]},
+        {"welfare": "nan"},  # was NaN
+        {"welfare": "4.5"},
+        {"welfare": True},  # was 1.0
+        {"payments": {"alice": True}},
+        {"payments": {"alice": "nan"}},
+        {"payments": {"alice": -1.0}},
+        {"payments": [["alice", 1.0]]},
+        {"batch_id": 4.0},
+        {"batch_id": "4"},
+        {"n": 2.0},
+        {"t": -1.0},
+        {"t": None},
+        {"order": ["x" * (MAX_ID_CHARS + 1), "b"]},
+        {"order": ["", "b"]},
+    ],
+)
+def test_auction_events_are_not_coerced(changes: dict) -> None:
+    assert _reason("auction", _wire(AUCTION, **changes)) == "schema"
+
+
+def test_non_finite_numbers_are_refused() -> None:
+    for raw in (b"NaN", b"Infinity", b"-Infinity", b"1e400"):
+        data = _wire(COMPLETE).replace(b'"ttft_s": 0.12', b'"ttft_s": ' + raw)
+        assert b'"ttft_s": ' + raw in data
+        assert _reason("complete", data) == "schema"
+
+
+def test_json_integers_are_fine_floats() -> None:
+    event, _, _ = decode("auction", _wire(AUCTION, t=5, welfare=4))
+    assert event.t == 5.0 and isinstance(event.t, float) and isinstance(event.welfare, float)
+    assert event.order == ("a", "b") and isinstance(event.order, tuple)
+
+
+def test_list_bounds() -> None:
+    order = [f"r{i}" for i in range(MAX_ITEMS + 1)]
+    data = _wire(AUCTION, order=order, n=len(order), payments={})
+    assert len(data) <= MAX_MESSAGE_BYTES
+    assert _reason("auction", data) == "schema"
+    fits = order[:MAX_ITEMS]
+    event, _, _ = decode("auction", _wire(AUCTION, order=fits, n=len(fits), payments={}))
+    assert event.n == MAX_ITEMS
+
+
+def test_route_and_complete_consistency() -> None:
     raw = json.loads(encode(ROUTE, "p", 1))
     raw["candidates"][0]["uncached_tokens"] = "lots"
     with pytest.raises(MalformedEventError, match="uncached_tokens"):
         decode("route", json.dumps(raw).encode())
-    raw = json.loads(encode(COMPLETE, "p", 1))
-    raw["ttft_s"] = float("nan")
-    with pytest.raises(MalformedEventError):
-        decode("complete", json.dumps(raw).encode())
+    twice = [raw["candidates"][0] | {"uncached_tokens": 1}] * 2
+    assert _reason("route", _wire(ROUTE, candidates=twice)) == "schema"
+    assert _reason("route", _wire(ROUTE, worker_id=9)) == "schema"  # not among the candidates
+    assert _reason("route", _wire(ROUTE, tau=-0.1)) == "schema"
+    probability = [raw["candidates"][0] | {"uncached_tokens": 1, "probability": 1.5}]
+    assert _reason("route", _wire(ROUTE, candidates=probability)) == "schema"
+    assert _reason("complete", _wire(COMPLETE, cached_tokens=129)) == "schema"
+    assert _reason("complete", _wire(COMPLETE, worker_id=2**64)) == "schema"
+    assert decode("complete", _wire(COMPLETE, prefill_worker_id=None))[0].prefill_worker_id is None
+
+
+def test_python_construction_is_strict_too() -> None:
+    with pytest.raises(ValidationError):
+        AuctionEvent(batch_id=1, t=0.0, n=3, order="abc")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError):
+        AuctionEvent(batch_id=1, t=float("nan"), n=0, order=())
+    with pytest.raises(ValidationError):
+        RegimeEvent(t=1.0, regime="below", tau=True, omega=0.0, ttft_p99_smoothed_s=0.0)
 
 
 def test_subjects() -> None:
     assert subject("prod", "route") == "disagg.prod.route"
-    for bad in ("", "a.b", "x*"):
+    for bad in ("", "a.b", "x*", "a b"):
         with pytest.raises(ValueError):
             subject(bad, "route")
     with pytest.raises(ValueError):
@@ -84,5 +222,61 @@ def test_regime_changes_become_regime_events() -> None:
 
     change = RegimeChange(12.0, Regime.SATURATED, 0.8, 0.1, 3.5, 4)
     event = RegimeEvent.from_change(change)
-    assert event == RegimeEvent(12.0, "saturated", 0.8, 0.1, 3.5)
+    assert event == RegimeEvent(
+        t=12.0, regime="saturated", tau=0.8, omega=0.1, ttft_p99_smoothed_s=3.5
+    )
     assert decode("regime", encode(event, "ctl", 1))[0] == event
+
+
+# -- properties: whatever arrives, decode answers an event or MalformedEventError ------------
+
+_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=20,
+)
+_kinds = st.sampled_from(["route", "complete", "regime", "auction"])
+_valid = {"route": ROUTE, "complete": COMPLETE, "regime": REGIME, "auction": AUCTION}
+
+
+@given(kind=_kinds, data=st.binary(max_size=256))
+def test_any_bytes_are_an_event_or_a_reason(kind: str, data: bytes) -> None:
+    try:
+        decode(kind, data)
+    except MalformedEventError as exc:
+        assert exc.reason in DROP_REASONS
+
+
+@given(kind=_kinds, field=st.integers(0, 20), new_key=st.text(max_size=8), value=_json)
+def test_any_field_value_is_an_event_or_a_reason(
+    kind: str, field: int, new_key: str, value: object
+) -> None:
+    raw = json.loads(encode(_valid[kind], "p", 1))
+    keys = sorted(raw)
+    # Most draws replace an existing field's value; the others add a key of their own.
+    raw[keys[field] if field < len(keys) else new_key] = value
+    try:
+        event, _, _ = decode(kind, json.dumps(raw).encode())
+    except MalformedEventError as exc:
+        assert exc.reason in DROP_REASONS
+    else:
+        assert encode(event, "p", 1)  # whatever was accepted re-encodes under the same model
+
+
+@given(
+    order=st.lists(st.text(min_size=1, max_size=12), unique=True, max_size=20),
+    welfare=st.floats(allow_nan=False, allow_infinity=False),
+    pay=st.floats(min_value=0, allow_infinity=False),
+    seq=st.integers(min_value=0, max_value=2**63 - 1),
+)
+def test_valid_auction_events_round_trip(
+    order: list[str], welfare: float, pay: float, seq: int
+) -> None:
+    event = AuctionEvent(
+        batch_id=1, t=0.0, n=len(order), order=tuple(order), payments={"u": pay}, welfare=welfare
+    )
+    assert decode("auction", encode(event, "p", seq)) == (event, "p", seq)

@@ -126,3 +126,45 @@ def test_capacity_advice_when_saturation_is_not_a_routing_problem() -> None:
             control2.observe(t + k / 40, 9.0)
         control2.tick(t + 1.0, poa_routing=4.0, poa_capacity=1.5)
     assert len(advised) == 1
+
+
+def _controller(**kwargs: object) -> Controller:
+    detector = SaturationDetector(Thresholds(0.5, 2.0))
+    return Controller(detector, PolicyTable(), Router(16), **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"dominance": float("nan")}, "dominance"),
+        ({"dominance": 0.5}, "dominance"),
+        ({"sustain": 0}, "sustain"),
+        ({"hold_ticks": -1}, "hold_ticks"),
+        ({"hold_ticks": True}, "hold_ticks"),
+    ],
+)
+def test_bad_controller_settings_name_the_parameter(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        _controller(**kwargs)
+
+
+@pytest.mark.parametrize("field", ["queue_rise_per_s", "poa_rise_per_s"])
+def test_a_nan_leading_rate_is_refused(field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        LeadingIndicator(**{field: float("nan")})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("signal", ["queue_depth", "poa_hat", "poa_routing", "poa_capacity"])
+def test_a_nan_signal_is_refused_not_silently_ignored(signal: str) -> None:
+    controller = _controller()
+    controller.start(0.0)
+    with pytest.raises(ValueError, match=signal):
+        controller.tick(1.0, **{signal: float("nan")})  # type: ignore[arg-type]
+    controller.tick(2.0, poa_capacity=float("inf"), poa_routing=1.0)  # inf is a reading
+
+
+def test_a_policy_table_refuses_an_omega_the_router_would_refuse() -> None:
+    from router.cost import MAX_OMEGA
+
+    with pytest.raises(ValueError, match="omega"):
+        RegimePolicy(0.0, MAX_OMEGA * 2)

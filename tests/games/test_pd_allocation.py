@@ -10,6 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cluster.sim.planning import pool_costs
+from cluster.sim.profile import load_profile
 from games.pd_allocation import (
     PoolCosts,
     SloTargets,
@@ -200,31 +202,89 @@ def test_overload_advice_is_the_balanced_split(
     )
 
 
+# -- pool_costs: a hardware profile as Game 1's pool costs (cluster.sim.planning) ----------------
+# Checked against numbers worked out by hand from the profiles' YAML and against the figures the
+# profiles were fitted to, not against a restatement of pool_costs' own field mapping.
+
+LLAMA, NEMOTRON = "b200-llama70b-fp8-tp4", "b200-nemotron340b-fp8-tp8"
+B200_SLO = SloTargets(ttft_s=0.5, itl_s=0.025)
+
+
+def test_pool_costs_of_the_70b_profile_by_hand() -> None:
+    costs = pool_costs(load_profile(LLAMA))
+    assert costs.tp == 4
+    # Prefill: B_P = min(64 requests, 8192 tokens / 128) = 64, so
+    # s_P = 0.004/64 + 2e-5·128 + 0.0204 = 0.0230225 s per request.
+    assert costs.s_prefill == pytest.approx(0.0230225)
+    # Decode: e_D = d1 + d2·(I + O/2) = 1e-6 + 5e-9·(128 + 128) = 2.28e-6 s.
+    assert costs.e_decode == pytest.approx(2.28e-6)
+    cap = slo_capacity(costs, B200_SLO)
+    # κ_P = 1/0.0230225 − ln(10)/0.5 = 43.43577 − 4.60517.
+    assert cap.prefill == pytest.approx(43.43577 - 4.60517, rel=1e-6)
+    # κ_D = min(ITL: (1 − 0.0085/0.025)/(2.28e-6·256) = 1130.8,
+    #           batch: B_D = min(256, 3e6 // 384) = 256 → 1/(0.0085 + 2.28e-6·256) = 110.0875).
+    assert cap.decode == pytest.approx(1 / (0.0085 + 2.28e-6 * 256))
+
+
+def test_pool_costs_of_the_340b_profile_by_hand() -> None:
+    costs = pool_costs(load_profile(NEMOTRON))
+    # s_P = 0 + 1e-5·128 + 0.0555 = 0.05678 s; e_D = 5e-6 + 5e-9·256 = 6.28e-6 s.
+    assert (costs.tp, costs.s_prefill, costs.e_decode) == (8, pytest.approx(0.05678),
+                                                           pytest.approx(6.28e-6))
+    cap = slo_capacity(costs, B200_SLO)
+    assert cap.prefill == pytest.approx(1 / 0.05678 - math.log(10) / 0.5)  # ≈ 13.0 req/s
+    # ITL bound (1 − 0.0222/0.025)/(6.28e-6·256) = 69.67 beats the batch bound 1/0.0238077 = 42.0.
+    assert cap.decode == pytest.approx(1 / (0.0222 + 6.28e-6 * 256))
+
+
+@pytest.mark.parametrize("name", [LLAMA, NEMOTRON])
+def test_one_prefill_workers_rate_is_the_published_ceiling(name: str) -> None:
+    # Both profiles were measured prefill-bound on one prefill worker (1P/xD), so the published
+    # throughput ceiling is μ_P = 1/s_P within the calibration tolerance (15%).
+    profile = load_profile(name)
+    ceiling = max(
+        float(point.value)  # type: ignore[arg-type]
+        for point in profile.calibration
+        if point.metric == "throughput_rps" and point.topology.startswith("1P/")
+    )
+    mu_prefill = slo_capacity(pool_costs(profile), B200_SLO).mu_prefill
+    assert mu_prefill == pytest.approx(ceiling, rel=0.15)
+
+
+def test_pool_costs_read_the_decode_workers_kv_cache_and_nothing_else() -> None:
+    profile = load_profile(LLAMA)
+    base = pool_costs(profile)
+    # What Game 1 does not model leaves the pool costs alone: the prefill worker's KV cache,
+    # jitter, the KV link.
+    unmodelled = dataclasses.replace(
+        profile,
+        prefill=dataclasses.replace(profile.prefill, kv_capacity_tokens=1, jitter=0.5),
+        decode=dataclasses.replace(profile.decode, jitter=0.5),
+        link=dataclasses.replace(profile.link, bandwidth_gbps=1.0),
+    )
+    assert pool_costs(unmodelled) == base
+    # A decode KV cache of 2·(I + O) + 1 tokens holds two sequences: κ_D = 2/(O·(d0 + 2·e_D)).
+    small = dataclasses.replace(
+        profile, decode=dataclasses.replace(profile.decode, kv_capacity_tokens=2 * 384 + 1)
+    )
+    expected = 2 / (256 * (0.0085 + 2 * 2.28e-6))
+    assert slo_capacity(pool_costs(small), B200_SLO).decode == pytest.approx(expected)
+
+
 def test_real_profiles_are_prefill_bound() -> None:
     # The B200 profiles: decode has ample capacity, so PoA_1 = 1 and, as λ grows, the best split
     # only ever moves GPUs to prefill, the bottleneck pool (docs/design.md §6: "saturation is
     # prefill-bound").
-    profile_mod = pytest.importorskip("cluster.sim.profile")
-    slo = SloTargets(ttft_s=0.5, itl_s=0.025)
-    for name in ("b200-llama70b-fp8-tp4", "b200-nemotron340b-fp8-tp8"):
-        p = profile_mod.load_profile(name)
-        costs = PoolCosts(
-            tp=p.tp, a_s=p.prefill.a_s, b_s_per_token=p.prefill.b_s_per_token,
-            c_s_per_request=p.prefill.c_s_per_request,
-            max_batch_tokens=p.prefill.max_batch_tokens,
-            max_batch_requests=p.prefill.max_batch_requests, d0_s=p.decode.d0_s,
-            d1_s_per_seq=p.decode.d1_s_per_seq, d2_s_per_kv_token=p.decode.d2_s_per_kv_token,
-            max_batch=p.decode.max_batch, kv_capacity_tokens=p.decode.kv_capacity_tokens,
-            input_tokens=p.workload.input_tokens, output_tokens=p.workload.output_tokens,
-        )
-        cap = slo_capacity(costs, slo)
+    for name in (LLAMA, NEMOTRON):
+        costs = pool_costs(load_profile(name))
+        cap = slo_capacity(costs, B200_SLO)
         assert cap.prefill < cap.decode
-        outs = best_splits(costs, slo, 24, [1.0, 5.0, 10.0, 20.0, 40.0, 60.0, 100.0, 300.0])
+        outs = best_splits(costs, B200_SLO, 24, [1.0, 5.0, 10.0, 20.0, 40.0, 60.0, 100.0, 300.0])
         gp = [o.optimum.gpus_p for o in outs]
         assert gp == sorted(gp)
         assert all(o.poa == pytest.approx(1.0) for o in outs)
     # Nemotron at 18 req/s (its measured ceiling on 1P/2D) is advised 2P/1D: κ_P ≈ 13 req/s.
-    (at_ceiling,) = best_splits(costs, slo, 24, [18.0])
+    (at_ceiling,) = best_splits(costs, B200_SLO, 24, [18.0])
     assert (at_ceiling.optimum.gpus_p, at_ceiling.optimum.gpus_d) == (16, 8)
 
 

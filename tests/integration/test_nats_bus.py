@@ -119,7 +119,7 @@ def test_outage_mid_stream_is_survived_and_counted() -> None:
             await _wait_for(
                 lambda: all(
                     sub.last_seen(pub.publisher, kind) == count
-                    for kind, count in pub.published.items()
+                    for kind, count in pub.attempted.items()
                 )
             )
             gaps = sub.dropped["gap"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -16,7 +17,7 @@ from router import (
     softmax_probabilities,
     uncached_tokens,
 )
-from router.cost import check_tau_omega
+from router.cost import MAX_OMEGA, check_tau_omega
 
 
 def test_cost_by_hand() -> None:
@@ -122,3 +123,58 @@ def test_bad_tau_or_omega(tau: object, omega: object) -> None:
         check_tau_omega(tau, omega)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         softmax_probabilities([1.0, 2.0], 0.0)
+
+
+def test_a_tiny_tau_gives_the_argmin_not_nan() -> None:
+    # (hi − lo)·tau = 1e-310 made the scale 1/1e-310 = inf, and (lo − lo)·inf = NaN.
+    assert softmax_probabilities([1.0, 2.0], 1e-310) == [1.0, 0.0]
+    assert softmax_probabilities([3.0, 1.0, 3.0], 5e-324) == [0.0, 1.0, 0.0]
+
+
+@settings(max_examples=200)
+@given(
+    st.lists(st.floats(-1e300, 1e300, allow_nan=False), min_size=1, max_size=16),
+    st.floats(min_value=0.0, max_value=1e300, exclude_min=True),  # subnormal taus included
+)
+def test_softmax_is_a_distribution_for_any_finite_costs_and_tau(
+    costs: list[float], tau: float
+) -> None:
+    probabilities = softmax_probabilities(costs, tau)
+    assert all(0.0 <= p <= 1.0 for p in probabilities)
+    assert math.fsum(probabilities) == pytest.approx(1.0)
+    cheapest = min(range(len(costs)), key=costs.__getitem__)
+    assert probabilities[cheapest] == max(probabilities)
+
+
+@pytest.mark.parametrize(
+    ("costs", "tau", "message"),
+    [
+        ([1.0, math.nan], 1.0, "costs must be finite"),
+        ([1.0, math.inf], 1.0, "costs must be finite"),
+        ([1.0, 10**400], 1.0, "costs must be finite"),
+        (["a", 1.0], 1.0, "costs must be finite numbers"),
+        ([], 1.0, "at least one cost"),
+        ([-1e308, 1e308], 1.0, "costs span more than float64"),
+        ([1.0, 2.0], math.nan, "tau must be finite"),
+        ([1.0, 2.0], [1], "tau must be a number"),
+    ],
+)
+def test_softmax_refuses_what_it_cannot_normalise(costs: list[Any], tau: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        softmax_probabilities(costs, tau)
+
+
+@pytest.mark.parametrize("u", [math.nan, -0.1, 1.0, math.inf])
+def test_sample_index_refuses_a_draw_outside_the_unit_interval(u: float) -> None:
+    with pytest.raises(ValueError, match="u must be a uniform draw"):
+        sample_index([0.5, 0.5], u)
+
+
+def test_omega_is_bounded_by_max_omega() -> None:
+    check_tau_omega(0.0, MAX_OMEGA)
+    with pytest.raises(ValueError, match="omega must be <= MAX_OMEGA"):
+        check_tau_omega(0.0, MAX_OMEGA * 1.5)
+    # At the bound, any realistic load still prices every worker with a finite cost.
+    costs = routing_costs(10**6, [0, 10], [10**9, 0], [10**6, 0], MAX_OMEGA, 16)
+    assert all(math.isfinite(c) for c in costs)
+    assert all(math.isfinite(p) for p in softmax_probabilities(costs, 0.5))

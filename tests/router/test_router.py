@@ -21,6 +21,7 @@ from router import (
     sequence_hashes,
     softmax_probabilities,
 )
+from router.cost import MAX_OMEGA
 
 PROMPT = list(range(20))  # five blocks of 4
 
@@ -254,3 +255,129 @@ def test_remove_worker_drops_index_and_load() -> None:
     assert not router.complete("r")  # its reservation went with it
     assert router.decide("s", PROMPT).workers == router.workers
     assert not router.apply_event(stored_prompt(d.worker, PROMPT))
+
+
+# -- bad input: always a ValueError naming what was wrong ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"tau": [1]}, r"tau must be a number, got \[1\]"),  # was TypeError: unhashable list
+        ({"tau": "0.5"}, "tau must be a number"),
+        ({"router_temperature": None}, r"router_temperature \(tau\) must be a number"),
+        ({"omega": True}, "omega must be a number, got True"),
+        ({"overlap_score_weight": math.nan}, r"overlap_score_weight \(omega\) must be finite"),
+        ({"prefill_load_scale": math.inf}, r"prefill_load_scale \(omega\) must be finite"),
+        ({"omega": 2 * MAX_OMEGA}, "omega must be <= MAX_OMEGA"),
+        ({"tau": -0.1}, "tau must be finite and >= 0"),
+        ({"tau": 10**400}, "tau must be finite"),
+        ({"temperature": 1.0}, "unknown override field 'temperature'; known: omega"),
+        ({1: 0.5}, "unknown override field 1"),
+        ({"tau": 0.1, "router_temperature": 0.2}, "override sets tau twice"),
+        ({"omega": 1.0, "overlap_score_weight": 1.0}, "override sets omega twice"),
+        ([("tau", 1.0)], "override must be a mapping or an Override"),
+        ("tau", "override must be a mapping or an Override"),
+    ],
+)
+def test_bad_overrides_raise_value_error_naming_the_key(override: Any, message: str) -> None:
+    router = hand_router()
+    with pytest.raises(ValueError, match=message):
+        router.decide("r", PROMPT, override, reserve=False)
+    if isinstance(override, dict):
+        with pytest.raises(ValueError, match=message):
+            Override.from_mapping(override)
+    assert len(router.loads) == 0  # nothing was reserved
+
+
+_junk = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-(10**400), max_value=10**400),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=3),
+    st.lists(st.integers(0, 3), max_size=2),
+    st.just(np.float32(0.25)),
+    st.just(np.int64(2)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            ["tau", "omega", "router_temperature", "overlap_score_weight", "prefill_load_scale",
+             "temperature", ""]
+        ),
+        _junk,
+        max_size=3,
+    )
+)
+def test_any_override_is_applied_or_refused_with_value_error(override: dict[str, Any]) -> None:
+    router = hand_router()
+    try:
+        d = router.decide("r", PROMPT, override, reserve=False)
+    except ValueError:
+        return
+    for key, value in override.items():
+        field = "tau" if key in ("tau", "router_temperature") else "omega"
+        assert getattr(d, field) == float(value) and type(getattr(d, field)) is float
+        assert not isinstance(value, bool) and math.isfinite(float(value)) and float(value) >= 0
+    assert all(math.isfinite(p) for p in d.probabilities)
+
+
+@pytest.mark.parametrize(
+    ("tau", "omega", "version", "message"),
+    [
+        ([1], 1.0, 1, "tau must be a number"),
+        (0.5, True, 1, "omega must be a number"),
+        (0.5, 2 * MAX_OMEGA, 1, "omega must be <= MAX_OMEGA"),
+        (math.nan, 1.0, 1, "tau must be finite"),
+        (0.5, 1.0, -1, "policy version must be an int >= 0"),
+        (0.5, 1.0, True, "policy version must be an int"),
+        (0.5, 1.0, 1.0, "policy version must be an int"),
+    ],
+)
+def test_set_policy_refuses_bad_values(tau: Any, omega: Any, version: Any, message: str) -> None:
+    router = hand_router()
+    with pytest.raises(ValueError, match=message):
+        router.set_policy(tau, omega, version)
+    assert router.policy == Policy()  # the old policy stays
+
+
+def test_policies_and_overrides_store_floats() -> None:
+    p = Policy(np.float32(0.5), np.int64(2), 3)  # type: ignore[arg-type]
+    assert (p.tau, p.omega) == (0.5, 2.0) and type(p.tau) is float and type(p.omega) is float
+    assert p == Policy(0.5, 2.0, 3)
+    assert Override(omega=1).omega == 1.0 and type(Override(omega=1).omega) is float
+    with pytest.raises(ValueError, match="tau must be a number"):
+        Override(tau=[1])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: Router(block_size=0), "block_size must be an int >= 1"),
+        (lambda: Router(block_size=True), "block_size must be an int"),
+        (lambda: Router(block_size=4.0), "block_size must be an int"),  # type: ignore[arg-type]
+        (lambda: Router(seed="x"), "seed must be an int"),  # type: ignore[arg-type]
+        (lambda: Router(seed=-1), "seed must be an int >= 0"),
+        (lambda: Router(policy={"tau": 0.0}), "policy must be a router.Policy"),  # type: ignore[arg-type]
+        (lambda: hand_router().decide(1, PROMPT), "request_id must be a non-empty str"),  # type: ignore[arg-type]
+        (lambda: hand_router().decide("", PROMPT), "request_id must be a non-empty str"),
+        (lambda: hand_router().decide("r", None), "tokens must be a sequence"),  # type: ignore[arg-type]
+        (lambda: hand_router().decide("r", PROMPT, local_hashes=[1]), "local_hashes must be"),
+    ],
+)
+def test_bad_router_arguments_raise_value_error(make: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_a_subnormal_tau_routes_to_the_argmin_instead_of_nan() -> None:
+    # Normalising by (hi − lo)·tau first overflowed to inf, and 0·inf gave the cheapest worker a
+    # NaN weight; the draw then found no worker with mass.
+    router = hand_router(policy=Policy(5e-324, 1.0, 1))
+    d = router.decide("r", PROMPT, reserve=False)
+    assert d.softmax is not None and all(math.isfinite(p) for p in d.softmax)
+    assert d.worker in (2, 3) and sum(d.softmax) == pytest.approx(1.0)

@@ -1,0 +1,296 @@
+"""Each benchmark's ``judge(report)`` on synthetic reports: the verdict is tested without running
+a single measurement, and ``emit`` turns a miss into exit status 1."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+
+from bench import adaptive, auction, autobidder, common, poa, router, sim
+
+BENCHES = (adaptive, auction, autobidder, poa, router, sim)
+
+# -- common ----------------------------------------------------------------------------------
+
+
+def test_limits_treat_nan_and_missing_as_a_miss() -> None:
+    assert common.at_most(2.0, 2.0)["met"]
+    assert not common.at_most(2.01, 2.0)["met"]
+    assert common.at_least(20_000, 20_000)["met"]
+    for bad in (None, math.nan):
+        assert not common.at_most(bad, 2.0)["met"]
+        assert not common.at_least(bad, 2.0)["met"]
+
+
+def test_verdict_needs_every_target_and_at_least_one() -> None:
+    good, bad = common.at_most(1.0, 2.0), common.at_most(3.0, 2.0)
+    assert common.verdict({"a": good, "b": good})["met"]
+    assert not common.verdict({"a": good, "b": bad})["met"]
+    assert not common.verdict({})["met"]  # judging nothing is not a pass
+
+
+def test_emit_puts_met_on_top_and_exits_1_on_a_miss(capsys: pytest.CaptureFixture[str]) -> None:
+    judged = common.verdict({"speed": common.at_least(10.0, 50.0)})
+    assert common.emit("demo", judged, {"results": [1, 2]}, quiet=False) == 1
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    assert list(report)[:3] == ["benchmark", "met", "targets"]
+    assert report["met"] is False and report["results"] == [1, 2]
+    assert "target missed: speed" in err
+
+
+def test_emit_quiet_says_nothing_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    judged = common.verdict({"speed": common.at_least(10.0, 50.0)})
+    assert common.emit("demo", judged, {}, quiet=True) == 1
+    assert capsys.readouterr().err == ""
+
+
+def test_emit_met_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    judged = common.verdict({"speed": common.at_least(60.0, 50.0)})
+    assert common.emit("demo", judged, {}, quiet=False) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["met"] is True and err == ""
+
+
+def test_emit_writes_strict_json(capsys: pytest.CaptureFixture[str]) -> None:
+    """NaN (a phase with no samples) must come out as null, not as the invalid token NaN."""
+    judged = common.verdict({"ratio": common.at_most(math.nan, 1.05)})
+    rows = [{"poa_hat": math.inf}, (1.0, math.nan)]
+    assert common.emit("demo", judged, {"rows": rows}, quiet=True) == 1
+    report = json.loads(capsys.readouterr().out, parse_constant=pytest.fail)
+    assert report["targets"]["ratio"]["measured"] is None
+    assert report["rows"] == [{"poa_hat": None}, [1.0, None]]
+
+
+@pytest.mark.parametrize("bench", BENCHES, ids=lambda m: m.__name__)
+def test_every_bench_has_judge_and_the_output_flags(
+    bench: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert callable(bench.judge)
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    assert "--quiet" in text and "--progress" in text and "--no-progress" in text
+
+
+# -- router ----------------------------------------------------------------------------------
+
+
+def _router_case(workers: int, tokens: int, ratio: float, rate: int = 100_000) -> dict[str, Any]:
+    variant = {"decide_over_hash": ratio, "decisions_per_s": rate}
+    return {
+        "workers": workers,
+        "prompt_tokens": tokens,
+        "argmin": dict(variant),
+        "softmax": dict(variant),
+        "override": dict(variant),
+    }
+
+
+def _router_report(ratio_128: float = 1.5, rate: int = 100_000) -> dict[str, Any]:
+    cases = [_router_case(w, n, 1.2, rate) for n in (128, 4096) for w in (2, 5, 16)]
+    cases[2]["softmax"]["decide_over_hash"] = ratio_128  # 16 workers, 128 tokens
+    return {"cases": cases}
+
+
+def test_router_all_targets_met() -> None:
+    judged = router.judge(_router_report())
+    assert judged["met"] is True
+    assert set(judged["targets"]) == {
+        "decide_over_hash_128_tokens",
+        "decide_over_hash_4096_tokens",
+        "decisions_per_s_128_tokens_5_workers",
+    }
+
+
+def test_router_128_token_ratio_over_2x_is_a_miss() -> None:
+    judged = router.judge(_router_report(ratio_128=4.676))
+    assert judged["met"] is False
+    miss = judged["targets"]["decide_over_hash_128_tokens"]
+    assert miss == {
+        "target": "<= 2",
+        "measured": 4.676,
+        "met": False,
+        "worst_workers": 16,
+        "worst_variant": "softmax",
+    }
+    assert judged["targets"]["decide_over_hash_4096_tokens"]["met"] is True
+
+
+def test_router_slow_decisions_miss_the_rate_target() -> None:
+    judged = router.judge(_router_report(rate=12_000))
+    assert judged["met"] is False
+    assert judged["targets"]["decisions_per_s_128_tokens_5_workers"]["measured"] == 12_000
+
+
+def test_router_missing_rate_case_is_a_miss() -> None:
+    report = _router_report()
+    report["cases"] = [c for c in report["cases"] if c["workers"] != 5]
+    assert not router.judge(report)["targets"]["decisions_per_s_128_tokens_5_workers"]["met"]
+
+
+# -- auction ---------------------------------------------------------------------------------
+
+
+def _auction_row(name: str, speedup: float, over_build: float) -> dict[str, Any]:
+    return {
+        "workload": name,
+        "fast_vs_naive_speedup": speedup,
+        "order_plus_payments_over_build": over_build,
+    }
+
+
+def test_auction_judges_the_worst_workload() -> None:
+    rows = [_auction_row("chains", 400.0, 0.4), _auction_row("trees-long", 150.0, 0.9)]
+    assert auction.judge({"results": rows})["met"] is True
+    rows.append(_auction_row("mixshare-90", 60.0, 1.3))
+    judged = auction.judge({"results": rows})
+    assert judged["met"] is False
+    speed = judged["targets"]["fast_vs_naive_speedup"]
+    assert (speed["measured"], speed["worst_workload"]) == (60.0, "mixshare-90")
+    assert judged["targets"]["order_plus_payments_over_build"]["measured"] == 1.3
+
+
+def test_auction_without_rows_is_a_miss() -> None:
+    assert auction.judge({"results": []})["met"] is False
+
+
+# -- sim -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("speed", "met"), [(61.2, True), (50.0, True), (31.0, False)])
+def test_sim_speed_at_c128(speed: float, met: bool) -> None:
+    rows = [
+        {"concurrency": 16, "sim_seconds_per_wall_second": 500.0},
+        {"concurrency": 128, "sim_seconds_per_wall_second": speed},
+    ]
+    assert sim.judge({"results": rows})["met"] is met
+
+
+def test_sim_missing_target_point_is_a_miss() -> None:
+    rows = [{"concurrency": 16, "sim_seconds_per_wall_second": 500.0}]
+    assert sim.judge({"results": rows})["met"] is False
+
+
+# -- poa -------------------------------------------------------------------------------------
+
+
+def _poa_rows(estimate_ms: float = 40.0, agrees: bool = True) -> list[dict[str, Any]]:
+    return [
+        {"window": 256, "workers": 5, "estimate_ms": 5.0, "agrees_with_hungarian": agrees},
+        {"window": 1024, "workers": 5, "estimate_ms": estimate_ms},
+    ]
+
+
+def test_poa_met() -> None:
+    judged = poa.judge({"results": _poa_rows()})
+    assert judged["met"] is True
+    assert judged["targets"]["agrees_with_hungarian"]["cases_checked"] == 1
+
+
+def test_poa_slow_window_is_a_miss() -> None:
+    judged = poa.judge({"results": _poa_rows(estimate_ms=140.0)})
+    assert judged["met"] is False
+    assert judged["targets"]["estimate_ms_1024_window_5_workers"]["measured"] == 140.0
+
+
+def test_poa_disagreement_with_hungarian_is_a_miss() -> None:
+    judged = poa.judge({"results": _poa_rows(agrees=False)})
+    assert judged["met"] is False
+    assert judged["targets"]["agrees_with_hungarian"]["disagreeing_cases"] == [[256, 5]]
+
+
+def test_poa_nothing_checked_against_hungarian_is_a_miss() -> None:
+    rows = [{"window": 1024, "workers": 5, "estimate_ms": 40.0}]
+    assert poa.judge({"results": rows})["targets"]["agrees_with_hungarian"]["met"] is False
+
+
+# -- adaptive --------------------------------------------------------------------------------
+
+
+def _adaptive_entry(ttft: float | None, rps: float | None, saturated: bool) -> dict[str, Any]:
+    label = "saturated" if saturated else "transition"
+    return {
+        "adaptive": {"regime_switches": [[[40.0, "transition"], [70.0, label]]] * 2},
+        "saturated_adaptive_over_static": {"ttft_p99_s": ttft, "throughput_rps": rps},
+    }
+
+
+def _adaptive_report(**two_d: Any) -> dict[str, Any]:
+    args = {"ttft": 1.01, "rps": 0.99, "saturated": True, **two_d}
+    return {
+        "topologies": {
+            "1P/2D": _adaptive_entry(**args),
+            "1P/5D": _adaptive_entry(0.97, 1.0, True),
+        }
+    }
+
+
+def test_adaptive_no_harm_and_detection_met() -> None:
+    judged = adaptive.judge(_adaptive_report())
+    assert judged["met"] is True
+    assert judged["targets"]["saturated_ttft_p99_adaptive_over_static"]["worst_topology"] == "1P/2D"
+
+
+def test_adaptive_worse_ttft_is_a_miss() -> None:
+    judged = adaptive.judge(_adaptive_report(ttft=1.2))
+    assert judged["met"] is False
+    assert judged["targets"]["saturated_ttft_p99_adaptive_over_static"]["measured"] == 1.2
+
+
+def test_adaptive_lost_throughput_is_a_miss() -> None:
+    assert adaptive.judge(_adaptive_report(rps=0.9))["met"] is False
+
+
+def test_adaptive_never_saturated_is_a_miss() -> None:
+    judged = adaptive.judge(_adaptive_report(saturated=False))
+    assert judged["met"] is False
+    assert judged["targets"]["saturated_regime_detected"]["topologies_missed"] == ["1P/2D"]
+
+
+def test_adaptive_ratio_that_could_not_be_formed_is_a_miss() -> None:
+    judged = adaptive.judge(_adaptive_report(ttft=None))
+    target = judged["targets"]["saturated_ttft_p99_adaptive_over_static"]
+    assert (target["met"], target["worst_topology"]) == (False, "1P/2D")
+
+
+# -- autobidder ------------------------------------------------------------------------------
+
+
+def _regret_rows(regrets: list[float]) -> dict[str, Any]:
+    horizons = [100, 400, 1600, 6400][: len(regrets)]
+    return {"regret": [{"T": T, "regret_mean": g} for T, g in zip(horizons, regrets, strict=True)]}
+
+
+def test_autobidder_sqrt_t_regret_meets_the_slope() -> None:
+    judged = autobidder.judge(_regret_rows([10.0, 20.0, 40.0, 80.0]))
+    target = judged["targets"]["loglog_slope"]
+    assert judged["met"] is True and target["measured"] == pytest.approx(0.5)
+
+
+def test_autobidder_linear_regret_misses_the_slope() -> None:
+    judged = autobidder.judge(_regret_rows([10.0, 40.0, 160.0, 640.0]))
+    assert judged["met"] is False
+    assert judged["targets"]["loglog_slope"]["measured"] == pytest.approx(1.0)
+
+
+def test_autobidder_slope_over_positive_regret_when_it_wins_somewhere() -> None:
+    judged = autobidder.judge(_regret_rows([-1.0, 20.0, 40.0, 80.0]))
+    target = judged["targets"]["loglog_slope"]
+    assert judged["met"] is True
+    assert target["fitted_over"] == [400, 1600, 6400]
+    assert target["autobidder_beats_best_fixed_alpha_at_T"] == [100]
+
+
+def test_autobidder_winning_everywhere_has_no_slope_and_meets() -> None:
+    judged = autobidder.judge(_regret_rows([-1.0, -2.0, 3.0, -0.5]))
+    target = judged["targets"]["loglog_slope"]
+    assert judged["met"] is True and target["measured"] is None
+
+
+def test_autobidder_one_horizon_is_no_evidence() -> None:
+    assert autobidder.judge(_regret_rows([5.0]))["met"] is False

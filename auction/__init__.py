@@ -12,19 +12,32 @@ Public API::
     PacingBidder(gamma, T)                        budget-pacing autobidder (alpha = 1/(1+mu))
     repeated.simulate(draw_batch, T, pacing)      repeated auctions; autobidder_regret(...)
     pacing_welfare_bound(tree, values, bids)      (1/(n-1))·Σ_u L_u*(v)/κ_u
-    Ledger(path)                                  exactly-once charges against budgets, on disk
+    Ledger(path)                                  exactly-once charges against budgets, on disk;
+                                                  holds: reserve, capture, release
+    AdmissionQueue(AuctionSettings())             serve-mode admission: FCFS or auctioned batches
 """
 
 from auction import repeated, schedulers
+from auction.admission import (
+    AdmissionQueue,
+    AuctionSettings,
+    BatchOutcome,
+    QueueFull,
+    Release,
+    split_payments,
+)
 from auction.ledger import (
     Account,
     BudgetExceeded,
     Charge,
     ChargeConflictError,
+    Hold,
+    HoldError,
     Ledger,
     LedgerCorruptError,
     LedgerError,
     UnknownAccountError,
+    UnknownHoldError,
 )
 from auction.pacing import PacingBidder, PacingStep, capped_alpha
 from auction.pacing_bound import pacing_kappa, pacing_welfare_bound
@@ -43,22 +56,30 @@ __all__ = [
     "MAX_BID",
     "SCHEDULERS",
     "Account",
+    "AdmissionQueue",
     "AuctionResult",
+    "AuctionSettings",
     "Batch",
+    "BatchOutcome",
     "BudgetExceeded",
     "Charge",
     "ChargeConflictError",
+    "Hold",
+    "HoldError",
     "Ledger",
     "LedgerCorruptError",
     "LedgerError",
     "PacingBidder",
     "PacingStep",
+    "QueueFull",
     "RadixTree",
     "Regret",
+    "Release",
     "RepeatedResult",
     "Request",
     "Scheduler",
     "UnknownAccountError",
+    "UnknownHoldError",
     "all_dfs_orders",
     "autobidder_regret",
     "best_fixed_alpha",
@@ -77,6 +98,7 @@ __all__ = [
     "run_auction",
     "schedulers",
     "simulate",
+    "split_payments",
     "stationary_source",
     "vcg_payments",
     "vcg_payments_naive",

@@ -1,6 +1,7 @@
 """The event contracts on NATS (docs/design.md §5): one strict pydantic model per subject.
 
-Subjects are ``disagg.<ns>.route``, ``.complete``, ``.regime`` and ``.auction``. Each event is a
+Subjects are ``disagg.<ns>.route``, ``.complete``, ``.regime``, ``.auction``, ``.first_token``
+and ``.pools``. Each event is a
 :class:`~cluster.models.StrictModel` with a version field ``v``; on the wire every message also
 carries ``publisher`` (an id that is new each time a publisher starts) and ``seq`` (1, 2, ... per
 publisher and subject), so a subscriber can count what it missed (``cluster.sequence``).
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, ValidationError, create_model, model_validator
 
@@ -33,10 +34,11 @@ from cluster.models import StrictModel
 from games.join import CompletionRecord, RouteRecord
 
 VERSION = 1
-KINDS = ("route", "complete", "regime", "auction")
+KINDS = ("route", "complete", "regime", "auction", "first_token", "pools")
 
 MAX_ID_CHARS = 256  # request ids, users, publisher ids, auction order entries
 MAX_LABEL_CHARS = 64  # regime names, statuses
+MAX_REASON_CHARS = 1_024  # free-text reasons (pool re-splits): a sentence, not a document
 MAX_ITEMS = 65_536  # auction order and payments; far above any batch the auction runs
 MAX_CANDIDATES = 4_096  # workers in one routing decision
 MAX_WORKER_ID = 2**64 - 1  # Dynamo worker ids are u64
@@ -203,10 +205,55 @@ class AuctionEvent(EventModel):
         return self
 
 
-Event = RouteEvent | CompleteEvent | RegimeEvent | AuctionEvent
+class FirstTokenEvent(EventModel):
+    """A request's first token, published by the ingress the moment it streams it.
+
+    TTFT is known here, long before the ``complete`` event: the detector and the PoA window take
+    it from this event (docs/design.md §3 property 2, "Timely"; §5).
+    """
+
+    kind: ClassVar[str] = "first_token"
+    request_id: Id
+    t: Seconds
+    worker_id: WorkerId  # the decode worker, as in the route event
+    prefill_worker_id: WorkerId | None = None  # None: prefilled on the decode worker
+    ttft_s: Seconds
+
+    def to_record(self) -> CompletionRecord:
+        # The joiner's completion half: TTFT is all the PoA estimator needs of a completion, and
+        # a request that produced a token is not a failure.
+        return CompletionRecord(self.request_id, self.t, self.worker_id, self.ttft_s, "ok")
+
+
+PoolAction = Literal["resplit_start", "drained", "warm"]
+WorkerIds = Annotated[tuple[WorkerId, ...], Field(max_length=MAX_CANDIDATES)]
+
+
+class PoolsEvent(EventModel):
+    """The prefill/decode pools after a step of a re-split (docs/design.md §4 "Two levers")."""
+
+    kind: ClassVar[str] = "pools"
+    t: Seconds
+    prefill_workers: WorkerIds
+    decode_workers: WorkerIds
+    action: PoolAction
+    reason: Annotated[str, Field(max_length=MAX_REASON_CHARS)] = ""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PoolsEvent:
+        # A worker serves one role at a time: listed twice, the pool sizes would be wrong.
+        workers = self.prefill_workers + self.decode_workers
+        if len(set(workers)) != len(workers):
+            raise ValueError("a worker is listed more than once across the pools")
+        return self
+
+
+Event = RouteEvent | CompleteEvent | RegimeEvent | AuctionEvent | FirstTokenEvent | PoolsEvent
 MODELS: dict[str, type[EventModel]] = {
-    m.kind: m for m in (RouteEvent, CompleteEvent, RegimeEvent, AuctionEvent)
+    m.kind: m
+    for m in (RouteEvent, CompleteEvent, RegimeEvent, AuctionEvent, FirstTokenEvent, PoolsEvent)
 }
+assert tuple(MODELS) == KINDS  # one model per subject, in the order subject() lists them
 
 
 def completion_event(record: Any) -> CompleteEvent:

@@ -17,17 +17,28 @@ estimator, the controller, the auction, the event bus) updates the objects here,
 - ``disagg_ttft_seconds``, ``disagg_itl_seconds`` (histograms);
 - ``disagg_requests_total{status}``, ``disagg_auction_queue_depth``, ``disagg_auction_welfare``,
   ``disagg_auction_revenue_total``, ``disagg_events_dropped_total{reason}``,
-  ``disagg_capacity_advice_total``.
+  ``disagg_capacity_advice_total``;
+- ``disagg_pool_workers{role}`` (gauge) and ``disagg_resplits_total``: the pools' sizes and how
+  many re-splits started (docs/design.md §4, "two levers").
 """
 
 from __future__ import annotations
 
 import logging
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 
 log = logging.getLogger(__name__)
 
+# The `_created` timestamp series double every counter's and histogram's exposition and no
+# dashboard or alert of ours reads them.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 # A PoA value below 1 − POA_TOLERANCE is flagged; the slack absorbs float rounding of a ratio
@@ -144,4 +155,10 @@ EVENTS_DROPPED = Counter(
 )
 CAPACITY_ADVICE = Counter(
     "disagg_capacity_advice", "P/D re-split recommendations issued", registry=REGISTRY
+)
+POOL_WORKERS = Gauge(
+    "disagg_pool_workers", "Workers per pool, by role", ["role"], registry=REGISTRY
+)
+RESPLITS = Counter(
+    "disagg_resplits", "P/D re-splits started (a worker changed role)", registry=REGISTRY
 )

@@ -153,6 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
     from disaggctl.sim_cli import add_parser as add_sim
 
     add_sim(sub, HelpFormatter, add_output_flags, seed_flag)
+
+    from disaggctl.serve_cli import add_parser as add_serve
+
+    add_serve(sub, HelpFormatter)
     return parser
 
 

@@ -64,6 +64,14 @@ class EventJoiner:
         )
         return 1.0 if settled == 0 else self.counts["joined"] / settled
 
+    def has_completion(self, request_id: str) -> bool:
+        """Whether a completion half of ``request_id`` is held or already joined.
+
+        A consumer with two sources of the completion half (a ``first_token`` event, then the
+        ``complete`` event) feeds the second only when this is False, so the same request is
+        neither counted as a duplicate nor joined twice."""
+        return self._seen(request_id) or request_id in self._completions
+
     def add_route(self, route: RouteRecord) -> WindowRequest | None:
         if self._seen(route.request_id) or route.request_id in self._routes:
             self.counts["duplicate_route"] += 1

@@ -12,19 +12,24 @@ from pydantic import ValidationError
 
 from cluster.events import (
     DROP_REASONS,
+    MAX_CANDIDATES,
     MAX_ID_CHARS,
     MAX_ITEMS,
     MAX_MESSAGE_BYTES,
+    MAX_REASON_CHARS,
     AuctionEvent,
     Candidate,
     CompleteEvent,
+    FirstTokenEvent,
     MalformedEventError,
+    PoolsEvent,
     RegimeEvent,
     RouteEvent,
     decode,
     encode,
     subject,
 )
+from games.join import EventJoiner
 
 CANDIDATE = Candidate(
     worker_id=3,
@@ -63,6 +68,10 @@ REGIME = RegimeEvent(t=3.0, regime="saturated", tau=0.8, omega=0.1, ttft_p99_smo
 AUCTION = AuctionEvent(
     batch_id=4, t=5.0, n=2, order=("a", "b"), payments={"alice": 1.5}, welfare=4.5
 )
+FIRST_TOKEN = FirstTokenEvent(request_id="r1", t=1.7, worker_id=3, prefill_worker_id=0, ttft_s=0.2)
+POOLS = PoolsEvent(
+    t=9.0, prefill_workers=(0, 1), decode_workers=(2, 3), action="resplit_start", reason="capacity"
+)
 
 
 def _wire(event, **changes) -> bytes:
@@ -78,7 +87,7 @@ def _reason(kind: str, data: bytes) -> str:
     return err.value.reason
 
 
-@pytest.mark.parametrize("event", [ROUTE, COMPLETE, REGIME, AUCTION])
+@pytest.mark.parametrize("event", [ROUTE, COMPLETE, REGIME, AUCTION, FIRST_TOKEN, POOLS])
 def test_round_trip(event) -> None:
     decoded, publisher, seq = decode(event.kind, encode(event, "p1", 9))
     assert decoded == event and type(decoded) is type(event) and (publisher, seq) == ("p1", 9)
@@ -216,6 +225,53 @@ def test_subjects() -> None:
         subject("prod", "everything")
 
 
+def test_first_token_and_pools_subjects() -> None:
+    assert subject("prod", "first_token") == "disagg.prod.first_token"
+    assert subject("prod", "pools") == "disagg.prod.pools"
+
+
+def test_first_token_joins_a_route_as_its_completion_half() -> None:
+    joiner = EventJoiner()
+    assert joiner.add_route(ROUTE.to_record()) is None
+    joined = joiner.add_completion(FIRST_TOKEN.to_record())
+    assert joined is not None and joined.latency == 0.2 and joined.worker == 3
+    # prefill_worker_id is optional in Python and may be null on the wire.
+    local = FirstTokenEvent(request_id="r2", t=1.0, worker_id=3, ttft_s=0.0)
+    assert local.prefill_worker_id is None
+    assert decode("first_token", encode(local, "p", 1))[0] == local
+
+
+@pytest.mark.parametrize(
+    ("kind", "event", "changes"),
+    [
+        ("first_token", FIRST_TOKEN, {"ttft_s": -0.1}),
+        ("first_token", FIRST_TOKEN, {"ttft_s": "0.2"}),
+        ("first_token", FIRST_TOKEN, {"request_id": ""}),
+        ("first_token", FIRST_TOKEN, {"worker_id": 1.0}),
+        ("first_token", FIRST_TOKEN, {"prefill_worker_id": -1}),
+        ("first_token", FIRST_TOKEN, {"status": "ok"}),
+        ("pools", POOLS, {"action": "explode"}),
+        ("pools", POOLS, {"action": None}),
+        ("pools", POOLS, {"prefill_workers": [0, 2]}),  # worker 2 is in both pools
+        ("pools", POOLS, {"decode_workers": [2, 2]}),
+        ("pools", POOLS, {"decode_workers": "23"}),
+        ("pools", POOLS, {"decode_workers": list(range(4, 4 + MAX_CANDIDATES + 1))}),
+        ("pools", POOLS, {"reason": "x" * (MAX_REASON_CHARS + 1)}),
+        ("pools", POOLS, {"t": -1.0}),
+    ],
+)
+def test_first_token_and_pools_are_strict(kind: str, event, changes: dict) -> None:
+    assert _reason(kind, _wire(event, **changes)) == "schema"
+
+
+def test_pools_actions_round_trip() -> None:
+    for action in ("resplit_start", "drained", "warm"):
+        event = PoolsEvent(t=0, prefill_workers=(), decode_workers=(1,), action=action)
+        assert decode("pools", encode(event, "p", 1))[0] == event
+    with pytest.raises(ValidationError):
+        PoolsEvent(t=0.0, prefill_workers=[0], decode_workers=(1,), action="warm")  # type: ignore[arg-type]
+
+
 def test_regime_changes_become_regime_events() -> None:
     from controller.controller import RegimeChange
     from controller.detector import Regime
@@ -239,8 +295,15 @@ _json = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
     max_leaves=20,
 )
-_kinds = st.sampled_from(["route", "complete", "regime", "auction"])
-_valid = {"route": ROUTE, "complete": COMPLETE, "regime": REGIME, "auction": AUCTION}
+_kinds = st.sampled_from(["route", "complete", "regime", "auction", "first_token", "pools"])
+_valid = {
+    "route": ROUTE,
+    "complete": COMPLETE,
+    "regime": REGIME,
+    "auction": AUCTION,
+    "first_token": FIRST_TOKEN,
+    "pools": POOLS,
+}
 
 
 @given(kind=_kinds, data=st.binary(max_size=256))

@@ -66,3 +66,15 @@ def test_expiry_keeps_fresh_halves() -> None:
     assert joiner.add_completion(_done(2, t=12.0)) is not None
     with pytest.raises(ValueError):
         EventJoiner(ttl_s=0)
+
+
+def test_has_completion_covers_held_and_joined_halves() -> None:
+    joiner = EventJoiner()
+    assert not joiner.has_completion("a")
+    joiner.add_completion(CompletionRecord("a", 1.0, 0, 0.1))
+    assert joiner.has_completion("a")  # held, waiting for its route
+    joiner.add_route(RouteRecord("b", 0.0, 0, {0: 1}))
+    assert not joiner.has_completion("b")  # only the route half
+    assert joiner.add_completion(CompletionRecord("b", 1.0, 0, 0.1)) is not None
+    assert joiner.has_completion("b")  # joined: a second completion half would be a duplicate
+    assert joiner.counts["duplicate_completion"] == 0

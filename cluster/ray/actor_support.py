@@ -1,0 +1,228 @@
+"""What the serve runtime's actors share (docs/design.md "Serve runtime", §5 events): NATS off
+the request path (``ActorBus``), ``actor_info`` for ``ready()``, and argument checks.
+
+An actor's request methods must never wait on NATS: a slow or absent server may not stop
+requests. So ``publish``/``publish_kv`` only put the message on a bounded queue and return; one
+background task connects (retrying for as long as it takes), subscribes and then drains the
+queue through ``cluster.bus.EventBus`` (which buffers further across outages). What the queue
+cannot hold is dropped and counted in ``disagg_events_dropped_total{reason="buffer_full"}``.
+
+With ``nats_url=None`` there is no NATS: every message goes to the callbacks in ``local``
+instead, ``(subject, item)``, in order. Tests and an in-process composition observe it there.
+
+The background task starts on the first ``start()`` from inside the actor's event loop (a Ray
+actor's ``__init__`` runs outside its loop), so every async actor method calls ``start()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from cluster.bus import BusError, EventBus, KvHandler
+from cluster.events import MAX_ID_CHARS, Event, subject
+from controller.metrics import EVENTS_DROPPED
+from router.hashing import U64_MASK
+
+__all__ = [
+    "MAX_PROMPT_TOKENS",
+    "ActorBus",
+    "LocalSink",
+    "actor_info",
+    "check_hashes",
+    "check_int",
+    "check_request_id",
+]
+
+log = logging.getLogger(__name__)
+
+LocalSink = Callable[[str, Any], None]  # (subject, event or list of KV payloads)
+
+MAX_PROMPT_TOKENS = 1 << 20  # a longer prompt is refused: bounds the work one request causes
+MAX_PENDING = 4096  # queued messages; a KV message holds one engine iteration's events
+_RETRY_S = 1.0  # between failed first-connection attempts (each already retries ~30 s)
+
+
+def actor_info() -> dict[str, Any]:
+    """pid, Ray node id and the accelerators Ray assigned (None / {} outside a Ray actor)."""
+    info: dict[str, Any] = {"pid": os.getpid(), "node_id": None, "accelerators": {}}
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ctx = ray.get_runtime_context()
+            info["node_id"] = ctx.get_node_id()
+            assigned = ctx.get_assigned_resources()  # type: ignore[no-untyped-call]
+            # Custom resources only: {"B200": 4.0}, as the composer requested them.
+            info["accelerators"] = {
+                k: v
+                for k, v in assigned.items()
+                if k not in ("CPU", "GPU", "memory", "object_store_memory")
+            }
+    except Exception:  # not in an actor (driver-side tests): the plain facts are enough
+        pass
+    return info
+
+
+def check_request_id(request_id: object) -> str:
+    """A non-empty str of at most ``MAX_ID_CHARS`` (what the NATS events accept)."""
+    if type(request_id) is not str or not 0 < len(request_id) <= MAX_ID_CHARS:
+        raise ValueError(
+            f"request_id must be a non-empty str of at most {MAX_ID_CHARS} characters, "
+            f"got {request_id!r:.80}"
+        )
+    return request_id
+
+
+def check_int(name: str, value: object, lo: int, hi: int) -> int:
+    """An int (not a bool) in [lo, hi]; ValueError naming ``name`` otherwise."""
+    if type(value) is not int or not lo <= value <= hi:
+        raise ValueError(f"{name} must be an int in [{lo}, {hi}], got {value!r:.80}")
+    return value
+
+
+def check_hashes(name: str, hashes: object, max_len: int) -> list[int]:
+    """A list of at most ``max_len`` u64 block hashes."""
+    if not isinstance(hashes, list | tuple) or len(hashes) > max_len:
+        raise ValueError(f"{name} must be a list of at most {max_len} hashes")
+    if not all(type(h) is int and 0 <= h <= U64_MASK for h in hashes):
+        raise ValueError(f"{name} must hold ints in [0, 2**64)")
+    return list(hashes)
+
+
+class ActorBus:
+    """A non-blocking publisher (and KV subscriber) for one actor."""
+
+    def __init__(
+        self,
+        nats_url: str | None,
+        namespace: str,
+        *,
+        name: str,
+        max_pending: int = MAX_PENDING,
+    ) -> None:
+        subject(namespace, "route")  # validates the namespace before anything starts
+        self.namespace = namespace
+        self.bus: EventBus | None = None
+        if nats_url is not None:
+            self.bus = EventBus(nats_url, namespace, name=name)
+        self.local: list[LocalSink] = []
+        self._queue: asyncio.Queue[tuple[str, str, Any, int]] = asyncio.Queue(max_pending)
+        self._kv_subscriptions: list[tuple[str, KvHandler]] = []
+        self._connected = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.sent = 0
+        self.dropped = 0  # queue full, or delivery raised
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def start(self) -> None:
+        """Start the background task (idempotent; needs the running loop)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="actor-bus")
+
+    async def wait_connected(self, timeout_s: float) -> bool:
+        """True once connected (always true without NATS); False after ``timeout_s``."""
+        self.start()
+        if self.bus is None:
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._connected.wait(), timeout_s)
+        return self.connected
+
+    # -- out ---------------------------------------------------------------------------------
+
+    def publish(self, event: Event) -> bool:
+        """Queue ``event`` for ``disagg.<ns>.<kind>``; False if dropped. Never blocks."""
+        return self._offer(("event", subject(self.namespace, event.kind), event, 0))
+
+    def publish_kv(self, kv_subject: str, payloads: list[dict[str, Any]], publisher: int) -> bool:
+        """Queue one Dynamo KV envelope of ``payloads``; False if dropped. Never blocks."""
+        return self._offer(("kv", kv_subject, payloads, publisher))
+
+    def _offer(self, item: tuple[str, str, Any, int]) -> bool:
+        try:
+            self._queue.put_nowait(item)
+        except asyncio.QueueFull:
+            self.dropped += 1
+            EVENTS_DROPPED.labels("buffer_full").inc()
+            return False
+        return True
+
+    async def flush(self, timeout_s: float = 5.0) -> None:
+        """Wait until everything queued so far is delivered (to NATS's client or ``local``)."""
+        self.start()
+
+        async def settle() -> None:
+            await self._queue.join()
+            if self.bus is not None and self.connected:
+                await self.bus.flush(timeout_s)
+
+        await asyncio.wait_for(settle(), timeout_s)
+
+    # -- in ----------------------------------------------------------------------------------
+
+    async def subscribe_kv(self, kv_subject: str, handler: KvHandler) -> None:
+        """Feed each KV payload on ``kv_subject`` to ``handler`` (from the next connection on)."""
+        self._kv_subscriptions.append((kv_subject, handler))
+        if self.bus is not None and self.connected:
+            await self.bus.subscribe_kv(kv_subject, handler)
+
+    # -- the task ----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        if self.bus is not None:
+            while True:
+                try:
+                    await self.bus.connect()
+                    break
+                except BusError as exc:  # unreachable for ~30 s: keep trying, keep queueing
+                    log.warning("NATS not reachable yet: %s", exc)
+                    await asyncio.sleep(_RETRY_S)
+            for kv_subject, handler in list(self._kv_subscriptions):
+                await self.bus.subscribe_kv(kv_subject, handler)
+            self._connected.set()
+        while True:
+            kind, where, item, publisher = await self._queue.get()
+            try:
+                await self._deliver(kind, where, item, publisher)
+                self.sent += 1
+            except Exception:  # a bad item or a broken callback must not stop the next one
+                self.dropped += 1
+                EVENTS_DROPPED.labels("publish_error").inc()
+                log.exception("could not deliver a %s message on %s", kind, where)
+            finally:
+                self._queue.task_done()
+
+    async def _deliver(self, kind: str, where: str, item: Any, publisher: int) -> None:
+        if self.bus is None:
+            for sink in self.local:
+                sink(where, item)
+        elif kind == "kv":
+            await self.bus.publish_kv(where, item, publisher)
+        else:
+            await self.bus.publish(item)
+
+    async def close(self, drain_timeout_s: float = 1.0) -> None:
+        """Deliver what is queued (up to ``drain_timeout_s``), then stop the task and close
+        NATS; what is still queued then is dropped and counted (``closed``)."""
+        if self._task is not None and (self.bus is None or self.connected):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._queue.join(), drain_timeout_s)
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait({task})
+        left = self._queue.qsize()
+        if left:
+            self.dropped += left
+            EVENTS_DROPPED.labels("closed").inc(left)
+        if self.bus is not None:
+            await self.bus.close()
+        self._connected.clear()

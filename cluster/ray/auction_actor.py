@@ -1,0 +1,415 @@
+"""The auction actor: admission (``auction.admission.AdmissionQueue``) and money
+(``auction.ledger.Ledger`` holds) behind async methods (docs/design.md "Serve runtime", §1).
+
+One request's money: ``admit`` reserves its bid b_r as a hold FIRST (``BudgetExceeded`` → the
+ingress answers 402, ``UnknownAccountError`` → 401, ``QueueFull`` → 503, ``ValueError`` →
+400), then waits in the queue until the release rule lets it go. ``finished(answered=True)``
+captures its payment share p_r ≤ b_r from the hold (auctioned requests) or releases the hold
+(FCFS requests pay nothing; so does a request not answered). A caller cancelled while queued
+leaves the queue and its hold is released. Holds open at a crash are released when the actor
+next starts (``Ledger.release_open_holds``): their requests were never answered.
+
+Callers over Ray: cancelling the coroutine that awaits ``admit.remote`` does NOT cancel the
+actor's task. A caller that gives up on an admission calls ``finished(request_id, False)`` (or
+``ray.cancel`` on the ref): it takes a queued request out, frees a released one's prefill slot
+and releases the hold. Without it the request would keep its slot until the actor restarts.
+
+Anonymous traffic (user "" or "anonymous") has no account: it may only bid 0 and holds nothing.
+
+Threads: the actor's state lives on its event loop; the ledger (SQLite, one fsync per write)
+runs on one dedicated thread, so a commit never stalls the loop and ledger calls keep their
+order (a release queued behind a reserve always sees it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar, get_args
+
+from pydantic import ConfigDict, Field
+
+from auction.admission import (
+    SETTING_BOUNDS,
+    AdmissionQueue,
+    AuctionSettings,
+    BatchOutcome,
+    QueueFull,
+    Release,
+)
+from auction.ledger import MAX_AMOUNT, BudgetExceeded, Ledger, LedgerError, UnknownAccountError
+from auction.request import Request
+from auction.schedulers import SCHEDULERS
+from cluster.bus import BusError, EventBus
+from cluster.events import MAX_ID_CHARS, AuctionEvent
+from cluster.models import StrictModel, validate_model
+from cluster.ray.metrics_export import OWNERS, owned_metrics_text
+from cluster.sim.wallclock import Clock
+from controller import metrics
+
+__all__ = [
+    "ANONYMOUS",
+    "AdmissionCancelledError",
+    "AuctionActor",
+    "AuctionSettingsModel",
+    "BudgetExceeded",
+    "QueueFull",
+    "UnknownAccountError",
+]
+
+log = logging.getLogger(__name__)
+
+ANONYMOUS = "anonymous"
+_REMEMBER_FINISHED = 10_000  # finished() answers repeats for this many recent requests
+T = TypeVar("T")
+
+
+_B = SETTING_BOUNDS  # one table of bounds for the dataclass and this edge model
+
+
+class AuctionSettingsModel(StrictModel):
+    """The ``auction:`` section of the service's config (the YAML edge of ``AuctionSettings``)."""
+
+    batch_size: int = Field(default=32, ge=_B["batch_size"][0], le=_B["batch_size"][1])
+    batch_window_ms: float = Field(
+        default=50.0, ge=_B["batch_window_ms"][0], le=_B["batch_window_ms"][1]
+    )
+    queue_threshold: int = Field(
+        default=8, ge=_B["queue_threshold"][0], le=_B["queue_threshold"][1]
+    )
+    max_in_prefill: int = Field(default=64, ge=_B["max_in_prefill"][0], le=_B["max_in_prefill"][1])
+    scheduler: Literal["dfs-bid", "dfs-uniform", "bid-sort", "no-sort"] = "dfs-bid"
+    max_queue: int = Field(default=10_000, ge=_B["max_queue"][0], le=_B["max_queue"][1])
+
+    def to_settings(self) -> AuctionSettings:
+        return AuctionSettings(**self.model_dump())
+
+
+# The Literal above names every scheduler the auction knows, and nothing else.
+assert set(get_args(AuctionSettingsModel.model_fields["scheduler"].annotation)) == set(SCHEDULERS)
+
+
+class _User(StrictModel):
+    # Extra keys (a users file's key_sha256) are ignored: only the name and budget matter here.
+    model_config = ConfigDict(**{**StrictModel.model_config, "extra": "ignore"})
+    name: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    budget: float = Field(ge=0.0, le=MAX_AMOUNT)
+
+
+class AdmissionCancelledError(Exception):
+    """The request left the queue before its release (finished while queued, or shutdown)."""
+
+
+@dataclass
+class _Entry:
+    user: str
+    bid: float
+    hold_id: str | None  # None: anonymous, nothing held
+    release: Release | None = None
+
+
+class AuctionActor:
+    def __init__(
+        self,
+        *,
+        settings: dict[str, Any],
+        ledger_path: str,
+        users: list[dict[str, Any]],
+        nats_url: str | None,
+        namespace: str = "disagg",
+        speedup: float = 1.0,
+        epoch_wall: float | None = None,
+    ) -> None:
+        model = validate_model(AuctionSettingsModel, settings, "auction settings")
+        accounts = [validate_model(_User, u, f"users[{k}]") for k, u in enumerate(users)]
+        self.settings = model.to_settings()
+        self.namespace = namespace
+        self._nats_url = nats_url
+        self._instance = uuid.uuid4().hex[:8]  # hold and batch ids stay unique across restarts
+        self._queue = AdmissionQueue(self.settings, batch_prefix=f"auction-{self._instance}")
+        # Event times on the service's shared virtual clock (epoch_wall and speedup as the
+        # engines have them); without an epoch, seconds since this actor started.
+        epoch = time.time() if epoch_wall is None else epoch_wall
+        self._clock = Clock(speedup, t0=time.monotonic() - (time.time() - epoch))
+        self._exec = ThreadPoolExecutor(1, thread_name_prefix="ledger")
+        try:
+            self._ledger = self._exec.submit(Ledger, ledger_path).result()
+            self.released_at_start = self._exec.submit(self._ledger.release_open_holds).result()
+            self._exec.submit(self._open_accounts, accounts).result()
+        except BaseException:
+            self._exec.shutdown(wait=False)
+            raise
+        if self.released_at_start:
+            log.warning("released %d holds left open by the last run", self.released_at_start)
+        self._entries: dict[str, _Entry] = {}
+        self._waiters: dict[str, asyncio.Future[Release]] = {}
+        self._settled: OrderedDict[str, asyncio.Future[float]] = OrderedDict()
+        self._holds = 0
+        self.revenue = 0.0  # money captured by this actor (disagg_auction_revenue_total)
+        self._timer: asyncio.TimerHandle | None = None
+        self._bus: EventBus | None = None
+        self._bus_up = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
+        metrics.AUCTION_QUEUE_DEPTH.set(0)
+
+    def _open_accounts(self, users: list[_User]) -> None:
+        for user in users:
+            if user.name == ANONYMOUS:
+                continue
+            try:
+                budget = self._ledger.account(user.name).budget
+            except UnknownAccountError:
+                self._ledger.open_account(user.name, user.budget)
+                continue
+            if budget != user.budget:  # the ledger's budget stands: it is what was charged against
+                log.warning(
+                    "user %r: the ledger holds budget %s, the users file says %s; keeping the "
+                    "ledger's",
+                    user.name,
+                    budget,
+                    user.budget,
+                )
+
+    async def _ledger_call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._exec, fn, *args)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def ready(self) -> dict[str, Any]:
+        if self._nats_url is not None and self._bus is None:
+            self._bus = EventBus(self._nats_url, self.namespace, name="auction")
+            self._spawn(self._connect(self._bus))
+        node_id = None
+        ray = sys.modules.get("ray")  # imported in every Ray worker; absent in unit tests
+        with contextlib.suppress(Exception):
+            if ray is not None and ray.is_initialized():
+                node_id = ray.get_runtime_context().get_node_id()
+        return {"pid": os.getpid(), "node_id": node_id, "released_at_start": self.released_at_start}
+
+    async def _connect(self, bus: EventBus) -> None:
+        # In the background and forever: a NATS outage must never hold up admission.
+        while True:
+            try:
+                await bus.connect()
+            except (BusError, OSError, ValueError) as exc:
+                log.warning("auction events: cannot connect to NATS (%s); retrying", exc)
+                await asyncio.sleep(1.0)
+                continue
+            self._bus_up = True
+            return
+
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        for waiter in list(self._waiters.values()):
+            if not waiter.done():
+                waiter.set_exception(AdmissionCancelledError("the auction is shutting down"))
+        for _ in range(3):  # let the refused admits queue their hold releases before the close
+            await asyncio.sleep(0)
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        if self._bus is not None and self._bus_up:
+            await self._bus.close()
+        self._bus, self._bus_up = None, False
+        await self._ledger_call(self._ledger.close)
+        self._exec.shutdown(wait=True)
+
+    async def metrics_text(self) -> str:
+        return owned_metrics_text(OWNERS["auction"])
+
+    # -- admission -----------------------------------------------------------------------------
+
+    async def admit(
+        self, request_id: str, user: str, bid: float, tokens: list[int]
+    ) -> dict[str, Any]:
+        """Reserve ``bid``, wait for the release; {"position", "payment", "batch_id", "mode",
+        "queue_depth"} (module docstring for the errors)."""
+        anonymous = user in ("", ANONYMOUS)
+        user = ANONYMOUS if anonymous else user
+        Request(request_id, user, tokens, bid)  # ValueError for a bad id, bid or prompt, early
+        if request_id in self._entries:
+            raise ValueError(f"request {request_id!r} is already admitted")
+        if request_id in self._settled:  # finished() came first (its caller gave up already)
+            raise AdmissionCancelledError(f"request {request_id!r} already finished")
+        if anonymous and bid > 0:
+            raise BudgetExceeded(ANONYMOUS, float(bid), 0.0)  # no account: nothing to bid with
+        if self._queue.depth >= self.settings.max_queue:  # before the ledger is touched
+            raise QueueFull(f"the admission queue is full ({self._queue.depth} wait)")
+        self._holds += 1
+        hold_id = None if anonymous else f"{request_id}@{self._instance}.{self._holds}"
+        entry = self._entries[request_id] = _Entry(user, float(bid), hold_id)
+        reserving = held = False
+        loop = asyncio.get_running_loop()
+        # Registered before the reserve, so that finished() or shutdown() can refuse it anytime.
+        waiter: asyncio.Future[Release] = loop.create_future()
+        self._waiters[request_id] = waiter
+        try:
+            if hold_id is not None:
+                reserving = True
+                await self._ledger_call(self._ledger.reserve, hold_id, user, bid)
+                held = True
+            if not waiter.done():
+                self._queue.enqueue(request_id, user, bid, tokens, now=loop.time())
+                self._pump()
+            release = await waiter
+        except BaseException as exc:
+            # Cancelled mid-reserve, the reserve may still commit: the release queued behind
+            # it on the ledger thread undoes it either way.
+            cancelled = isinstance(exc, asyncio.CancelledError)
+            self._abandon(request_id, held or (reserving and cancelled))
+            raise
+        finally:
+            self._waiters.pop(request_id, None)
+        entry.release = release
+        return {
+            "position": release.position,
+            "payment": release.payment,
+            "batch_id": release.batch_id,
+            "mode": release.mode,
+            "queue_depth": self._queue.depth,
+        }
+
+    def _abandon(self, request_id: str, release_hold: bool) -> None:
+        entry = self._entries.pop(request_id, None)
+        if not self._queue.cancel(request_id):
+            self._queue.slot_freed(request_id)  # released just as its caller gave up
+        if entry is not None and entry.hold_id is not None and release_hold:
+            try:
+                self._exec.submit(self._release_quietly, entry.hold_id)
+            except RuntimeError:  # shut down: the next start releases every open hold
+                log.debug("hold %r left for the next start to release", entry.hold_id)
+        self._pump()
+
+    def _release_quietly(self, hold_id: str) -> None:
+        try:
+            self._ledger.release(hold_id)
+        except LedgerError as exc:  # unknown: the reserve failed; else the next start releases it
+            log.debug("release of hold %r: %s", hold_id, exc)
+
+    def _pump(self) -> None:
+        """Release what the rule allows now; publish new batches; arm the batch-window timer."""
+        if self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        again = True
+        while again:
+            again = False
+            for release in self._queue.releasable(loop.time()):
+                waiter = self._waiters.get(release.request_id)
+                if waiter is None or waiter.done():  # its caller is gone: give the slot back
+                    self._queue.slot_freed(release.request_id)
+                    again = True
+                else:
+                    waiter.set_result(release)
+        for outcome in self._queue.pop_batches():
+            self._on_batch(outcome)
+        metrics.AUCTION_QUEUE_DEPTH.set(self._queue.depth)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        deadline = self._queue.next_deadline()
+        if deadline is not None:
+            self._timer = loop.call_at(max(deadline, loop.time() + 1e-3), self._pump)
+
+    def _on_batch(self, outcome: BatchOutcome) -> None:
+        metrics.AUCTION_WELFARE.set(outcome.welfare)
+        if self._bus is None or not self._bus_up:
+            return
+        try:
+            event = AuctionEvent(
+                batch_id=outcome.number,
+                t=max(0.0, self._clock.now()),
+                n=len(outcome.order),
+                order=outcome.order,
+                payments=dict(outcome.payments),
+                welfare=outcome.welfare,
+            )
+        except ValueError as exc:  # e.g. a request id past the event's bounds: skip the event
+            log.warning("auction event for %s not published: %s", outcome.batch_id, exc)
+            return
+        self._spawn(self._bus.publish(event))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def started(self, request_id: str) -> None:
+        """First token: the request's prefill slot is free."""
+        self._queue.slot_freed(request_id)
+        self._pump()
+
+    async def finished(self, request_id: str, answered: bool) -> dict[str, float]:
+        """Capture the request's share (answered, auctioned) or release its hold; idempotent.
+        A request still queued leaves the queue (its ``admit`` raises AdmissionCancelledError)."""
+        settled = self._settled.get(request_id)
+        if settled is None:
+            entry = self._entries.get(request_id)
+            if entry is not None and entry.release is None:  # still queued (or reserving)
+                waiter = self._waiters.get(request_id)
+                if waiter is not None and not waiter.done():
+                    waiter.set_exception(AdmissionCancelledError(f"{request_id!r} finished"))
+            if entry is None or entry.release is None:
+                # A tombstone: nothing to settle here, and a late admit of this id is refused.
+                settled = asyncio.get_running_loop().create_future()
+                settled.set_result(0.0)
+            else:
+                del self._entries[request_id]
+                self._queue.slot_freed(request_id)
+                self._pump()
+                settled = asyncio.get_running_loop().create_task(self._settle(entry, answered))
+            self._settled[request_id] = settled
+            while len(self._settled) > _REMEMBER_FINISHED:
+                self._settled.popitem(last=False)
+        return {"charged": await asyncio.shield(settled)}
+
+    async def _settle(self, entry: _Entry, answered: bool) -> float:
+        release = entry.release
+        assert release is not None
+        if entry.hold_id is None:
+            return 0.0
+        if answered and release.mode == "auction" and release.batch_id is not None:
+            charge = await self._ledger_call(
+                self._ledger.capture, entry.hold_id, release.batch_id, release.payment
+            )
+            self.revenue += charge.amount
+            metrics.AUCTION_REVENUE.inc(charge.amount)
+            return charge.amount
+        await self._ledger_call(self._ledger.release, entry.hold_id)
+        return 0.0
+
+    async def set_regime(self, regime: str) -> None:
+        self._queue.set_regime(regime)
+        self._pump()
+
+    async def stats(self) -> dict[str, Any]:
+        def users() -> dict[str, dict[str, float]]:
+            return {
+                a.user: {"spent": a.spent, "held": self._ledger.held(a.user), "budget": a.budget}
+                for a in self._ledger.accounts()
+            }
+
+        return {
+            "queue_depth": self._queue.depth,
+            "in_flight": len(self._entries),
+            "in_prefill": self._queue.in_prefill,
+            "regime": self._queue.regime,
+            "batches": self._queue.batches,
+            "revenue": self.revenue,
+            "released_at_start": self.released_at_start,
+            "nats": self._bus_up,
+            "users": await self._ledger_call(users),
+        }

@@ -1,0 +1,386 @@
+"""The controller actor: TTFT → regime → the router's (τ, ω), live (docs/design.md §4, §5).
+
+It runs the plain ``controller.controller.Controller`` (a ``SaturationDetector`` and a
+``PolicyTable``) in the serve runtime:
+
+- TTFT comes from ``disagg.<ns>.first_token`` events (the ingress publishes one per request the
+  moment it streams the first token, §3 property 2), each observed at this actor's clock.
+- Every ``tick_s`` it ticks the controller with the auction's queue depth and the PoA actor's
+  estimate (both optional: a missing handle, a failed or slow call gives None for that tick).
+- On a regime change the controller bumps the policy version and calls its target's
+  ``set_policy`` synchronously. The target here only records the newest policy; a background
+  push sends it to the router actor (``set_policy(tau, omega, version, regime)``) and the regime
+  to the auction actor (``set_regime``). A push that fails (the actor is dead or restarting)
+  leaves the policy pending and is retried on the next tick, so the newest version always gets
+  through once the router is back, and ticking never stops (the router keeps its last policy
+  meanwhile, §4). Each change is published as a ``RegimeEvent`` on ``disagg.<ns>.regime``.
+
+``ControllerSettings`` is the config shape (a StrictModel; the composer passes its
+``model_dump()``). Thresholds are wall seconds of TTFT (``theta1_s`` < ``theta2_s``), or multiples
+of a calm baseline P99 (``calibrate``), as ``controller.detector.Thresholds.calibrated`` and the
+simulator's scenario (k1 = 5, k2 = 15) do, or, when neither is given, ``DEFAULT_THETA_S``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+from collections.abc import Callable
+from typing import Any, Self
+
+from pydantic import Field, model_validator
+
+from cluster.events import Event, FirstTokenEvent, RegimeEvent
+from cluster.models import StrictModel, validate_model
+from cluster.ray.actor_support import ActorBus, actor_info
+from cluster.ray.metrics_export import OWNERS, owned_metrics_text
+from cluster.ray.poa_actor import CONNECT_WAIT_S, service_clock
+from controller.controller import Controller, RegimeChange
+from controller.detector import SaturationDetector, Thresholds
+from controller.metrics import POOL_WORKERS
+from controller.policy import PolicyTable, RegimePolicy
+from router.cost import MAX_OMEGA
+
+__all__ = ["ControllerActor", "ControllerSettings"]
+
+log = logging.getLogger(__name__)
+
+_TABLE = PolicyTable()
+MAX_CHANGES = 32  # recent regime changes kept for snapshot()
+# Thresholds when the settings give none: 5x and 15x (docs/design.md §4) the calm TTFT P99 of the
+# default service (cluster/serve/config.py: b200-llama70b-fp8-tp4, 1P/5D, speedup 0.25), which
+# calm_baseline_p99 puts at 0.072 virtual s = 0.29 wall s. Another profile or speedup should
+# give its own: ``calibrate: {baseline_s: calm_baseline_p99(...) / speedup}``.
+DEFAULT_THETA_S = (1.5, 4.5)
+
+
+class PolicyRow(StrictModel):
+    tau: float = Field(ge=0.0)
+    omega: float = Field(ge=0.0, le=MAX_OMEGA)
+
+
+class PolicySettings(StrictModel):
+    """The regime → (τ, ω) table; defaults are controller/policy.py's ``PolicyTable()``."""
+
+    below: PolicyRow = PolicyRow(tau=_TABLE.below.tau, omega=_TABLE.below.omega)
+    transition: PolicyRow = PolicyRow(tau=_TABLE.transition.tau, omega=_TABLE.transition.omega)
+    saturated: PolicyRow = PolicyRow(tau=_TABLE.saturated.tau, omega=_TABLE.saturated.omega)
+
+    def table(self) -> PolicyTable:
+        rows = {name: getattr(self, name) for name in ("below", "transition", "saturated")}
+        return PolicyTable(**{n: RegimePolicy(r.tau, r.omega) for n, r in rows.items()})
+
+
+class Calibration(StrictModel):
+    """θ1 = below_x · baseline, θ2 = saturated_x · baseline (docs/design.md §4)."""
+
+    baseline_s: float = Field(gt=0.0)
+    below_x: float = Field(5.0, gt=0.0)
+    saturated_x: float = Field(15.0, gt=0.0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if not self.below_x < self.saturated_x:
+            raise ValueError("calibrate needs below_x < saturated_x")
+        return self
+
+
+class ControllerSettings(StrictModel):
+    tick_s: float = Field(1.0, ge=0.1, le=60.0)
+    window_s: float = Field(10.0, gt=0.0, le=3600.0)
+    min_samples: int = Field(20, ge=1, le=100_000)
+    beta: float = Field(0.3, gt=0.0, le=1.0)
+    theta1_s: float | None = Field(None, gt=0.0)
+    theta2_s: float | None = Field(None, gt=0.0)
+    calibrate: Calibration | None = None
+    hysteresis: float = Field(0.2, ge=0.0, lt=1.0)
+    dwell: int = Field(3, ge=1, le=1000)
+    policy: PolicySettings = PolicySettings()
+    call_timeout_s: float = Field(2.0, gt=0.0, le=60.0)  # each call to the router/auction/PoA
+
+    @model_validator(mode="after")
+    def _one_threshold_source(self) -> Self:
+        seconds = (self.theta1_s, self.theta2_s)
+        if self.calibrate is not None:
+            if seconds != (None, None):
+                raise ValueError("give theta1_s/theta2_s or calibrate, not both")
+        elif seconds == (None, None):
+            pass  # DEFAULT_THETA_S
+        elif None in seconds:
+            raise ValueError("give both theta1_s and theta2_s (seconds), or calibrate")
+        elif not seconds[0] < seconds[1]:  # type: ignore[operator]
+            raise ValueError(f"theta1_s must be < theta2_s, got {seconds[0]} and {seconds[1]}")
+        return self
+
+    def thresholds(self) -> Thresholds:
+        c = self.calibrate
+        if c is not None:
+            return Thresholds.calibrated(c.baseline_s, c.below_x, c.saturated_x)
+        if self.theta1_s is None or self.theta2_s is None:
+            return Thresholds(*DEFAULT_THETA_S)
+        return Thresholds(self.theta1_s, self.theta2_s)
+
+
+_Push = tuple[float, float, int, str]  # tau, omega, version, regime label
+
+
+class _PendingTarget:
+    """The Controller's target: remembers the newest policy for the async push (the Controller
+    calls ``set_policy`` synchronously, inside its tick)."""
+
+    def __init__(self, regime: Callable[[], str]) -> None:
+        self._regime = regime
+        self.pending: _Push | None = None
+
+    def set_policy(self, tau: float, omega: float, version: int) -> None:
+        self.pending = (float(tau), float(omega), int(version), self._regime())
+
+
+async def _call(method: Any, *args: Any) -> Any:
+    # A Ray actor method, or any object with .remote(...) returning an awaitable (tests).
+    return await method.remote(*args)
+
+
+def _signal(value: object) -> float | None:
+    """A number for Controller.tick, or None (it refuses NaN, strings and booleans)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        return None
+    return float(value)
+
+
+class ControllerActor:
+    """first_token TTFTs → Controller → router.set_policy / auction.set_regime (module doc)."""
+
+    def __init__(
+        self,
+        *,
+        namespace: str = "disagg",
+        nats_url: str | None,
+        router: Any | None,
+        auction: Any | None,
+        poa: Any | None,
+        settings: dict[str, Any],
+        epoch_wall: float | None = None,
+        pools: dict[str, int] | None = None,
+    ) -> None:
+        self.settings = validate_model(ControllerSettings, settings, "controller settings")
+        # The pools' sizes as deployed; a re-split (docs/design.md §4) moves them.
+        for role, count in (pools or {}).items():
+            if role not in ("prefill", "decode") or not isinstance(count, int) or count < 0:
+                raise ValueError(f"pools: bad entry {role!r}: {count!r}")
+            POOL_WORKERS.labels(role=role).set(count)
+        s = self.settings
+        self.router, self.auction, self.poa = router, auction, poa
+        self.now = service_clock(epoch_wall)
+        self.bus = ActorBus(nats_url, namespace, name="controller")
+        detector = SaturationDetector(
+            s.thresholds(),
+            window_s=s.window_s,
+            min_samples=s.min_samples,
+            beta=s.beta,
+            hysteresis=s.hysteresis,
+            dwell=s.dwell,
+        )
+        self.target = _PendingTarget(lambda: detector.regime.label)
+        self.controller = Controller(
+            detector, s.policy.table(), self.target, on_change=self._changed
+        )
+        self._regime_pending: str | None = None
+        self.delivered_version = 0  # newest version the router acknowledged
+        self.delivered_regime: str | None = None  # newest regime the auction acknowledged
+        self.push_failures = 0
+        self.observed = 0
+        self.errors = 0  # first_token events the detector refused
+        self.ticks = 0
+        self.tick_errors = 0
+        self.last_signals: dict[str, float | None] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._push_task: asyncio.Task[None] | None = None
+        self._subscribed = False
+        self.controller.start(self.now())  # version 1: the router starts from a known policy
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        # A Ray actor's __init__ runs outside its event loop: the tasks start on the first call.
+        if self._tasks:
+            return
+        self.bus.start()
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._subscribe(), name="controller-subscribe"),
+            loop.create_task(self._tick_loop(), name="controller-tick"),
+        ]
+        self._kick_push()  # version 1 goes out now, not a tick later
+
+    async def ready(self) -> dict[str, Any]:
+        self._start()
+        connected = await self.bus.wait_connected(CONNECT_WAIT_S)
+        if connected:
+            for _ in range(50):  # the subscription follows the connection within a few ms
+                if self._subscribed or self.bus.bus is None:
+                    break
+                await asyncio.sleep(0.01)
+        info = {"role": "controller", "nats": connected, "subscribed": self._subscribed}
+        return {**actor_info(), **info}
+
+    async def shutdown(self) -> None:
+        tasks = [*self._tasks, *([self._push_task] if self._push_task else [])]
+        self._tasks, self._push_task = [], None
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.bus.close()
+
+    async def metrics_text(self) -> str:
+        return owned_metrics_text(OWNERS["controller"])
+
+    # -- TTFT in -----------------------------------------------------------------------------
+
+    async def _subscribe(self) -> None:
+        bus = self.bus.bus
+        if bus is None:  # no NATS: TTFTs come through on_event (in-process composition)
+            return
+        while not await self.bus.wait_connected(60.0):
+            pass
+        await bus.subscribe(self.on_event, kinds=("first_token",))  # lasts across reconnects
+        self._subscribed = True
+
+    def on_event(self, event: Event) -> None:
+        """A decoded event (the bus callback); never raises."""
+        if not isinstance(event, FirstTokenEvent):
+            return
+        try:
+            self.controller.observe(self.now(), event.ttft_s)
+            self.observed += 1
+        except ValueError:
+            self.errors += 1
+
+    # -- ticks -------------------------------------------------------------------------------
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.tick_s)
+            try:
+                await self.tick()
+            except Exception:  # a control loop that stops leaves the router stuck: never stop
+                self.tick_errors += 1
+                log.exception("controller tick failed (%d so far)", self.tick_errors)
+
+    async def tick(self) -> dict[str, Any]:
+        """One control step: signals, Controller.tick, push what is pending; the snapshot."""
+        queue_depth, poa = await asyncio.gather(self._queue_depth(), self._poa_values())
+        signals = {"queue_depth": queue_depth, **poa}
+        self.last_signals = signals
+        self.controller.tick(self.now(), **signals)
+        self.ticks += 1
+        if len(self.controller.changes) > 2 * MAX_CHANGES:  # the plain Controller keeps them all
+            del self.controller.changes[:-MAX_CHANGES]
+        self._kick_push()
+        return self._snapshot()
+
+    async def _ask(self, handle: Any, method: str) -> Any:
+        """``handle.method()`` within the call timeout, or None (missing, failed or slow)."""
+        if handle is None:
+            return None
+        try:
+            return await asyncio.wait_for(
+                _call(getattr(handle, method)), self.settings.call_timeout_s
+            )
+        except Exception as exc:  # a dead or slow peer is a missing signal, not an error
+            log.debug("%s() failed: %r", method, exc)
+            return None
+
+    async def _queue_depth(self) -> float | None:
+        stats = await self._ask(self.auction, "stats")
+        return _signal(stats.get("queue_depth")) if isinstance(stats, dict) else None
+
+    async def _poa_values(self) -> dict[str, float | None]:
+        snap = await self._ask(self.poa, "snapshot")
+        snap = snap if isinstance(snap, dict) else {}
+        return {k: _signal(snap.get(k)) for k in ("poa_hat", "poa_routing", "poa_capacity")}
+
+    # -- changes out -------------------------------------------------------------------------
+
+    def _changed(self, change: RegimeChange) -> None:
+        self._regime_pending = change.regime.label
+        try:
+            self.bus.publish(RegimeEvent.from_change(change))
+        except Exception:  # an event is a report; the policy push must happen regardless
+            log.exception("could not publish the regime event")
+
+    def _kick_push(self) -> None:
+        if self.target.pending is None and self._regime_pending is None:
+            return
+        if self._push_task is None or self._push_task.done():
+            self._push_task = asyncio.get_running_loop().create_task(self._push())
+
+    async def _push(self) -> None:
+        """Deliver the pending policy and regime; what fails stays pending for the next tick."""
+        policy = self.target.pending
+        if policy is not None and await self._deliver(self.router, "set_policy", *policy):
+            self.delivered_version = policy[2] if self.router is not None else 0
+            if self.target.pending == policy:  # a newer one may have come meanwhile
+                self.target.pending = None
+        regime = self._regime_pending
+        if regime is not None and await self._deliver(self.auction, "set_regime", regime):
+            self.delivered_regime = regime if self.auction is not None else None
+            if self._regime_pending == regime:
+                self._regime_pending = None
+
+    async def _deliver(self, handle: Any, method: str, *args: Any) -> bool:
+        if handle is None:
+            return True  # nobody to tell: nothing stays pending
+        try:
+            call = _call(getattr(handle, method), *args)
+            await asyncio.wait_for(call, self.settings.call_timeout_s)
+        except Exception as exc:
+            self.push_failures += 1
+            n = self.push_failures
+            if n & (n - 1) == 0:  # 1st, 2nd, 4th, ...: a long outage must not flood the log
+                log.warning("%s%r failed (%d failures so far), retrying: %r", method, args, n, exc)
+            return False
+        return True
+
+    # -- snapshot ----------------------------------------------------------------------------
+
+    async def snapshot(self) -> dict[str, Any]:
+        """Regime, τ, ω, version, smoothed P99, recent changes, delivery and signal state."""
+        self._start()
+        return self._snapshot()
+
+    def _snapshot(self) -> dict[str, Any]:
+        c = self.controller
+        d = c.detector
+        policy = c.table[d.regime]
+        bus = self.bus.bus
+        return {
+            "regime": d.regime.label,
+            "regime_level": int(d.regime),
+            "tau": policy.tau,
+            "omega": policy.omega,
+            "version": c.version,
+            "delivered_version": self.delivered_version,
+            "pending": self.target.pending is not None,
+            "push_failures": self.push_failures,
+            "ttft_p99_smoothed_s": d.smoothed_p99,
+            "ttft_p99_window_s": d.last_p99,
+            "theta1_s": d.thresholds.theta1,
+            "theta2_s": d.thresholds.theta2,
+            "samples": d.samples,
+            "observed": self.observed,
+            "errors": self.errors,
+            "ticks": self.ticks,
+            "tick_errors": self.tick_errors,
+            "signals": dict(self.last_signals),
+            "changes": [
+                {**dataclasses.asdict(ch), "regime": ch.regime.label}
+                for ch in c.changes[-MAX_CHANGES:]
+            ],
+            "dropped": {} if bus is None else dict(bus.dropped),
+        }

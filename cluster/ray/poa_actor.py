@@ -1,0 +1,249 @@
+"""The PoA actor: the live Price-of-Anarchy estimate of the serve runtime (docs/design.md §3
+"Game 3", §5 events and metrics).
+
+It subscribes to ``disagg.<ns>.route`` (the router actor's decisions), ``.first_token`` and
+``.complete`` (the ingress), joins them by request id (``games.join.EventJoiner``), keeps a
+``games.poa.PoaEstimator`` window and every ``tick_s`` estimates poa_hat and its two factors,
+sets the ``disagg_poa_*`` gauges and keeps the result for :meth:`PoaActor.snapshot`.
+
+- The completion half of a request is its ``first_token`` event: TTFT is all the estimator needs
+  of a completion, and it is known long before the end (§3 property 2, "Timely"). A ``complete``
+  event is used only when no ``first_token`` was seen for that request (lost, or the request
+  failed before its first token: then its status counts it as failed in the attribution rate).
+- Times: every record is stamped with this actor's own clock when it arrives, not with the
+  publisher's ``t``. The router and the ingress may stamp on different clocks (virtual time, wall
+  time, another node); NATS delivers within milliseconds, and one router publishes in decision
+  order, so arrival order is routing order and the window ages on one clock.
+- The profile's unloaded numbers (prefill seconds per token, unloaded TTFT) are virtual seconds;
+  the ingress measures wall seconds, so they are divided by ``speedup``.
+- Nothing here raises into the bus: a message that does not decode is counted by the bus
+  (``disagg_events_dropped_total{reason}``), one the joiner cannot use is counted in ``errors``,
+  and a tick that fails is logged and the next one runs. An empty window reports None values
+  and sets the gauges to NaN ("no estimate", rather than a stale one).
+
+The class is plain Python; the composer wraps it with ``ray.remote`` ("Serve runtime").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cluster.events import CompleteEvent, Event, FirstTokenEvent, RouteEvent
+from cluster.ray.actor_support import ActorBus, actor_info
+from cluster.ray.metrics_export import OWNERS, owned_metrics_text
+from controller import metrics
+from games.join import EventJoiner
+from games.poa import PoaEstimate, PoaEstimator
+
+__all__ = ["PoaActor", "service_clock"]
+
+log = logging.getLogger(__name__)
+
+KINDS = ("route", "first_token", "complete")
+MAX_REQUESTS = 256  # the window's size cap, as the simulator's scenario uses (bench.poa: ~ms)
+CONNECT_WAIT_S = 5.0  # ready() waits this long for NATS, then keeps connecting in the background
+
+
+def service_clock(epoch_wall: float | None) -> Callable[[], float]:
+    """Seconds since the service's epoch on the monotonic clock (never goes back, never < 0).
+
+    All actors of one service share ``epoch_wall`` (time.time() at start, "Serve runtime"
+    conventions); without one the actor's own start is the epoch."""
+    wall = time.time() if epoch_wall is None else float(epoch_wall)
+    t0 = time.monotonic() - (time.time() - wall)
+    return lambda: max(0.0, time.monotonic() - t0)
+
+
+def _unloaded(profile: str | None, speedup: float) -> tuple[float, float | None]:
+    """(prefill seconds per token, unloaded TTFT) in wall seconds; (0, None) without a profile:
+    the estimator then fits each worker's base from the window (games/poa.py)."""
+    if profile is None:
+        return 0.0, None
+    from cluster.sim.profile import load_profile  # the simulator only when a profile is named
+    from cluster.sim.scenario import unloaded_ttft
+
+    hw = load_profile(profile)
+    return hw.prefill.b_s_per_token / speedup, unloaded_ttft(hw) / speedup
+
+
+def _value(x: float) -> float | None:
+    # JSON has no NaN; None is "no estimate". inf is a real reading (an optimum of zero cost).
+    return None if math.isnan(x) else float(x)
+
+
+class PoaActor:
+    """Route + first_token (+ complete) events → windowed poa_hat (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        namespace: str = "disagg",
+        nats_url: str | None,
+        window_s: float = 10.0,
+        tick_s: float = 1.0,
+        profile: str | None = None,
+        speedup: float = 1.0,
+        epoch_wall: float | None = None,
+        max_requests: int = MAX_REQUESTS,
+        ttl_s: float = 60.0,
+    ) -> None:
+        for name, value in (("window_s", window_s), ("tick_s", tick_s), ("speedup", speedup)):
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        prefill_s_per_token, unloaded_s = _unloaded(profile, float(speedup))
+        self.tick_s = float(tick_s)
+        self.estimator = PoaEstimator(
+            prefill_s_per_token, max_requests, float(window_s), unloaded_latency_s=unloaded_s
+        )
+        self.joiner = EventJoiner(ttl_s=ttl_s)
+        self.now = service_clock(epoch_wall)
+        self.bus = ActorBus(nats_url, namespace, name="poa")
+        self.received: dict[str, int] = dict.fromkeys(KINDS, 0)
+        self.errors = 0  # events that decoded but the joiner or estimator refused
+        self.ticks = 0
+        self.tick_errors = 0
+        self.last: PoaEstimate | None = None
+        self.last_t: float | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._subscribed = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        # A Ray actor's __init__ runs outside its event loop: the tasks start on the first call.
+        if self._tasks:
+            return
+        self.bus.start()
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._subscribe(), name="poa-subscribe"),
+            loop.create_task(self._tick_loop(), name="poa-tick"),
+        ]
+
+    async def ready(self) -> dict[str, Any]:
+        """Start, wait up to CONNECT_WAIT_S for NATS (then keep trying in the background)."""
+        self._start()
+        connected = await self.bus.wait_connected(CONNECT_WAIT_S)
+        if connected:
+            for _ in range(50):  # the subscription follows the connection within a few ms
+                if self._subscribed or self.bus.bus is None:
+                    break
+                await asyncio.sleep(0.01)
+        return {**actor_info(), "role": "poa", "nats": connected, "subscribed": self._subscribed}
+
+    async def shutdown(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.bus.close()
+
+    async def metrics_text(self) -> str:
+        return owned_metrics_text(OWNERS["poa"])
+
+    # -- events in ---------------------------------------------------------------------------
+
+    async def _subscribe(self) -> None:
+        bus = self.bus.bus
+        if bus is None:  # no NATS: events come through on_event (in-process composition)
+            return
+        while not await self.bus.wait_connected(60.0):
+            pass
+        # nats-py re-subscribes after every reconnect: one subscription lasts the actor's life.
+        await bus.subscribe(self.on_event, kinds=KINDS)
+        self._subscribed = True
+
+    def on_event(self, event: Event) -> None:
+        """One decoded event (the bus callback). Never raises: a bad one is counted."""
+        try:
+            self._feed(event)
+        except Exception:
+            self.errors += 1
+            if self.errors & (self.errors - 1) == 0:  # 1st, 2nd, 4th, ...: never a flood
+                log.exception("PoA actor could not use a %s event", type(event).__name__)
+
+    def _feed(self, event: Event) -> None:
+        now = self.now()
+        joined = None
+        if isinstance(event, RouteEvent):
+            self.received["route"] += 1
+            joined = self.joiner.add_route(dataclasses.replace(event.to_record(), t=now))
+        elif isinstance(event, FirstTokenEvent):
+            self.received["first_token"] += 1
+            joined = self.joiner.add_completion(dataclasses.replace(event.to_record(), t=now))
+        elif isinstance(event, CompleteEvent):
+            self.received["complete"] += 1
+            # Only when the first token never came: else it would be a duplicate half.
+            if not self.joiner.has_completion(event.request_id):
+                joined = self.joiner.add_completion(dataclasses.replace(event.to_record(), t=now))
+        if joined is not None:
+            self.estimator.add(joined)
+
+    # -- ticks -------------------------------------------------------------------------------
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            try:
+                self.tick()
+            except Exception:  # the estimate is a report: one bad window must not end them
+                self.tick_errors += 1
+                log.exception("PoA tick failed (%d so far)", self.tick_errors)
+
+    def tick(self) -> dict[str, Any]:
+        """Expire stale halves, estimate over the window, set the gauges; the snapshot."""
+        now = self.now()
+        self.joiner.expire(now)
+        window = self.estimator.window(now)
+        estimate = self.estimator.estimate(now) if window else None
+        self.last, self.last_t = estimate, now
+        self.ticks += 1
+        values = (
+            (metrics.POA_HAT, estimate.poa_hat if estimate else math.nan),
+            (metrics.POA_ROUTING, estimate.poa_routing if estimate else math.nan),
+            (metrics.POA_CAPACITY, estimate.poa_capacity if estimate else math.nan),
+        )
+        for gauge, value in values:
+            gauge.set(value)  # PoaGauge flags (counts) a value below 1: see controller/metrics
+        return self._snapshot()
+
+    async def snapshot(self) -> dict[str, Any]:
+        """poa_hat, poa_routing, poa_capacity (None: empty window), n, attribution_rate, t, and
+        what was received, dropped and flagged."""
+        self._start()
+        return self._snapshot()
+
+    def _snapshot(self) -> dict[str, Any]:
+        est = self.last
+        factors = {
+            "poa_hat": None if est is None else _value(est.poa_hat),
+            "poa_routing": None if est is None else _value(est.poa_routing),
+            "poa_capacity": None if est is None else _value(est.poa_capacity),
+        }
+        bus = self.bus.bus
+        return {
+            **factors,
+            # The same test the metrics module counts in disagg_poa_impossible_total.
+            "impossible": sorted(
+                f for f, v in factors.items() if v is not None and v < 1 - metrics.POA_TOLERANCE
+            ),
+            "n": 0 if est is None else est.n,
+            "workers": [] if est is None else list(est.workers),
+            "attribution_rate": self.joiner.attribution_rate,
+            "t": self.last_t,
+            "ticks": self.ticks,
+            "pending": self.joiner.pending,
+            "joiner": dict(self.joiner.counts),
+            "received": dict(self.received),
+            "errors": self.errors,
+            "dropped": {} if bus is None else dict(bus.dropped),
+        }

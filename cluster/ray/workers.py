@@ -1,0 +1,294 @@
+"""Prefill and decode worker actors: the simulator's wall-time engines behind Ray (docs/design.md
+"Serve runtime"; interface: the serve spec's "Actor APIs").
+
+Each actor wraps one ``cluster.sim.engines`` engine, driven by a ``Clock`` every actor of the
+service shares: the composer passes ``epoch_wall`` (``time.time()`` at service start) and the
+speed-up, so virtual times from different processes (a prefill end, a decode token) compare.
+
+KV events: the engine's KV cache calls the sink synchronously from the engine's driver. The sink
+only appends; the events of one engine iteration are turned into Dynamo payloads and queued as
+one message when the loop next runs (``loop.call_soon``), and ``ActorBus`` publishes them on
+``kv_subject(ns, "prefill"|"decode")`` in the background, so a slow or absent NATS never stalls
+an iteration. A long prompt's events are split (chained ``stored`` parts) to stay far below
+NATS's 1 MiB message limit. On start every worker first publishes ``cleared``: a worker that Ray
+restarted holds nothing, and the router must forget what its previous life cached.
+
+Plain classes: the composer decorates them (``ray.remote(PrefillWorkerActor).options(...)``), and
+the unit tests instantiate them directly. Arguments and results are JSON-able values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+import zlib
+from collections.abc import AsyncGenerator, Iterator, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, ClassVar
+
+from cluster.events import MAX_WORKER_ID
+from cluster.kv_wire import kv_subject
+from cluster.model_dir import ChatTokenizer, default_model_dir
+from cluster.ray.actor_support import (
+    MAX_PROMPT_TOKENS,
+    ActorBus,
+    actor_info,
+    check_hashes,
+    check_int,
+    check_request_id,
+)
+from cluster.ray.metrics_export import OWNERS, owned_metrics_text
+from cluster.sim.engines import DecodeEngine, PrefillEngine, Token
+from cluster.sim.profile import HardwareProfile, load_profile
+from cluster.sim.wallclock import Clock
+from router import Cleared, KvEvent, Removed, Stored, to_payload
+
+__all__ = ["MAX_BLOCKS_PER_MESSAGE", "DecodeWorkerActor", "PrefillWorkerActor", "kv_messages"]
+
+# ~42 msgpack bytes per stored block: 4096 blocks make ~170 KB, well under NATS's 1 MiB.
+MAX_BLOCKS_PER_MESSAGE = 4096
+READY_TIMEOUT_S = 10.0  # how long ready() waits for NATS before answering "not connected"
+
+
+def _clock(speedup: float, epoch_wall: float) -> Clock:
+    """The service's shared virtual clock: virtual 0 is ``epoch_wall`` on every node."""
+    if type(epoch_wall) not in (int, float) or not (math.isfinite(epoch_wall) and epoch_wall > 0):
+        raise ValueError(f"epoch_wall must be a finite time.time() reading, got {epoch_wall!r}")
+    return Clock(speedup, t0=time.monotonic() - (time.time() - epoch_wall))
+
+
+def _split(event: KvEvent, n: int) -> Iterator[KvEvent]:
+    """``event`` in parts of at most ``n`` blocks; stored parts chain through ``parent_hash``."""
+    if isinstance(event, Stored) and len(event.blocks) > n:
+        parent = event.parent_hash
+        for i in range(0, len(event.blocks), n):
+            part = event.blocks[i : i + n]
+            yield Stored(event.worker, parent, part)
+            parent = part[-1][0]  # the next part hangs under this part's last block
+    elif isinstance(event, Removed) and len(event.block_hashes) > n:
+        for i in range(0, len(event.block_hashes), n):
+            yield Removed(event.worker, event.block_hashes[i : i + n])
+    else:
+        yield event
+
+
+def kv_messages(
+    events: Sequence[KvEvent], max_blocks: int = MAX_BLOCKS_PER_MESSAGE
+) -> list[list[dict[str, Any]]]:
+    """Flattened payloads of ``events``, in order, grouped into messages of at most
+    ``max_blocks`` blocks (an event without blocks weighs one)."""
+    messages: list[list[dict[str, Any]]] = []
+    current: list[dict[str, Any]] = []
+    weight = 0
+    for event in events:
+        for part in _split(event, max_blocks):
+            if isinstance(part, Stored):
+                w = len(part.blocks)
+            elif isinstance(part, Removed):
+                w = len(part.block_hashes)
+            else:
+                w = 0
+            w = max(1, w)
+            if current and weight + w > max_blocks:
+                messages.append(current)
+                current, weight = [], 0
+            current.append(to_payload(part))
+            weight += w
+    if current:
+        messages.append(current)
+    return messages
+
+
+class _WorkerActor:
+    """What both roles share: clock, profile, KV publishing, load, drain, shutdown."""
+
+    role: ClassVar[str]
+    engine: PrefillEngine | DecodeEngine
+
+    def __init__(
+        self, worker_id: int, profile: str, *, speedup: float, epoch_wall: float, seed: int,
+        nats_url: str | None, namespace: str,
+    ) -> None:  # fmt: skip
+        self.worker_id = check_int("worker_id", worker_id, 0, MAX_WORKER_ID)
+        self.seed = check_int("seed", seed, 0, 2**63 - 1)
+        self.profile: HardwareProfile = load_profile(profile)
+        self.clock = _clock(speedup, epoch_wall)
+        self.bus = ActorBus(nats_url, namespace, name=f"{self.role}-{worker_id}")
+        self.kv_subject = kv_subject(namespace, component=self.role)
+        self._pending: list[KvEvent] = []
+        self._flush_scheduled = False
+        self._started = False
+        self.kv_events = 0  # events the engine emitted
+        self._max_blocks = MAX_PROMPT_TOKENS // self.profile.block_size
+
+    def _start(self) -> None:
+        """First call from the actor's loop: start publishing, led by ``cleared``."""
+        if not self._started:
+            self._started = True
+            self.bus.start()
+            self._sink(Cleared(self.worker_id))
+
+    def _sink(self, event: KvEvent) -> None:
+        self._pending.append(event)
+        self.kv_events += 1
+        if not self._flush_scheduled:
+            try:
+                asyncio.get_running_loop().call_soon(self._flush_kv)
+                self._flush_scheduled = True
+            except RuntimeError:  # no loop running: the next flush takes it
+                pass
+
+    def _flush_kv(self) -> None:
+        """Queue the iteration's events (everything the sink got since the last flush)."""
+        self._flush_scheduled = False
+        events, self._pending = self._pending, []
+        for payloads in kv_messages(events):
+            self.bus.publish_kv(self.kv_subject, payloads, self.worker_id)
+
+    def _check_prompt(
+        self, request_id: object, prompt_tokens: object, local_hashes: object, seq_hashes: object
+    ) -> tuple[str, int, list[int], list[int]]:
+        self._start()
+        return (
+            check_request_id(request_id),
+            check_int("prompt_tokens", prompt_tokens, 1, MAX_PROMPT_TOKENS),
+            check_hashes("local_hashes", local_hashes, self._max_blocks),
+            check_hashes("seq_hashes", seq_hashes, self._max_blocks),
+        )
+
+    async def ready(self) -> dict[str, Any]:
+        self._start()
+        connected = await self.bus.wait_connected(READY_TIMEOUT_S)
+        return {
+            "worker_id": self.worker_id,
+            "role": self.role,
+            **actor_info(),
+            "nats_connected": connected if self.bus.bus is not None else None,
+        }
+
+    async def load(self) -> dict[str, int]:
+        """The engine's ``EngineLoad`` fields."""
+        self._start()
+        return asdict(self.engine.load())
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Refuse new work and wait up to ``timeout_s`` wall seconds for what is in flight."""
+        self._start()
+        if type(timeout_s) not in (int, float) or not (math.isfinite(timeout_s) and timeout_s >= 0):
+            raise ValueError(f"timeout_s must be a finite number >= 0, got {timeout_s!r}")
+        return await self.engine.drain(timeout_s)
+
+    async def metrics_text(self) -> str:
+        """Workers own no family of their own: only the drops every process exports."""
+        return owned_metrics_text(OWNERS["worker"])
+
+    async def shutdown(self) -> None:
+        await self.engine.close()
+        self._flush_kv()  # what the last iteration emitted still goes out
+        await self.bus.close()
+
+
+class PrefillWorkerActor(_WorkerActor):
+    role: ClassVar[str] = "prefill"
+
+    def __init__(
+        self, worker_id: int, profile: str, *, speedup: float, epoch_wall: float, seed: int,
+        nats_url: str | None, namespace: str = "disagg",
+    ) -> None:  # fmt: skip
+        super().__init__(
+            worker_id, profile, speedup=speedup, epoch_wall=epoch_wall, seed=seed,
+            nats_url=nats_url, namespace=namespace,
+        )  # fmt: skip
+        self.engine: PrefillEngine = PrefillEngine(
+            self.worker_id, self.profile, clock=self.clock, seed=self.seed, kv_sink=self._sink
+        )
+
+    async def prefill(
+        self, request_id: str, prompt_tokens: int, local_hashes: list[int], seq_hashes: list[int]
+    ) -> dict[str, Any]:
+        """Prefill a prompt; returns when its KV is on this worker (``PrefillResult`` fields,
+        virtual seconds, plus ``worker_id``)."""
+        args = self._check_prompt(request_id, prompt_tokens, local_hashes, seq_hashes)
+        result = await self.engine.prefill(*args)
+        return {**asdict(result), "worker_id": self.worker_id}
+
+
+class DecodeWorkerActor(_WorkerActor):
+    role: ClassVar[str] = "decode"
+
+    def __init__(
+        self, worker_id: int, profile: str, *, speedup: float, epoch_wall: float, seed: int,
+        nats_url: str | None, namespace: str = "disagg", model_dir: str | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(
+            worker_id, profile, speedup=speedup, epoch_wall=epoch_wall, seed=seed,
+            nats_url=nats_url, namespace=namespace,
+        )  # fmt: skip
+        path = Path(model_dir) if model_dir is not None else default_model_dir()
+        self.tokenizer = ChatTokenizer.from_dir(path)
+        self.engine: DecodeEngine = DecodeEngine(
+            self.worker_id, self.profile, clock=self.clock, seed=self.seed, kv_sink=self._sink,
+            token_sampler=self._sample,
+        )  # fmt: skip
+
+    def _sample(self, request_id: str, n: int) -> list[int]:
+        # Seeded by the request id alone: a retry on another worker streams the same text.
+        return self.tokenizer.sample_output_ids(zlib.crc32(request_id.encode()), n)
+
+    async def uncached_tokens(self, seq_hashes: list[int], prompt_tokens: int) -> int:
+        """Prompt tokens this worker's cache lacks now (what a KV transfer must bring)."""
+        self._start()
+        prompt = check_int("prompt_tokens", prompt_tokens, 1, MAX_PROMPT_TOKENS)
+        hashes = check_hashes("seq_hashes", seq_hashes, self._max_blocks)
+        return self.engine.uncached_tokens(hashes, prompt)
+
+    async def generate(
+        self, request_id: str, prompt_tokens: int, local_hashes: list[int],
+        seq_hashes: list[int], output_tokens: int, prefill_locally: bool,
+    ) -> AsyncGenerator[list[list[Any]], None]:  # fmt: skip
+        """Decode ``output_tokens`` tokens; yields chunks ``[[index, token_id, t_virtual], ...]``.
+
+        A chunk holds the tokens produced since the previous one was taken: one token per decode
+        iteration while the consumer keeps up, more when it lags (fewer, larger Ray messages).
+        Under Ray this is a streaming generator. A consumer that goes away (``ray.cancel``,
+        ``aclose``) stops the engine's generator, which withdraws or abandons the sequence.
+        """
+        args = self._check_prompt(request_id, prompt_tokens, local_hashes, seq_hashes)
+        n = check_int("output_tokens", output_tokens, 1, self.tokenizer.context_tokens)
+        if type(prefill_locally) is not bool:
+            raise ValueError(f"prefill_locally must be a bool, got {prefill_locally!r}")
+        tokens = self.engine.generate(*args, n, prefill_locally=prefill_locally)
+        ready: list[list[Any]] = []
+        more = asyncio.Event()
+
+        async def pump() -> None:
+            async with contextlib.aclosing(tokens):
+                async for token in tokens:
+                    ready.append(_row(token))
+                    more.set()
+
+        task = asyncio.get_running_loop().create_task(pump(), name=f"decode-{request_id}")
+        try:
+            while True:
+                waiter = asyncio.ensure_future(more.wait())
+                await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                if ready:
+                    chunk = ready[:]
+                    ready.clear()
+                    more.clear()
+                    yield chunk
+                elif task.done():
+                    task.result()  # the engine's error (EngineClosed, ValueError), if any
+                    return
+        finally:
+            if not task.done():  # the consumer left: the engine drops the sequence
+                task.cancel()
+            await asyncio.wait({task})
+
+
+def _row(token: Token) -> list[Any]:
+    return [token.index, token.token_id, token.t_virtual]

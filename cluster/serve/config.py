@@ -1,0 +1,73 @@
+"""The service's configuration file (``disaggctl serve --config FILE``), one strict model per shape.
+
+Every field has a default, so an empty file (or none) serves the embedded default: a simulated
+Llama-3.1-70B FP8 cluster, 1P/5D at TP = 4, an embedded NATS server, the auction and the adaptive
+controller. Errors name the file and the field (:mod:`cluster.models`).
+
+``speedup`` is the simulated engines' virtual seconds per wall second. Below 1 the cluster runs
+slower than the hardware it models, so that one small machine can carry the HTTP streams of a
+load that saturates the modelled GPUs: at 0.25 the 70B 1P/5D ceiling of 47 req/s becomes about
+12 req/s of real HTTP traffic, with the same queueing (every engine time is stretched alike).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import AfterValidator, Field, field_validator
+
+from cluster.models import StrictModel, load_yaml_model
+from cluster.ray.auction_actor import AuctionSettingsModel
+from cluster.ray.controller_actor import ControllerSettings
+from cluster.sim.profile import available_profiles, normalise_topology
+from cluster.sim.wallclock import MAX_SPEEDUP, MIN_SPEEDUP
+
+__all__ = ["DEFAULT_CONFIG", "ServeConfig", "load_config"]
+
+
+def _known_profile(name: str) -> str:
+    if name not in available_profiles():
+        raise ValueError(f"unknown profile {name!r}; known: {', '.join(available_profiles())}")
+    return name
+
+
+class ServeConfig(StrictModel):
+    """What ``disaggctl serve`` deploys (docs/design.md "Serve runtime")."""
+
+    profile: Annotated[str, AfterValidator(_known_profile)] = "b200-llama70b-fp8-tp4"
+    topology: str = "1P/5D"
+    speedup: float = Field(default=0.25, ge=MIN_SPEEDUP, le=MAX_SPEEDUP)
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
+    namespace: str = Field(default="disagg", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    # None: start an embedded nats-server (loopback, free port, dies with the service).
+    nats_url: str | None = Field(default=None, max_length=512)
+    model_name: str = Field(default="disagg-tiny", pattern=r"^[A-Za-z0-9._/-]{1,128}$")
+    # None: the project's tiny offline model directory (cluster.model_dir.default_model_dir).
+    model_dir: str | None = Field(default=None, max_length=4096)
+    ledger_path: str = Field(default="results/serve/ledger.sqlite", max_length=4096)
+    allow_anonymous: bool = True
+    ingress_replicas: int = Field(default=1, ge=1, le=64)
+    # Ray Serve's default of 5 collapses a burst to ~12 req/s (docs/design.md §6 "Ray").
+    max_ongoing_requests: int = Field(default=2000, ge=1, le=100_000)
+    # Each simulated worker asks for its TP share of this Ray resource; on real nodes the
+    # accelerator is named by the node's resources (e.g. {"B200": 8} per node).
+    accelerator_resource: str = Field(default="B200", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    worker_max_restarts: int = Field(default=3, ge=0, le=100)
+    auction: AuctionSettingsModel = AuctionSettingsModel()
+    controller: ControllerSettings = ControllerSettings()
+
+    @field_validator("topology")
+    @classmethod
+    def _topology(cls, value: str) -> str:
+        return normalise_topology(value)
+
+
+DEFAULT_CONFIG = ServeConfig()
+
+
+def load_config(path: str | Path | None) -> ServeConfig:
+    """The file's configuration, or the embedded default when ``path`` is None."""
+    if path is None:
+        return DEFAULT_CONFIG
+    return load_yaml_model(ServeConfig, path)

@@ -1,0 +1,352 @@
+"""The request path through the actors (docs/design.md "Serve runtime"):
+
+    admit (auction) → route (router) → [prefill → KV transfer] → decode stream → finish
+
+Each step is one actor call; the path itself keeps no state beyond the request in hand, so any
+number of ingress replicas can run it side by side. Failures are handled where they happen:
+
+- a worker that dies before the first token is excluded and the request is routed once more
+  (one retry, then 503); a decode worker that dies mid-stream ends the stream with an error
+  (tokens already sent cannot be taken back), and the request is not charged;
+- the router's and the auction's bookkeeping is always closed (``complete``, ``finished``), on
+  success, error and client disconnect alike, so no slot, reservation or hold leaks;
+- events (first_token, complete) are published best-effort: a NATS outage never fails a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ray.exceptions import (
+    ActorUnschedulableError,
+    ObjectLostError,
+    RayActorError,
+    RayTaskError,
+)
+
+from cluster.events import CompleteEvent, FirstTokenEvent
+from cluster.ray.actor_support import ActorBus
+from cluster.ray.metrics_export import merge_metrics_texts
+from cluster.serve.path_types import (
+    Admitted,
+    Finished,
+    PathError,
+    PathEvent,
+    PathRequest,
+    Routed,
+    TokenChunk,
+)
+from cluster.sim.profile import HardwareProfile
+
+__all__ = ["ActorRequestPath", "WorkerFailed", "Workers", "make_actor_path"]
+
+METRICS_TIMEOUT_S = 1.0
+
+log = logging.getLogger(__name__)
+
+# A worker actor that died, is restarting, or cannot be placed. Anything else is our bug and
+# propagates as a 500 with its message.
+_RAY_FAILURES: tuple[type[BaseException], ...] = (
+    RayActorError,
+    ObjectLostError,
+    ActorUnschedulableError,
+)
+
+
+class WorkerFailed(Exception):  # noqa: N818  (a state, not a bug: "the worker failed")
+    """A worker could not serve this request; ``worker`` is excluded when it is routed again."""
+
+    def __init__(self, role: str, worker: int, why: str) -> None:
+        super().__init__(f"{role} worker {worker}: {why}")
+        self.role, self.worker = role, worker
+
+
+@dataclass
+class Workers:
+    """The current worker handles by id; a re-split swaps entries while requests run."""
+
+    prefill: dict[int, Any]
+    decode: dict[int, Any]
+
+
+class ActorRequestPath:
+    """A :class:`cluster.serve.path_types.RequestPath` over the service's actors."""
+
+    def __init__(
+        self,
+        *,
+        auction: Any,
+        router: Any,
+        workers: Workers,
+        profile: HardwareProfile,
+        speedup: float,
+        bus: ActorBus | None = None,
+        extra_metrics: tuple[Any, ...] = (),
+    ) -> None:
+        self.auction = auction
+        self.router = router
+        self.workers = workers
+        self.profile = profile
+        self.speedup = speedup
+        self.bus = bus
+        self.extra_metrics = extra_metrics  # the PoA and controller actors: metrics only
+        self._link_bytes_per_s = profile.link.bandwidth_gbps * 1e9 / 8
+
+    async def run(self, req: PathRequest) -> AsyncIterator[PathEvent]:
+        t0 = time.time()
+        try:
+            admitted = await self.auction.admit.remote(
+                req.request_id, req.user, req.bid, list(req.tokens)
+            )
+        except RayTaskError as exc:
+            raise _as_path_error(exc) from None
+        except _RAY_FAILURES:
+            raise PathError(503, "the auction is restarting; retry shortly") from None
+        except (asyncio.CancelledError, GeneratorExit):
+            # The client left while queued. Cancelling our await does not cancel the actor's
+            # task, so withdraw the request explicitly: its queue entry and hold are released.
+            await asyncio.shield(self._withdraw(req))
+            raise
+        yield Admitted(
+            position=int(admitted["position"]),
+            payment=float(admitted["payment"]),
+            batch_id=admitted.get("batch_id"),
+            mode=str(admitted["mode"]),
+        )
+        answered = False
+        charged = 0.0
+        try:
+            async for event in self._serve(req, t0):
+                yield event
+            answered = True
+        finally:
+            # Shielded: a client disconnect cancels this generator, but the books must close.
+            charged = await asyncio.shield(self._close_books(req, answered))
+        yield Finished(payment_charged=charged)
+
+    # -- the steps ---------------------------------------------------------------------------
+
+    async def _serve(self, req: PathRequest, t0: float) -> AsyncIterator[PathEvent]:
+        excluded: list[int] = []
+        for attempt in (0, 1):
+            route = await self.router.route.remote(
+                req.request_id, list(req.tokens), req.user, excluded
+            )
+            decode_id = int(route["decode_worker"])
+            prefill_id = route.get("prefill_worker")
+            stream = self._decode(req, route, decode_id, prefill_id is None)
+            try:
+                if prefill_id is not None:
+                    await self._prefill(req, route, int(prefill_id))
+                first = await anext(stream)
+            except WorkerFailed as exc:
+                log.warning("request %s: %s", req.request_id, exc)
+                await stream.aclose()
+                await self.router.complete.remote(req.request_id)
+                if attempt == 1:
+                    raise PathError(503, f"{exc}; failed on retry too") from None
+                excluded.append(exc.worker)
+                continue
+            except StopAsyncIteration:
+                raise PathError(503, f"decode worker {decode_id} produced no token") from None
+            yield Routed(
+                decode_worker=decode_id,
+                prefill_worker=None if prefill_id is None else int(prefill_id),
+                policy_version=int(route["policy_version"]),
+                regime=str(route["regime"]),
+                cached_tokens=int(route["prompt_tokens"]) - int(route["uncached_tokens"]),
+            )
+            ttft = time.time() - t0
+            await self._first_token(req, decode_id, prefill_id, ttft)
+            yield first
+            try:
+                async for chunk in stream:
+                    yield chunk
+            except WorkerFailed as exc:
+                raise PathError(503, f"{exc} mid-stream") from None
+            await self._publish_complete(req, route, decode_id, prefill_id, ttft, t0)
+            return
+
+    async def _prefill(self, req: PathRequest, route: Mapping[str, Any], worker: int) -> None:
+        handle = self.workers.prefill.get(worker)
+        if handle is None:
+            raise WorkerFailed("prefill", worker, "not in the pool")
+        try:
+            await handle.prefill.remote(
+                req.request_id, int(route["prompt_tokens"]), route["local_hashes"],
+                route["seq_hashes"],
+            )  # fmt: skip
+        except _RAY_FAILURES as exc:
+            raise WorkerFailed("prefill", worker, type(exc).__name__) from None
+        await self.router.finish_prefill.remote(req.request_id)
+        # The KV crosses the link: latency + bytes / bandwidth, in the engines' virtual time.
+        missing = int(route["uncached_tokens"])
+        virtual_s = self.profile.link.latency_s + (
+            missing * self.profile.kv_bytes_per_token / self._link_bytes_per_s
+        )
+        await asyncio.sleep(virtual_s / self.speedup)
+
+    async def _decode(
+        self, req: PathRequest, route: Mapping[str, Any], worker: int, prefill_locally: bool
+    ) -> AsyncGenerator[TokenChunk, None]:
+        handle = self.workers.decode.get(worker)
+        if handle is None:
+            raise WorkerFailed("decode", worker, "not in the pool")
+        refs = handle.generate.remote(
+            req.request_id, int(route["prompt_tokens"]), route["local_hashes"],
+            route["seq_hashes"], req.max_tokens, prefill_locally,
+        )  # fmt: skip
+        try:
+            async for ref in refs:
+                try:
+                    chunk = await ref
+                except _RAY_FAILURES as exc:
+                    raise WorkerFailed("decode", worker, type(exc).__name__) from None
+                yield TokenChunk(token_ids=[int(token[1]) for token in chunk])
+        except _RAY_FAILURES as exc:
+            raise WorkerFailed("decode", worker, type(exc).__name__) from None
+        finally:
+            # A consumer that stops (client gone) cancels the worker's generator, which
+            # withdraws the sequence from the engine.
+            ray_cancel(refs)
+
+    # -- what the ingress asks of its path ---------------------------------------------------
+
+    async def metrics_text(self) -> str:
+        """Every actor's own metric families, merged (docs/design.md §5: one ``/metrics``).
+        An actor that does not answer within a second is left out of this scrape."""
+        actors = [self.router, self.auction, *self.workers.prefill.values()]
+        actors += [*self.workers.decode.values(), *self.extra_metrics]
+        refs = [a.metrics_text.remote() for a in actors]
+        done = await asyncio.gather(
+            *(asyncio.wait_for(_awaitable(r), METRICS_TIMEOUT_S) for r in refs),
+            return_exceptions=True,
+        )
+        return merge_metrics_texts(t for t in done if isinstance(t, str))
+
+    async def aclose(self) -> None:
+        if self.bus is not None:
+            await self.bus.close()
+
+    # -- books and events --------------------------------------------------------------------
+
+    async def _withdraw(self, req: PathRequest) -> None:
+        try:
+            await self.auction.finished.remote(req.request_id, False)
+        except Exception as exc:
+            log.error("request %s: withdrawing from the auction failed: %s", req.request_id, exc)
+
+    async def _close_books(self, req: PathRequest, answered: bool) -> float:
+        """Release the router's reservation (idempotent) and settle the auction's hold:
+        capture the payment if the request was answered, release it otherwise."""
+        try:
+            await self.router.complete.remote(req.request_id)
+        except Exception as exc:  # the router restarting must not leak the auction's hold
+            log.warning("request %s: router.complete failed: %s", req.request_id, exc)
+        try:
+            result = await self.auction.finished.remote(req.request_id, answered)
+            return float(result.get("charged", 0.0))
+        except Exception as exc:
+            # The hold stays open; the ledger releases open holds when the auction restarts.
+            log.error("request %s: auction.finished failed: %s", req.request_id, exc)
+            return 0.0
+
+    async def _first_token(
+        self, req: PathRequest, decode_id: int, prefill_id: Any, ttft: float
+    ) -> None:
+        try:
+            await self.auction.started.remote(req.request_id)
+        except Exception as exc:
+            log.warning("request %s: auction.started failed: %s", req.request_id, exc)
+        if self.bus is not None:
+            self.bus.start()
+            self.bus.publish(
+                FirstTokenEvent(
+                    request_id=req.request_id, t=time.time(), worker_id=decode_id,
+                    prefill_worker_id=None if prefill_id is None else int(prefill_id),
+                    ttft_s=ttft,
+                )
+            )  # fmt: skip
+
+    async def _publish_complete(
+        self,
+        req: PathRequest,
+        route: Mapping[str, Any],
+        decode_id: int,
+        prefill_id: Any,
+        ttft: float,
+        t0: float,
+    ) -> None:
+        if self.bus is None:
+            return
+        e2e = time.time() - t0
+        outputs = max(1, req.max_tokens)
+        self.bus.publish(
+            CompleteEvent(
+                request_id=req.request_id, t=time.time(), worker_id=decode_id,
+                prefill_worker_id=None if prefill_id is None else int(prefill_id),
+                ttft_s=ttft, itl_s=(e2e - ttft) / max(1, outputs - 1), e2e_s=e2e,
+                prompt_tokens=int(route["prompt_tokens"]),
+                cached_tokens=int(route["prompt_tokens"]) - int(route["uncached_tokens"]),
+                output_tokens=outputs, status="ok",
+            )
+        )  # fmt: skip
+
+
+async def _awaitable(ref: Any) -> Any:
+    return await ref
+
+
+async def make_actor_path(
+    *,
+    handles: dict[str, Any],
+    profile: str,
+    speedup: float,
+    nats_url: str | None,
+    namespace: str,
+) -> ActorRequestPath:
+    """The path an ingress replica builds at start (picklable through ``functools.partial``):
+    ``handles``: "router", "auction", "poa", "controller" → a handle each; "prefill", "decode" →
+    {worker id: handle}."""
+    from cluster.sim.profile import load_profile
+
+    bus = ActorBus(nats_url, namespace, name="ingress") if nats_url else None
+    if bus is not None:
+        bus.start()
+    return ActorRequestPath(
+        auction=handles["auction"],
+        router=handles["router"],
+        workers=Workers(dict(handles["prefill"]), dict(handles["decode"])),
+        profile=load_profile(profile),
+        speedup=speedup,
+        bus=bus,
+        extra_metrics=tuple(h for h in (handles.get("poa"), handles.get("controller")) if h),
+    )
+
+
+def ray_cancel(refs: Any) -> None:
+    import ray
+
+    # Already finished, or the actor is gone: nothing is left to cancel.
+    with contextlib.suppress(Exception):
+        ray.cancel(refs)
+
+
+def _as_path_error(exc: RayTaskError) -> PathError:
+    """The auction's refusals, typed by the actor, as HTTP statuses."""
+    cause = exc.cause if hasattr(exc, "cause") else exc
+    name = type(cause).__name__
+    status = {
+        "BudgetExceeded": 402,
+        "UnknownAccountError": 401,
+        "QueueFull": 503,
+        "AdmissionCancelledError": 503,
+        "ValueError": 400,
+    }.get(name, 500)
+    return PathError(status, str(cause).splitlines()[0] if str(cause) else name)

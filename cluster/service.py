@@ -1,0 +1,278 @@
+"""The composition of the live service (``disaggctl serve``; docs/design.md "Serve runtime").
+
+``Service.start`` brings up, in order: NATS (embedded unless a URL is configured), Ray (local, or
+joined), the worker actors (one per worker, each on a placement group of one bundle holding its TP
+share of the accelerator resource, so a TP group never spans nodes), the router, auction, PoA and
+controller actors, and the Ray Serve ingress. ``Service.stop`` takes everything down in reverse,
+so nothing is left running. Actors are named ``<namespace>-<role>[-<id>]`` in the Ray namespace
+``disaggctl`` so that ``disaggctl status`` and tests can find them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from cluster.model_dir import build_model_dir, default_model_dir
+from cluster.nats_server import NatsServer
+from cluster.ray.auction_actor import AuctionActor
+from cluster.ray.controller_actor import ControllerActor
+from cluster.ray.poa_actor import PoaActor
+from cluster.ray.router_actor import RouterActor
+from cluster.ray.runtime import LocalRay, init_ray
+from cluster.ray.workers import DecodeWorkerActor, PrefillWorkerActor
+from cluster.serve.config import ServeConfig
+from cluster.serve.users import Users
+from cluster.sim.cluster import Topology
+from cluster.sim.profile import HardwareProfile, load_profile
+
+__all__ = ["RAY_NAMESPACE", "Service", "ServiceHandles"]
+
+log = logging.getLogger(__name__)
+
+RAY_NAMESPACE = "disaggctl"
+# Spare accelerators declared on a local session beyond what the topology needs, so a restarted
+# worker can be placed while its predecessor's bundle is being released.
+SPARE_TP_GROUPS = 1
+READY_TIMEOUT_S = 120.0
+
+
+@dataclass
+class ServiceHandles:
+    """The actors of one running service, by role."""
+
+    prefill: dict[int, Any] = field(default_factory=dict)
+    decode: dict[int, Any] = field(default_factory=dict)
+    router: Any = None
+    auction: Any = None
+    poa: Any = None
+    controller: Any = None
+    placement_groups: list[Any] = field(default_factory=list)
+
+    def actors(self) -> list[Any]:
+        singles = [self.controller, self.poa, self.auction, self.router]
+        return [a for a in singles if a is not None] + [
+            *self.decode.values(),
+            *self.prefill.values(),
+        ]
+
+
+class Service:
+    """One running service: start it, read its URLs, stop it."""
+
+    def __init__(self, config: ServeConfig, *, users: Users | None = None) -> None:
+        self.config = config
+        self.users = users
+        self.profile: HardwareProfile = load_profile(config.profile)
+        self.topology = Topology.parse(config.topology)
+        self.handles = ServiceHandles()
+        self.nats: NatsServer | None = None
+        self.ray: LocalRay | None = None
+        self.nats_url: str | None = config.nats_url
+        self.url: str | None = None
+        self.epoch_wall = 0.0
+
+    # -- start -------------------------------------------------------------------------------
+
+    def start(
+        self, *, host: str = "127.0.0.1", port: int = 8000, address: str | None = None
+    ) -> Service:
+        try:
+            self._start(host, port, address)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self, host: str, port: int, address: str | None) -> None:
+        cfg = self.config
+        if self.nats_url is None:
+            self.nats = NatsServer().start()
+            self.nats_url = self.nats.url
+        tp = self.profile.tp
+        gpus = self.topology.gpus(tp) + SPARE_TP_GROUPS * tp
+        self.ray = init_ray(address, accelerators=gpus, accelerator=cfg.accelerator_resource)
+        model_dir = str(
+            build_model_dir(Path(cfg.model_dir)) if cfg.model_dir else default_model_dir()
+        )
+        self.model_dir = model_dir
+        self.epoch_wall = time.time()
+        self._start_workers(model_dir)
+        self._start_control_plane()
+        self._deploy_ingress(host, port, model_dir)
+        self.url = f"http://{host}:{port}"
+
+    def _worker_options(self, name: str) -> dict[str, Any]:
+        cfg = self.config
+        bundle = {cfg.accelerator_resource: float(self.profile.tp)}
+        pg = placement_group([bundle], strategy="STRICT_PACK", name=name)
+        self.handles.placement_groups.append(pg)
+        ray.get(pg.ready(), timeout=READY_TIMEOUT_S)
+        return {
+            "name": name,
+            "namespace": RAY_NAMESPACE,
+            "num_cpus": 0,
+            "resources": bundle,
+            "max_restarts": cfg.worker_max_restarts,
+            "max_task_retries": 0,  # a request is retried by the path, on another worker
+            "max_concurrency": 10_000,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(pg),
+        }
+
+    def _start_workers(self, model_dir: str) -> None:
+        cfg = self.config
+        common = {
+            "speedup": cfg.speedup,
+            "epoch_wall": self.epoch_wall,
+            "nats_url": self.nats_url,
+            "namespace": cfg.namespace,
+        }
+        for p in range(self.topology.prefill):
+            actor = ray.remote(PrefillWorkerActor).options(
+                **self._worker_options(f"{cfg.namespace}-prefill-{p}")
+            )
+            self.handles.prefill[p] = actor.remote(
+                p, cfg.profile, seed=cfg.seed * 7919 + p, **common
+            )
+        for d in range(self.topology.decode):
+            wid = self.topology.prefill + d
+            actor = ray.remote(DecodeWorkerActor).options(
+                **self._worker_options(f"{cfg.namespace}-decode-{wid}")
+            )
+            self.handles.decode[wid] = actor.remote(
+                wid, cfg.profile, seed=cfg.seed * 7919 + wid, model_dir=model_dir, **common
+            )
+        self._await_ready([*self.handles.prefill.values(), *self.handles.decode.values()])
+
+    def _control_options(self, role: str) -> dict[str, Any]:
+        # Every queued admit holds one of the auction's concurrency slots while it waits.
+        auction = self.config.auction
+        concurrency = auction.max_queue + auction.max_in_prefill + 1024
+        return {
+            "name": f"{self.config.namespace}-{role}",
+            "namespace": RAY_NAMESPACE,
+            "num_cpus": 0,
+            "max_restarts": -1,  # the control plane always comes back
+            "max_task_retries": 0,
+            "max_concurrency": max(10_000, concurrency),
+        }
+
+    def _start_control_plane(self) -> None:
+        cfg, h = self.config, self.handles
+        nats = {"nats_url": self.nats_url, "namespace": cfg.namespace}
+        h.router = (
+            ray.remote(RouterActor)
+            .options(**self._control_options("router"))
+            .remote(
+                prefill_workers=list(h.prefill),
+                decode_workers=list(h.decode),
+                block_size=self.profile.block_size,
+                local_prefill_max_tokens=self.profile.decode.local_prefill_max_tokens,
+                seed=cfg.seed,
+                **nats,
+            )
+        )
+        users = [] if self.users is None else self.users.ledger_users()
+        Path(cfg.ledger_path).parent.mkdir(parents=True, exist_ok=True)
+        h.auction = (
+            ray.remote(AuctionActor)
+            .options(**self._control_options("auction"))
+            .remote(
+                settings=cfg.auction.model_dump(),
+                ledger_path=str(Path(cfg.ledger_path).resolve()),
+                users=users,
+                **nats,
+            )
+        )
+        h.poa = (
+            ray.remote(PoaActor)
+            .options(**self._control_options("poa"))
+            .remote(
+                profile=cfg.profile, speedup=cfg.speedup, epoch_wall=self.epoch_wall, **nats
+            )
+        )
+        h.controller = (
+            ray.remote(ControllerActor)
+            .options(**self._control_options("controller"))
+            .remote(
+                router=h.router,
+                auction=h.auction,
+                poa=h.poa,
+                settings=cfg.controller.model_dump(),
+                epoch_wall=self.epoch_wall,
+                pools={"prefill": len(h.prefill), "decode": len(h.decode)},
+                **nats,
+            )
+        )
+        self._await_ready([h.router, h.auction, h.poa, h.controller])
+
+    def _await_ready(self, actors: list[Any]) -> None:
+        ray.get([a.ready.remote() for a in actors], timeout=READY_TIMEOUT_S)
+
+    def _deploy_ingress(self, host: str, port: int, model_dir: str) -> None:
+        from ray import serve
+
+        from cluster.serve.deployment import ingress_app
+        from cluster.serve.path import make_actor_path
+
+        h, cfg = self.handles, self.config
+        factory = functools.partial(
+            make_actor_path,
+            handles={
+                "router": h.router, "auction": h.auction, "poa": h.poa,
+                "controller": h.controller, "prefill": h.prefill, "decode": h.decode,
+            },
+            profile=cfg.profile,
+            speedup=cfg.speedup,
+            nats_url=self.nats_url,
+            namespace=cfg.namespace,
+        )  # fmt: skip
+        serve.start(http_options={"host": host, "port": port})
+        app = ingress_app(
+            factory,
+            model_name=cfg.model_name,
+            model_dir=model_dir,
+            users=self.users,
+            num_replicas=cfg.ingress_replicas,
+        )
+        serve.run(app, name="disaggctl", route_prefix="/")
+
+    # -- stop --------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Take everything down; safe to call twice and after a failed start."""
+        if ray.is_initialized():
+            with contextlib.suppress(Exception):
+                from ray import serve
+
+                serve.shutdown()
+            for actor in self.handles.actors():
+                with contextlib.suppress(Exception):
+                    ray.get(actor.shutdown.remote(), timeout=5)
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
+            for pg in self.handles.placement_groups:
+                with contextlib.suppress(Exception):
+                    remove_placement_group(pg)
+        self.handles = ServiceHandles()
+        if self.ray is not None and self.ray.owned:
+            ray.shutdown()
+        self.ray = None
+        if self.nats is not None:
+            self.nats.close()
+            self.nats = None
+
+    def __enter__(self) -> Service:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,358 @@
+"""The auction actor in-process (no Ray, no NATS): admission, holds and captures
+(cluster/ray/auction_actor.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from auction import Request, run_auction
+from auction.admission import QueueFull, split_payments
+from auction.ledger import BudgetExceeded, Ledger, LedgerError, UnknownAccountError
+from cluster.events import AuctionEvent
+from cluster.models import ConfigError, validate_model
+from cluster.ray.auction_actor import (
+    AdmissionCancelledError,
+    AuctionActor,
+    AuctionSettingsModel,
+)
+
+USERS = [
+    {"name": "alice", "budget": 10.0},
+    {"name": "bob", "budget": 5.0},
+    {"name": "carol", "budget": 5.0, "key_sha256": "ab" * 32},  # extra keys are ignored
+]
+
+
+def _actor(path: Path, **settings: Any) -> AuctionActor:
+    return AuctionActor(
+        settings=settings, ledger_path=str(path / "ledger.db"), users=USERS, nats_url=None
+    )
+
+
+def _run(path: Path, body: Callable[[AuctionActor], Awaitable[None]], **settings: Any) -> None:
+    async def main() -> None:
+        actor = _actor(path, **settings)
+        try:
+            await body(actor)
+        finally:
+            await actor.shutdown()
+
+    asyncio.run(main())
+
+
+def _users(stats: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    return {u: (s["spent"], s["held"]) for u, s in stats["users"].items()}
+
+
+def test_fcfs_below_saturation_holds_the_bid_and_charges_nothing(tmp_path: Path) -> None:
+    async def body(actor: AuctionActor) -> None:
+        ready = await actor.ready()
+        assert ready["node_id"] is None and ready["released_at_start"] == 0
+        admitted = await actor.admit("r1", "alice", 2.5, [1, 2, 3])
+        assert admitted == {
+            "position": 0,
+            "payment": 0.0,
+            "batch_id": None,
+            "mode": "fcfs",
+            "queue_depth": 0,
+        }
+        stats = await actor.stats()
+        assert _users(stats)["alice"] == (0.0, 2.5) and stats["in_prefill"] == 1
+        await actor.started("r1")
+        assert await actor.finished("r1", answered=True) == {"charged": 0.0}
+        assert await actor.finished("r1", answered=True) == {"charged": 0.0}  # idempotent
+        assert _users(await actor.stats())["alice"] == (0.0, 0.0)
+        # Anonymous traffic bids 0, holds nothing and needs no account.
+        assert (await actor.admit("r2", "", 0.0, [4]))["mode"] == "fcfs"
+        assert await actor.finished("r2", answered=True) == {"charged": 0.0}
+        with pytest.raises(BudgetExceeded):
+            await actor.admit("r3", "anonymous", 0.5, [4])
+
+    _run(tmp_path, body)
+
+
+def test_saturated_requests_are_auctioned_in_dfs_bid_order_and_pay_vcg_shares(
+    tmp_path: Path,
+) -> None:
+    specs = [  # request id, user, bid, prompt: shared prefixes and a user with two requests
+        ("q1", "alice", 1.0, [1, 2, 3]),
+        ("q2", "bob", 4.0, [1, 2, 4]),
+        ("q3", "alice", 3.0, [7, 8]),
+        ("q4", "carol", 2.0, [7, 5]),
+    ]
+
+    async def body(actor: AuctionActor) -> None:
+        await actor.set_regime("saturated")
+        results = await asyncio.gather(*(actor.admit(*spec) for spec in specs))
+        batch = [Request(r, u, t, b, arrival=k) for k, (r, u, b, t) in enumerate(specs)]
+        expected = run_auction(batch, "dfs-bid")
+        shares = split_payments(expected.payments, batch)
+        by_id = {spec[0]: result for spec, result in zip(specs, results, strict=True)}
+        assert [by_id[r]["position"] for r in expected.order] == [1, 2, 3, 4]
+        assert {r["mode"] for r in results} == {"auction"}
+        assert len({r["batch_id"] for r in results}) == 1
+        for rid, result in by_id.items():
+            assert result["payment"] == shares[rid]
+        assert expected.revenue > 0
+        held = _users(await actor.stats())
+        assert held["alice"] == (0.0, 4.0) and held["bob"] == (0.0, 4.0)
+        charged = {}
+        for rid in expected.order:
+            await actor.started(rid)
+            charged[rid] = (await actor.finished(rid, answered=True))["charged"]
+        assert charged == pytest.approx(shares, abs=1e-6)
+        stats = await actor.stats()
+        assert stats["revenue"] == pytest.approx(expected.revenue, abs=1e-5)
+        assert stats["batches"] == 1 and stats["in_flight"] == 0
+        for user, paid in expected.payments.items():
+            assert _users(stats)[user] == (pytest.approx(paid, abs=1e-5), 0.0)
+        text = await actor.metrics_text()
+        assert "disagg_auction_revenue_total" in text and "disagg_auction_welfare" in text
+        assert "disagg_ttft_seconds" not in text  # only the families this actor owns
+
+    _run(tmp_path, body, batch_size=4, batch_window_ms=10_000.0)
+
+
+def test_a_bid_above_the_remaining_budget_is_refused_before_queueing(tmp_path: Path) -> None:
+    async def body(actor: AuctionActor) -> None:
+        with pytest.raises(BudgetExceeded) as info:
+            await actor.admit("r1", "bob", 5.5, [1])
+        assert info.value.balance == 5.0
+        await actor.admit("r2", "bob", 3.0, [1])  # holds 3 of bob's 5
+        with pytest.raises(BudgetExceeded):
+            await actor.admit("r3", "bob", 2.5, [2])
+        with pytest.raises(UnknownAccountError):
+            await actor.admit("r4", "mallory", 0.0, [1])
+        with pytest.raises(ValueError, match="bid"):
+            await actor.admit("r5", "bob", -1.0, [1])
+        with pytest.raises(ValueError, match="already admitted"):
+            await actor.admit("r2", "bob", 1.0, [1])
+        stats = await actor.stats()
+        assert stats["queue_depth"] == 0 and stats["in_flight"] == 1
+        assert _users(stats)["bob"] == (0.0, 3.0)
+
+    _run(tmp_path, body)
+
+
+def test_not_answered_releases_the_hold_and_answered_captures_it(tmp_path: Path) -> None:
+    async def body(actor: AuctionActor) -> None:
+        await actor.set_regime("saturated")
+        first = await asyncio.gather(
+            actor.admit("a", "alice", 2.0, [1]), actor.admit("b", "bob", 1.0, [2])
+        )
+        assert {r["mode"] for r in first} == {"auction"}
+        assert await actor.finished("b", answered=False) == {"charged": 0.0}
+        paid = (await actor.finished("a", answered=True))["charged"]
+        assert paid == pytest.approx(1.0)  # alice outbid bob: she pays his externality
+        assert await actor.finished("a", answered=True) == {"charged": paid}
+        assert await actor.finished("never-admitted", answered=True) == {"charged": 0.0}
+        with pytest.raises(AdmissionCancelledError, match="already finished"):
+            await actor.admit("never-admitted", "alice", 1.0, [1])  # a late admit is refused
+        users = _users(await actor.stats())
+        assert users["alice"] == (pytest.approx(1.0), 0.0) and users["bob"] == (0.0, 0.0)
+
+    _run(tmp_path, body, batch_size=2, batch_window_ms=10_000.0)
+
+
+def test_a_restart_releases_open_holds_and_keeps_charges(tmp_path: Path) -> None:
+    async def first_life(actor: AuctionActor) -> None:
+        await actor.set_regime("saturated")
+        await asyncio.gather(actor.admit("a", "alice", 2.0, [1]), actor.admit("b", "bob", 1.0, [2]))
+        await actor.finished("a", answered=True)
+        # "b" is never answered: the process dies with its hold open.
+
+    _run(tmp_path, first_life, batch_size=2, batch_window_ms=10_000.0)
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        assert ledger.held("bob") == 1.0 and ledger.account("alice").spent == 1.0
+
+    async def second_life(actor: AuctionActor) -> None:
+        assert actor.released_at_start == 1
+        stats = await actor.stats()
+        assert _users(stats) == {"alice": (1.0, 0.0), "bob": (0.0, 0.0), "carol": (0.0, 0.0)}
+
+    _run(tmp_path, second_life)
+
+
+def test_a_caller_cancelled_while_queued_leaves_and_releases_its_hold(tmp_path: Path) -> None:
+    async def body(actor: AuctionActor) -> None:
+        await actor.set_regime("saturated")
+        waiting = asyncio.ensure_future(actor.admit("r1", "alice", 4.0, [1]))
+        await asyncio.sleep(0.05)
+        assert (await actor.stats())["queue_depth"] == 1
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        stats = await actor.stats()  # the release ran before this read on the ledger thread
+        assert stats["queue_depth"] == 0 and _users(stats)["alice"] == (0.0, 0.0)
+        # finished() on a queued request also takes it out (the ingress gave up on it).
+        queued = asyncio.ensure_future(actor.admit("r2", "alice", 4.0, [1]))
+        await asyncio.sleep(0.05)
+        assert await actor.finished("r2", answered=False) == {"charged": 0.0}
+        with pytest.raises(AdmissionCancelledError):
+            await queued
+        assert _users(await actor.stats())["alice"] == (0.0, 0.0)
+
+    _run(tmp_path, body, batch_window_ms=60_000.0)
+
+
+def test_the_batch_window_and_the_prefill_slots(tmp_path: Path) -> None:
+    async def body(actor: AuctionActor) -> None:
+        first = await actor.admit("r1", "alice", 1.0, [1])  # below: FCFS, takes the one slot
+        assert first["mode"] == "fcfs"
+        second = asyncio.ensure_future(actor.admit("r2", "bob", 1.0, [2]))
+        await asyncio.sleep(0.05)
+        assert not second.done()  # no slot until r1's first token
+        await actor.started("r1")
+        assert (await second)["mode"] == "fcfs"
+        await actor.set_regime("saturated")
+        await actor.started("r2")
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        alone = await actor.admit("r3", "carol", 1.0, [3])  # waits out the 30 ms window
+        assert loop.time() - t0 >= 0.029
+        assert (alone["mode"], alone["position"], alone["payment"]) == ("auction", 1, 0.0)
+
+    _run(tmp_path, body, max_in_prefill=1, batch_window_ms=30.0)
+
+
+def test_a_full_queue_is_refused_without_touching_the_ledger(tmp_path: Path) -> None:
+    async def body(actor: AuctionActor) -> None:
+        await actor.set_regime("saturated")
+        waiting = asyncio.ensure_future(actor.admit("r1", "alice", 1.0, [1]))
+        await asyncio.sleep(0.02)
+        with pytest.raises(QueueFull):
+            await actor.admit("r2", "alice", 1.0, [1])
+        assert _users(await actor.stats())["alice"] == (0.0, 1.0)  # r1's hold only
+        await actor.shutdown()  # refuses what still waits
+        with pytest.raises(AdmissionCancelledError):
+            await waiting
+
+    _run(tmp_path, body, max_queue=1, batch_window_ms=60_000.0)
+
+
+def test_each_batch_is_published_as_an_auction_event(tmp_path: Path) -> None:
+    published: list[AuctionEvent] = []
+
+    class FakeBus:
+        async def publish(self, event: AuctionEvent) -> None:
+            published.append(event)
+
+    async def body(actor: AuctionActor) -> None:
+        actor._bus, actor._bus_up = FakeBus(), True  # type: ignore[assignment]
+        await actor.set_regime("saturated")
+        await asyncio.gather(actor.admit("a", "alice", 2.0, [1]), actor.admit("b", "bob", 1.0, [2]))
+        await asyncio.sleep(0)
+        (event,) = published
+        assert (event.batch_id, event.n, event.order) == (0, 2, ("a", "b"))
+        assert event.payments == {"alice": 1.0, "bob": 0.0} and event.welfare == 2.0
+        # An id past the event's bounds costs the event, never the request.
+        long_id = "x" * 300
+        admitted = await asyncio.gather(
+            actor.admit(long_id, "alice", 1.0, [1]), actor.admit("c", "bob", 1.0, [2])
+        )
+        assert {a["mode"] for a in admitted} == {"auction"} and len(published) == 1
+        actor._bus, actor._bus_up = None, False
+
+    _run(tmp_path, body, batch_size=2, batch_window_ms=10_000.0)
+
+
+def test_settings_and_users_are_validated_at_the_edge(tmp_path: Path) -> None:
+    assert AuctionSettingsModel().model_dump() == {
+        "batch_size": 32,
+        "batch_window_ms": 50.0,
+        "queue_threshold": 8,
+        "max_in_prefill": 64,
+        "scheduler": "dfs-bid",
+        "max_queue": 10_000,
+    }
+    for bad in ({"batch_size": 0}, {"batch_size": 5000}, {"scheduler": "x"}, {"extra": 1}):
+        with pytest.raises(ConfigError):
+            validate_model(AuctionSettingsModel, bad)
+    with pytest.raises(ConfigError, match="auction settings"):
+        _actor(tmp_path, batch_size="32")
+    with pytest.raises(ConfigError, match=r"users\[0\]"):
+        AuctionActor(
+            settings={},
+            ledger_path=str(tmp_path / "l.db"),
+            users=[{"name": "x", "budget": -1.0}],
+            nats_url=None,
+        )
+
+
+def test_a_caller_cancelled_mid_reserve_leaves_no_hold(tmp_path: Path) -> None:
+    async def body(actor: AuctionActor) -> None:
+        reserve = actor._ledger.reserve
+
+        def slow_reserve(*args: Any) -> Any:  # on the ledger thread: the caller gives up first
+            time.sleep(0.1)
+            return reserve(*args)
+
+        actor._ledger.reserve = slow_reserve  # type: ignore[method-assign]
+        admit = asyncio.ensure_future(actor.admit("r1", "alice", 4.0, [1]))
+        await asyncio.sleep(0.02)
+        admit.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await admit
+        # The reserve committed after the cancel; the release queued behind it undid it.
+        stats = await actor.stats()
+        assert _users(stats)["alice"] == (0.0, 0.0) and stats["in_flight"] == 0
+        # Refused mid-reserve (over budget and cancelled), the queued release finds no hold.
+        over = asyncio.ensure_future(actor.admit("r2", "alice", 40.0, [1]))
+        await asyncio.sleep(0.02)
+        over.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await over
+        assert _users(await actor.stats())["alice"] == (0.0, 0.0)
+
+    _run(tmp_path, body)
+
+
+def test_a_release_racing_a_cancel_gives_the_slot_back(tmp_path: Path) -> None:
+    async def body(actor: AuctionActor) -> None:
+        await actor.set_regime("saturated")
+        first = asyncio.ensure_future(actor.admit("r1", "alice", 1.0, [1]))
+        second = asyncio.ensure_future(actor.admit("r2", "bob", 1.0, [2]))
+        await asyncio.sleep(0.02)
+        first.cancel()  # its waiter is cancelled now; its cleanup runs on the next loop turn
+        await actor.set_regime("below")  # ... but this releases it (FCFS) first
+        assert (await second)["mode"] == "fcfs"
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        stats = await actor.stats()
+        assert stats["in_prefill"] == 1 and stats["in_flight"] == 1  # r2 only
+        assert _users(stats)["alice"] == (0.0, 0.0)
+
+    _run(tmp_path, body, max_in_prefill=1, batch_window_ms=60_000.0)
+
+
+def test_a_users_file_budget_change_keeps_the_ledgers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _run(tmp_path, lambda actor: asyncio.sleep(0))
+    changed = [{"name": "alice", "budget": 99.0}, {"name": "anonymous", "budget": 1.0}]
+    with caplog.at_level(logging.WARNING, logger="cluster.ray.auction_actor"):
+        actor = AuctionActor(
+            settings={}, ledger_path=str(tmp_path / "ledger.db"), users=changed, nats_url=None
+        )
+    assert "keeping the ledger's" in caplog.text
+    asyncio.run(actor.shutdown())
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        assert ledger.account("alice").budget == 10.0
+        assert [a.user for a in ledger.accounts()] == ["alice", "bob", "carol"]
+
+
+def test_a_ledger_that_cannot_open_fails_the_constructor(tmp_path: Path) -> None:
+    with pytest.raises(LedgerError, match="no-such-dir"):
+        AuctionActor(
+            settings={},
+            ledger_path=str(tmp_path / "no-such-dir" / "l.db"),
+            users=USERS,
+            nats_url=None,
+        )

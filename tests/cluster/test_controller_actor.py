@@ -1,0 +1,284 @@
+"""The controller actor in-process (no Ray) over a real embedded NATS server (docs/design.md §4,
+§5): first_token TTFTs in, regime changes pushed to fake router/auction handles, never stopping."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import nats
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from cluster.bus import EventBus
+from cluster.events import FirstTokenEvent, RegimeEvent
+from cluster.models import ConfigError
+from cluster.nats_server import NatsServer
+from cluster.ray.controller_actor import DEFAULT_THETA_S, ControllerActor, ControllerSettings
+from controller.policy import PolicyTable
+
+# Fast settings: 0.1 s ticks, no smoothing, two ticks of dwell; θ1 = 0.5 s, θ2 = 1 s.
+FAST = {
+    "tick_s": 0.1,
+    "window_s": 0.6,
+    "min_samples": 5,
+    "beta": 1.0,
+    "dwell": 2,
+    "theta1_s": 0.5,
+    "theta2_s": 1.0,
+    "call_timeout_s": 0.2,
+}
+
+
+@pytest.fixture(scope="module")
+def nats_url() -> Iterator[str]:
+    with NatsServer() as server:
+        yield server.url
+
+
+async def until(check: Callable[[], bool | Awaitable[bool]], timeout_s: float = 2.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        ok = check()
+        if not isinstance(ok, bool):
+            ok = await ok
+        if ok:
+            return
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+class Method:
+    """``.remote(*args)`` returns an awaitable, as a Ray actor method's ObjectRef is."""
+
+    def __init__(self, fn: Callable[..., Awaitable[Any]]) -> None:
+        self.fn = fn
+
+    def remote(self, *args: Any) -> Awaitable[Any]:
+        return self.fn(*args)
+
+
+class FakeRouter:
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, float, int, str]] = []
+        self.failing = False
+        self.hang = False
+        self.set_policy = Method(self._set_policy)
+
+    async def _set_policy(self, tau: float, omega: float, version: int, regime: str) -> None:
+        if self.hang:
+            await asyncio.sleep(10)
+        if self.failing:
+            raise RuntimeError("RayActorError: the actor died")
+        self.calls.append((tau, omega, version, regime))
+
+
+class FakeAuction:
+    def __init__(self, queue_depth: object = 3) -> None:
+        self.regimes: list[str] = []
+        self.queue_depth = queue_depth
+        self.set_regime = Method(self._set_regime)
+        self.stats = Method(self._stats)
+
+    async def _set_regime(self, regime: str) -> None:
+        self.regimes.append(regime)
+
+    async def _stats(self) -> dict[str, Any]:
+        return {"queue_depth": self.queue_depth, "in_flight": 0}
+
+
+class FakePoa:
+    def __init__(self, snap: dict[str, Any]) -> None:
+        self.snap = snap
+        self.snapshot = Method(self._snapshot)
+
+    async def _snapshot(self) -> dict[str, Any]:
+        return self.snap
+
+
+async def started(
+    url: str, **handles: Any
+) -> tuple[ControllerActor, EventBus, str, list[RegimeEvent]]:
+    ns = f"t{uuid.uuid4().hex[:8]}"
+    args = {"router": None, "auction": None, "poa": None, "settings": FAST} | handles
+    actor = ControllerActor(namespace=ns, nats_url=url, **args)
+    info = await actor.ready()
+    assert info["nats"] and info["subscribed"] and info["role"] == "controller"
+    pub = EventBus(url, ns, name="ingress")
+    await pub.connect()
+    events: list[RegimeEvent] = []
+    await pub.subscribe(events.append, kinds=("regime",))  # type: ignore[arg-type]
+    return actor, pub, ns, events
+
+
+async def ttfts(pub: EventBus, actor: ControllerActor, values: list[float]) -> None:
+    """Publish first_token events and wait until the actor has observed them all."""
+    want = actor.observed + len(values)
+    for i, ttft in enumerate(values):
+        rid = f"r{uuid.uuid4().hex[:6]}{i}"
+        await pub.publish(FirstTokenEvent(request_id=rid, t=1.0, worker_id=2, ttft_s=ttft))
+    await pub.flush()
+    await until(lambda: actor.observed >= want)
+
+
+async def regime(actor: ControllerActor, label: str, pub: EventBus, ttft: float) -> None:
+    """Keep the window full of ``ttft`` samples until the regime is ``label``."""
+
+    async def reached() -> bool:
+        await ttfts(pub, actor, [ttft] * 6)
+        return (await actor.snapshot())["regime"] == label
+
+    await until(reached, timeout_s=2.0)
+
+
+def test_a_ttft_ramp_switches_regimes_and_pushes_increasing_versions(nats_url: str) -> None:
+    async def main() -> None:
+        router, auction = FakeRouter(), FakeAuction()
+        poa = FakePoa({"poa_hat": 1.2, "poa_routing": 1.1, "poa_capacity": None})
+        actor, pub, _, events = await started(nats_url, router=router, auction=auction, poa=poa)
+        try:
+            await until(lambda: len(router.calls) == 1)  # version 1 goes out at start
+            assert router.calls[0] == (0.0, 1.0, 1, "below") and auction.regimes == ["below"]
+            await regime(actor, "transition", pub, 0.7)
+            await regime(actor, "saturated", pub, 3.0)
+            # The start's event (version 1) went out before this test subscribed.
+            await until(lambda: len(router.calls) == 3 and len(events) == 2)
+            assert actor.bus.sent == 3
+            table = PolicyTable()
+            assert router.calls[1:] == [
+                (table.transition.tau, table.transition.omega, 2, "transition"),
+                (table.saturated.tau, table.saturated.omega, 3, "saturated"),
+            ]
+            assert auction.regimes == ["below", "transition", "saturated"]
+            assert [e.regime for e in events] == ["transition", "saturated"]
+            assert events[-1].ttft_p99_smoothed_s >= 1.0 and events[-1].tau == 0.8
+            snap = await actor.snapshot()
+            assert (snap["version"], snap["delivered_version"], snap["pending"]) == (3, 3, False)
+            assert (snap["tau"], snap["omega"]) == (table.saturated.tau, table.saturated.omega)
+            assert snap["ttft_p99_smoothed_s"] >= 1.0
+            assert [c["version"] for c in snap["changes"]] == [1, 2, 3]
+            assert snap["signals"] == {
+                "queue_depth": 3.0,
+                "poa_hat": 1.2,
+                "poa_routing": 1.1,
+                "poa_capacity": None,
+            }
+            text = await actor.metrics_text()
+            values = {
+                s.name: s.value
+                for f in text_string_to_metric_families(text)
+                for s in f.samples
+                if not s.labels
+            }
+            assert values["disagg_regime"] == 2 and values["disagg_router_temperature"] == 0.8
+            assert "disagg_ttft_seconds_count" not in values  # the ingress owns TTFT
+        finally:
+            await pub.close()
+            await actor.shutdown()
+
+    asyncio.run(main())
+
+
+def test_a_failing_router_does_not_stop_the_loop_and_gets_the_newest_policy(
+    nats_url: str,
+) -> None:
+    async def main() -> None:
+        router = FakeRouter()
+        router.failing = True
+        actor, pub, _, _ = await started(nats_url, router=router)
+        try:
+            await until(lambda: actor.push_failures >= 2)  # retried tick after tick
+            await regime(actor, "saturated", pub, 3.0)  # the controller went on regardless
+            snap = await actor.snapshot()
+            assert snap["pending"] and snap["delivered_version"] == 0 and router.calls == []
+            ticks = snap["ticks"]
+            router.failing = False
+            await until(lambda: actor.delivered_version == 2)
+            assert router.calls == [(0.8, 0.1, 2, "saturated")]  # only the newest one
+            # A router that hangs: the call times out, ticking goes on, the push retries.
+            router.hang = True
+            await regime(actor, "below", pub, 0.01)
+            await until(lambda: actor.push_failures >= snap["push_failures"] + 2)
+            assert actor.ticks > ticks + 5 and actor.tick_errors == 0
+            router.hang = False
+            await until(lambda: actor.delivered_version == 3)
+            assert router.calls[-1] == (0.0, 1.0, 3, "below")
+        finally:
+            await pub.close()
+            await actor.shutdown()
+
+    asyncio.run(main())
+
+
+def test_malformed_messages_and_bad_signals_are_not_fatal(nats_url: str) -> None:
+    async def main() -> None:
+        poa = FakePoa({"poa_hat": float("nan"), "poa_routing": "high", "poa_capacity": True})
+        auction = FakeAuction(queue_depth=None)
+        actor, pub, ns, _ = await started(nats_url, auction=auction, poa=poa)
+        raw = await nats.connect(nats_url)
+        try:
+            await raw.publish(f"disagg.{ns}.first_token", b"\x00garbage")
+            await raw.publish(f"disagg.{ns}.first_token", b'{"v": 1, "ttft_s": -1}')
+            await raw.flush()
+            await until(lambda: sum(actor._snapshot()["dropped"].values()) >= 2)
+            await ttfts(pub, actor, [0.1])  # still subscribed
+            await until(lambda: actor.ticks >= 2)
+            snap = await actor.snapshot()
+            assert snap["tick_errors"] == 0 and set(snap["signals"].values()) == {None}
+            assert snap["dropped"] == {"malformed": 1, "schema": 1}
+        finally:
+            await raw.close()
+            await pub.close()
+            await actor.shutdown()
+
+    asyncio.run(main())
+
+
+def test_no_handles_and_no_nats() -> None:
+    async def main() -> None:
+        actor = ControllerActor(nats_url=None, router=None, auction=None, poa=None, settings=FAST)
+        info = await actor.ready()
+        assert info["nats"] and not info["subscribed"]
+        for _ in range(10):
+            actor.on_event(FirstTokenEvent(request_id="r", t=0.0, worker_id=1, ttft_s=5.0))
+        await until(lambda: actor.controller.regime.label == "saturated")
+        snap = await actor.snapshot()
+        assert snap["version"] == 2 and not snap["pending"] and snap["delivered_version"] == 0
+        await actor.shutdown()
+
+    asyncio.run(main())
+
+
+def test_settings() -> None:
+    defaults = ControllerSettings()  # every field has a default (cluster/serve/config.py)
+    t = defaults.thresholds()
+    assert (t.theta1, t.theta2) == DEFAULT_THETA_S
+    assert (defaults.tick_s, defaults.window_s, defaults.min_samples) == (1.0, 10.0, 20)
+    assert (defaults.beta, defaults.hysteresis, defaults.dwell) == (0.3, 0.2, 3)
+    assert defaults.policy.table() == PolicyTable()
+    assert ControllerSettings.model_validate(defaults.model_dump()) == defaults
+    calibrated = ControllerSettings.model_validate({"calibrate": {"baseline_s": 0.1}})
+    t = calibrated.thresholds()
+    assert (t.theta1, t.theta2) == pytest.approx((0.5, 1.5))
+    custom = {"theta1_s": 1, "theta2_s": 2, "policy": {"saturated": {"tau": 2, "omega": 0}}}
+    assert ControllerSettings.model_validate(custom).policy.table().saturated.tau == 2.0
+    for bad in (
+        {"theta1_s": 1.0},
+        {"theta2_s": 1.0},
+        {"theta1_s": 2.0, "theta2_s": 1.0},
+        {"theta1_s": 1.0, "theta2_s": 2.0, "calibrate": {"baseline_s": 0.1}},
+        {"calibrate": {"baseline_s": 0.1, "below_x": 5, "saturated_x": 5}},
+        {"calibrate": {"baseline_s": 0}},
+        {"theta1_s": 1.0, "theta2_s": 2.0, "tick_s": 0.01},
+        {"theta1_s": 1.0, "theta2_s": 2.0, "tick_s": 61},
+        {"theta1_s": 1.0, "theta2_s": 2.0, "beta": 0},
+        {"theta1_s": 1.0, "theta2_s": 2.0, "dwell": 1.5},
+        {"theta1_s": 1.0, "theta2_s": 2.0, "hysteresis": 1.0},
+        {"theta1_s": "1", "theta2_s": 2.0},
+        {"theta1_s": 1.0, "theta2_s": 2.0, "policy": {"below": {"tau": -1, "omega": 1}}},
+        {"theta1_s": 1.0, "theta2_s": 2.0, "surprise": 1},
+    ):
+        with pytest.raises(ConfigError):
+            ControllerActor(nats_url=None, router=None, auction=None, poa=None, settings=bad)

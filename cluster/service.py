@@ -6,6 +6,10 @@ share of the accelerator resource, so a TP group never spans nodes), the router,
 controller actors, and the Ray Serve ingress. ``Service.stop`` takes everything down in reverse,
 so nothing is left running. Actors are named ``<namespace>-<role>[-<id>]`` in the Ray namespace
 ``disaggctl`` so that ``disaggctl status`` and tests can find them.
+
+``start_actors`` and ``ingress_application`` are the two halves on their own: ``serve deploy``
+(``cluster/serve/app_builder.py``) runs them with ``lifetime="detached"`` on a Ray cluster, with
+an external NATS server, and leaves the rest (HTTP options, shutdown) to Serve.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -34,6 +38,9 @@ from cluster.serve.config import ServeConfig
 from cluster.serve.users import Users
 from cluster.sim.cluster import Topology
 from cluster.sim.profile import HardwareProfile, load_profile
+
+if TYPE_CHECKING:
+    from ray.serve import Application
 
 __all__ = ["RAY_NAMESPACE", "Service", "ServiceHandles"]
 
@@ -80,6 +87,7 @@ class Service:
         self.nats_url: str | None = config.nats_url
         self.url: str | None = None
         self.epoch_wall = 0.0
+        self._lifetime: str | None = None  # "detached": see start_actors
 
     # -- start -------------------------------------------------------------------------------
 
@@ -105,16 +113,42 @@ class Service:
             build_model_dir(Path(cfg.model_dir)) if cfg.model_dir else default_model_dir()
         )
         self.model_dir = model_dir
+        self.start_actors(model_dir)
+        self._deploy_ingress(host, port, model_dir)
+        self.url = f"http://{host}:{port}"
+
+    def start_actors(self, model_dir: str | None, *, lifetime: str | None = None) -> ServiceHandles:
+        """Start the worker and control-plane actors on the Ray session already joined, talking
+        to ``self.nats_url``; ``model_dir`` None: each node builds the default one.
+
+        ``lifetime="detached"`` (``serve deploy``, :mod:`cluster.serve.app_builder`): the actors
+        and their placement groups outlive the job that starts them, and an actor whose name
+        already exists in the namespace is reused (``ray.get_actor``) instead of started again.
+        A reused actor keeps the clock epoch it was started with."""
+        if lifetime not in (None, "detached"):
+            raise ValueError(f"lifetime must be None or 'detached', got {lifetime!r}")
+        self._lifetime = lifetime
         self.epoch_wall = time.time()
         self._start_workers(model_dir)
         self._start_control_plane()
-        self._deploy_ingress(host, port, model_dir)
-        self.url = f"http://{host}:{port}"
+        return self.handles
+
+    def _existing(self, name: str) -> Any:
+        """The detached actor ``name`` if it already runs (reused by a redeploy), else None."""
+        if self._lifetime != "detached":
+            return None
+        try:
+            return ray.get_actor(name, namespace=RAY_NAMESPACE)
+        except ValueError:  # no such actor
+            return None
+
+    def _lifetime_option(self) -> dict[str, Any]:
+        return {} if self._lifetime is None else {"lifetime": self._lifetime}
 
     def _worker_options(self, name: str) -> dict[str, Any]:
         cfg = self.config
         bundle = {cfg.accelerator_resource: float(self.profile.tp)}
-        pg = placement_group([bundle], strategy="STRICT_PACK", name=name)
+        pg = placement_group([bundle], strategy="STRICT_PACK", name=name, lifetime=self._lifetime)
         self.handles.placement_groups.append(pg)
         ray.get(pg.ready(), timeout=READY_TIMEOUT_S)
         return {
@@ -126,9 +160,10 @@ class Service:
             "max_task_retries": 0,  # a request is retried by the path, on another worker
             "max_concurrency": 10_000,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(pg),
+            **self._lifetime_option(),
         }
 
-    def _start_workers(self, model_dir: str) -> None:
+    def _start_workers(self, model_dir: str | None) -> None:
         cfg = self.config
         common = {
             "speedup": cfg.speedup,
@@ -137,21 +172,25 @@ class Service:
             "namespace": cfg.namespace,
         }
         for p in range(self.topology.prefill):
-            actor = ray.remote(PrefillWorkerActor).options(
-                **self._worker_options(f"{cfg.namespace}-prefill-{p}")
-            )
-            self.handles.prefill[p] = actor.remote(
-                p, cfg.profile, seed=cfg.seed * 7919 + p, **common
-            )
+            self.handles.prefill[p] = self._worker(
+                f"{cfg.namespace}-prefill-{p}", PrefillWorkerActor,
+                p, cfg.profile, seed=cfg.seed * 7919 + p, **common,
+            )  # fmt: skip
         for d in range(self.topology.decode):
             wid = self.topology.prefill + d
-            actor = ray.remote(DecodeWorkerActor).options(
-                **self._worker_options(f"{cfg.namespace}-decode-{wid}")
-            )
-            self.handles.decode[wid] = actor.remote(
-                wid, cfg.profile, seed=cfg.seed * 7919 + wid, model_dir=model_dir, **common
-            )
+            self.handles.decode[wid] = self._worker(
+                f"{cfg.namespace}-decode-{wid}", DecodeWorkerActor,
+                wid, cfg.profile, seed=cfg.seed * 7919 + wid, model_dir=model_dir, **common,
+            )  # fmt: skip
         self._await_ready([*self.handles.prefill.values(), *self.handles.decode.values()])
+
+    def _worker(self, name: str, cls: type, *args: Any, **kwargs: Any) -> Any:
+        """The worker actor ``name``: the running detached one, or a new one on its own
+        placement group (created only when the actor is)."""
+        existing = self._existing(name)
+        if existing is not None:
+            return existing
+        return ray.remote(cls).options(**self._worker_options(name)).remote(*args, **kwargs)
 
     def _control_options(self, role: str) -> dict[str, Any]:
         # Every queued admit holds one of the auction's concurrency slots while it waits.
@@ -164,46 +203,45 @@ class Service:
             "max_restarts": -1,  # the control plane always comes back
             "max_task_retries": 0,
             "max_concurrency": max(10_000, concurrency),
+            **self._lifetime_option(),
         }
 
     def _start_control_plane(self) -> None:
         cfg, h = self.config, self.handles
         nats = {"nats_url": self.nats_url, "namespace": cfg.namespace}
-        h.router = (
-            ray.remote(RouterActor)
-            .options(**self._control_options("router"))
-            .remote(
+        h.router = self._control(
+            "router",
+            RouterActor,
+            dict(
                 prefill_workers=list(h.prefill),
                 decode_workers=list(h.decode),
                 block_size=self.profile.block_size,
                 local_prefill_max_tokens=self.profile.decode.local_prefill_max_tokens,
                 seed=cfg.seed,
                 **nats,
-            )
+            ),
         )
         users = [] if self.users is None else self.users.ledger_users()
         Path(cfg.ledger_path).parent.mkdir(parents=True, exist_ok=True)
-        h.auction = (
-            ray.remote(AuctionActor)
-            .options(**self._control_options("auction"))
-            .remote(
+        h.auction = self._control(
+            "auction",
+            AuctionActor,
+            dict(
                 settings=cfg.auction.model_dump(),
                 ledger_path=str(Path(cfg.ledger_path).resolve()),
                 users=users,
                 **nats,
-            )
+            ),
         )
-        h.poa = (
-            ray.remote(PoaActor)
-            .options(**self._control_options("poa"))
-            .remote(
-                profile=cfg.profile, speedup=cfg.speedup, epoch_wall=self.epoch_wall, **nats
-            )
+        h.poa = self._control(
+            "poa",
+            PoaActor,
+            dict(profile=cfg.profile, speedup=cfg.speedup, epoch_wall=self.epoch_wall, **nats),
         )
-        h.controller = (
-            ray.remote(ControllerActor)
-            .options(**self._control_options("controller"))
-            .remote(
+        h.controller = self._control(
+            "controller",
+            ControllerActor,
+            dict(
                 router=h.router,
                 auction=h.auction,
                 poa=h.poa,
@@ -211,9 +249,16 @@ class Service:
                 epoch_wall=self.epoch_wall,
                 pools={"prefill": len(h.prefill), "decode": len(h.decode)},
                 **nats,
-            )
+            ),
         )
         self._await_ready([h.router, h.auction, h.poa, h.controller])
+
+    def _control(self, role: str, cls: type, kwargs: dict[str, Any]) -> Any:
+        """The control-plane actor ``role``: the running detached one, or a new one."""
+        existing = self._existing(f"{self.config.namespace}-{role}")
+        if existing is not None:
+            return existing
+        return ray.remote(cls).options(**self._control_options(role)).remote(**kwargs)
 
     def _await_ready(self, actors: list[Any]) -> None:
         ray.get([a.ready.remote() for a in actors], timeout=READY_TIMEOUT_S)
@@ -221,6 +266,12 @@ class Service:
     def _deploy_ingress(self, host: str, port: int, model_dir: str) -> None:
         from ray import serve
 
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(self.ingress_application(model_dir), name="disaggctl", route_prefix="/")
+
+    def ingress_application(self, model_dir: str | None) -> Application:
+        """The OpenAI ingress bound to the running actors (``model_dir`` None: each replica's
+        node builds the default one), for ``serve.run`` or a ``serve deploy`` builder."""
         from cluster.serve.deployment import ingress_app
         from cluster.serve.path import make_actor_path
 
@@ -236,15 +287,13 @@ class Service:
             nats_url=self.nats_url,
             namespace=cfg.namespace,
         )  # fmt: skip
-        serve.start(http_options={"host": host, "port": port})
-        app = ingress_app(
+        return ingress_app(
             factory,
             model_name=cfg.model_name,
             model_dir=model_dir,
             users=self.users,
             num_replicas=cfg.ingress_replicas,
         )
-        serve.run(app, name="disaggctl", route_prefix="/")
 
     # -- stop --------------------------------------------------------------------------------
 

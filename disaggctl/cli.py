@@ -66,10 +66,18 @@ def seed_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from disaggctl.demo import main as demo_main
-
     o = from_args(DemoOptions, args)
-    return demo_main(o.out, o.n, o.users, o.seed, progress=o.progress, quiet=o.quiet)
+    if o.sim:
+        from disaggctl.demo import main as demo_main
+
+        return demo_main(o.out, o.n, o.users, o.seed, progress=o.progress, quiet=o.quiet)
+    from disaggctl.serve_demo import format_report, run_serve_demo
+
+    report = run_serve_demo(o.out, seed=o.seed, progress=o.progress, quiet=o.quiet)
+    print(format_report(report))
+    print(f"\nwrote {o.out / 'serve.json'} and {o.out / 'timeline.png'}")
+    failed = sum(row["errors"] for row in report["phases"])
+    return 0 if failed == 0 else 1
 
 
 def _auction(args: argparse.Namespace) -> int:
@@ -108,16 +116,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo",
-        help="the main job on the embedded default (about 15 s)",
-        description="The whole system on a simulated 70B 1P/5D cluster, then the auction on "
-        "every workload shape with every scheduler; tables on stdout, JSON and PNGs in --out.",
+        help="the main job: the live service driven through the knee (about 3 min)",
+        description="The live service (local Ray, embedded NATS, simulated 70B 1P/5D) driven over "
+        "HTTP by a load client through calm, a ramp through the knee, a saturated hold and a "
+        "spike; a phase table, regime changes and priced priority per user on stdout, serve.json "
+        "and timeline.png in --out. With --sim: the virtual-time demo (whole system on the "
+        "simulator, then the auction on every workload shape; about 15 s).",
         formatter_class=HelpFormatter,
     )
     demo.add_argument(
-        "--n", type=int, default=1024, help=f"requests per auction batch, 1 to {MAX_N}"
+        "--sim",
+        action="store_true",
+        help="run the virtual-time demo on the simulator instead of the live service",
     )
     demo.add_argument(
-        "--users", type=int, default=128, help=f"bidding users per batch, 1 to {MAX_USERS}"
+        "--n", type=int, default=1024, help=f"with --sim: requests per auction batch, 1 to {MAX_N}"
+    )
+    demo.add_argument(
+        "--users",
+        type=int,
+        default=128,
+        help=f"with --sim: bidding users per batch, 1 to {MAX_USERS}",
     )
     seed_flag(demo)
     demo.add_argument(

@@ -121,10 +121,11 @@ async def _one_request(
     max_tokens: int,
     key: str | None,
     bid: float,
+    model: str,
 ) -> tuple[int, float | None, list[float], int, float, int, str]:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     body = {
-        "model": "any",
+        "model": model,
         "messages": messages,
         "max_tokens": max_tokens,
         "stream": True,
@@ -162,6 +163,7 @@ async def run_load(
     bidders: Sequence[Bidder] = (),
     anonymous_key: str | None = None,
     max_tokens: int = 64,
+    model: str = "disagg-tiny",
     seed: int = 0,
     timeout_s: float = 300.0,
     on_tick: Callable[[float, str, int, Sequence[ClientResult]], None] | None = None,
@@ -194,7 +196,7 @@ async def run_load(
             t_req = time.perf_counter()
             try:
                 status, ttft, stamps, tokens, paid, position, error = await _one_request(
-                    client, prompts.messages(), max_tokens, key, bid
+                    client, prompts.messages(), max_tokens, key, bid, model
                 )
             except (httpx.HTTPError, json.JSONDecodeError) as exc:
                 status, ttft, stamps, tokens, paid, position = 599, None, [], 0, 0.0, 0

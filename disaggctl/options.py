@@ -86,6 +86,7 @@ class _Output(StrictModel):
 
 
 class DemoOptions(_Output):
+    sim: bool = False
     out: Annotated[Path, Field(strict=False), AfterValidator(writable_dir)] = Path("results/demo")
     n: int = Field(default=1024, ge=1, le=MAX_N)
     users: int = Field(default=128, ge=1, le=MAX_USERS)

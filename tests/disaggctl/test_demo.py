@@ -131,7 +131,7 @@ def test_disaggctl_demo_end_to_end(tmp_path: Path) -> None:
     """``disaggctl demo`` as ``make demo`` runs it (the system run at its own size, ~5 s)."""
     out = tmp_path / "results"
     with contextlib.redirect_stdout(io.StringIO()) as printed:
-        assert cli_main(["demo", "--n", "32", "--users", "4", "--out", str(out)]) == 0
+        assert cli_main(["demo", "--sim", "--n", "32", "--users", "4", "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == [
         "auction.json",
         "auction.png",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,7 +79,10 @@ class Service:
 
     def __init__(self, config: ServeConfig, *, users: Users | None = None) -> None:
         self.config = config
-        self.users = users
+        # The config decides whether keyless requests are served (as "anonymous", bid 0).
+        self.users = Users.from_wire(
+            None if users is None else users.to_wire(), allow_anonymous=config.allow_anonymous
+        )
         self.profile: HardwareProfile = load_profile(config.profile)
         self.topology = Topology.parse(config.topology)
         self.handles = ServiceHandles()
@@ -113,8 +117,11 @@ class Service:
             build_model_dir(Path(cfg.model_dir)) if cfg.model_dir else default_model_dir()
         )
         self.model_dir = model_dir
-        self.start_actors(model_dir)
-        self._deploy_ingress(host, port, model_dir)
+        # The default directory is per node (a cache under $HOME): on a cluster the actors and
+        # replicas elsewhere build their own (None). A configured one must exist on every node.
+        shared = model_dir if cfg.model_dir else None
+        self.start_actors(shared)
+        self._deploy_ingress(host, port, shared)
         self.url = f"http://{host}:{port}"
 
     def start_actors(self, model_dir: str | None, *, lifetime: str | None = None) -> ServiceHandles:
@@ -147,7 +154,10 @@ class Service:
 
     def _worker_options(self, name: str) -> dict[str, Any]:
         cfg = self.config
-        bundle = {cfg.accelerator_resource: float(self.profile.tp)}
+        tp = float(self.profile.tp)
+        bundle = {cfg.accelerator_resource: tp}
+        if cfg.request_gpus:
+            bundle["GPU"] = tp
         pg = placement_group([bundle], strategy="STRICT_PACK", name=name, lifetime=self._lifetime)
         self.handles.placement_groups.append(pg)
         ray.get(pg.ready(), timeout=READY_TIMEOUT_S)
@@ -155,7 +165,8 @@ class Service:
             "name": name,
             "namespace": RAY_NAMESPACE,
             "num_cpus": 0,
-            "resources": bundle,
+            "num_gpus": tp if cfg.request_gpus else 0,
+            "resources": {cfg.accelerator_resource: tp},
             "max_restarts": cfg.worker_max_restarts,
             "max_task_retries": 0,  # a request is retried by the path, on another worker
             "max_concurrency": 10_000,
@@ -221,7 +232,7 @@ class Service:
                 **nats,
             ),
         )
-        users = [] if self.users is None else self.users.ledger_users()
+        users = self.users.ledger_users()
         Path(cfg.ledger_path).parent.mkdir(parents=True, exist_ok=True)
         h.auction = self._control(
             "auction",
@@ -263,7 +274,7 @@ class Service:
     def _await_ready(self, actors: list[Any]) -> None:
         ray.get([a.ready.remote() for a in actors], timeout=READY_TIMEOUT_S)
 
-    def _deploy_ingress(self, host: str, port: int, model_dir: str) -> None:
+    def _deploy_ingress(self, host: str, port: int, model_dir: str | None) -> None:
         from ray import serve
 
         serve.start(http_options={"host": host, "port": port})
@@ -293,6 +304,7 @@ class Service:
             model_dir=model_dir,
             users=self.users,
             num_replicas=cfg.ingress_replicas,
+            max_ongoing_requests=cfg.max_ongoing_requests,
         )
 
     # -- stop --------------------------------------------------------------------------------
@@ -315,6 +327,8 @@ class Service:
         self.handles = ServiceHandles()
         if self.ray is not None and self.ray.owned:
             ray.shutdown()
+            if self.ray.tmpdir:  # the session's sockets and logs: ours to remove
+                shutil.rmtree(self.ray.tmpdir, ignore_errors=True)
         self.ray = None
         if self.nats is not None:
             self.nats.close()

@@ -226,3 +226,22 @@ class ActorBus:
         if self.bus is not None:
             await self.bus.close()
         self._connected.clear()
+
+
+def wake_after_restart() -> None:
+    """From an actor's ``__init__``: queue a call of its own ``ready()``.
+
+    ``__init__`` runs outside the actor's event loop, so background loops (subscriptions, ticks)
+    start on the first method call. A fresh actor gets that call from the composer; one that Ray
+    restarted after a crash gets none, and would sit idle until something happens to call it.
+    Outside Ray (in-process tests) this does nothing.
+    """
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return
+        me = ray.get_runtime_context().current_actor
+    except Exception:  # not inside an actor
+        return
+    me.ready.remote()

@@ -35,7 +35,7 @@ from pydantic import Field, model_validator
 
 from cluster.events import Event, FirstTokenEvent, RegimeEvent
 from cluster.models import StrictModel, validate_model
-from cluster.ray.actor_support import ActorBus, actor_info
+from cluster.ray.actor_support import ActorBus, actor_info, wake_after_restart
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
 from cluster.ray.poa_actor import CONNECT_WAIT_S, service_clock
 from controller.controller import Controller, RegimeChange
@@ -201,6 +201,8 @@ class ControllerActor:
         self._push_task: asyncio.Task[None] | None = None
         self._subscribed = False
         self.controller.start(self.now())  # version 1: the router starts from a known policy
+        self._synced = False  # numbering continued from the router's (after our own restart)
+        wake_after_restart()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -274,6 +276,7 @@ class ControllerActor:
 
     async def tick(self) -> dict[str, Any]:
         """One control step: signals, Controller.tick, push what is pending; the snapshot."""
+        await self._sync_router()
         queue_depth, poa = await asyncio.gather(self._queue_depth(), self._poa_values())
         signals = {"queue_depth": queue_depth, **poa}
         self.last_signals = signals
@@ -295,6 +298,37 @@ class ControllerActor:
         except Exception as exc:  # a dead or slow peer is a missing signal, not an error
             log.debug("%s() failed: %r", method, exc)
             return None
+
+    async def _sync_router(self) -> None:
+        """Keep the router on the current policy across restarts on either side.
+
+        A restarted router starts from its default policy (version 0); a restarted controller
+        from version 1. So: continue our numbering after the router's (versions keep naming one
+        policy each), and push the current policy again whenever the router's version is not
+        the one we delivered and nothing is pending.
+        """
+        stats = await self._ask(self.router, "stats")
+        if not isinstance(stats, dict) or not isinstance(stats.get("policy"), dict):
+            return
+        version = stats["policy"].get("version")
+        if not isinstance(version, int):
+            return
+        if not self._synced:
+            self._synced = True
+            if version >= self.controller.version:
+                self.controller.version = version
+                self._repush()
+                return
+        if version != self.delivered_version and self.target.pending is None:
+            self._repush()
+
+    def _repush(self) -> None:
+        policy = self.controller.table[self.controller.regime]
+        self.controller.version += 1
+        self.target.pending = (
+            float(policy.tau), float(policy.omega), self.controller.version,
+            self.controller.regime.label,
+        )  # fmt: skip
 
     async def _queue_depth(self) -> float | None:
         stats = await self._ask(self.auction, "stats")

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cluster.events import CompleteEvent, Event, FirstTokenEvent, RouteEvent
-from cluster.ray.actor_support import ActorBus, actor_info
+from cluster.ray.actor_support import ActorBus, actor_info, wake_after_restart
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
 from controller import metrics
 from games.join import EventJoiner
@@ -113,6 +113,7 @@ class PoaActor:
         self.last_t: float | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._subscribed = False
+        wake_after_restart()
 
     # -- lifecycle ---------------------------------------------------------------------------
 

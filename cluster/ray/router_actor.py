@@ -35,6 +35,7 @@ from cluster.ray.actor_support import (
     actor_info,
     check_int,
     check_request_id,
+    wake_after_restart,
 )
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
 from controller.metrics import ROUTING_COST
@@ -87,6 +88,7 @@ class RouterActor:
         self._subscribed = False
         self.routed = 0
         self.retries = 0  # routes with a non-empty exclude
+        wake_after_restart()  # a restarted router subscribes to KV events at once
 
     # -- lifecycle ---------------------------------------------------------------------------
 

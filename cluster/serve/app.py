@@ -186,7 +186,7 @@ class _Edge:
             max_tokens = self._fit(req, len(tokens), chat)
         except ApiError as e:
             self.metrics.count(str(e.status))
-            return e.response({"x-request-id": request_id})
+            return e.response({"x-disagg-request-id": request_id})
         run = RunState(request_id, t0, max_tokens, len(tokens))
         shapes = Shapes(chat=chat, request_id=request_id, model=self.model_name,
                         created=int(time.time()))

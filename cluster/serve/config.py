@@ -53,6 +53,9 @@ class ServeConfig(StrictModel):
     # Each simulated worker asks for its TP share of this Ray resource; on real nodes the
     # accelerator is named by the node's resources (e.g. {"B200": 8} per node).
     accelerator_resource: str = Field(default="B200", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    # On real GPU nodes each worker also asks Ray for its TP share of GPUs (num_gpus), so Ray
+    # sets CUDA_VISIBLE_DEVICES for it; the simulated engines need none.
+    request_gpus: bool = False
     worker_max_restarts: int = Field(default=3, ge=0, le=100)
     auction: AuctionSettingsModel = AuctionSettingsModel()
     controller: ControllerSettings = ControllerSettings()

@@ -97,10 +97,14 @@ def ingress_app(
     users: Users | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     num_replicas: int = 1,
+    max_ongoing_requests: int = MAX_ONGOING_REQUESTS,
 ) -> Application:
     """The bound ingress, ready for ``serve.run(app, route_prefix="/")``."""
     users = users if users is not None else Users()
-    return IngressDeployment.options(num_replicas=num_replicas).bind(
+    options = IngressDeployment.options(
+        num_replicas=num_replicas, max_ongoing_requests=max_ongoing_requests
+    )
+    return options.bind(
         path_factory, model_name=model_name, model_dir=model_dir, users=users.to_wire(),
         allow_anonymous=users.allow_anonymous, max_body_bytes=max_body_bytes,
     )

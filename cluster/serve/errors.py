@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from auction.ledger import MAX_AMOUNT
+from auction import MAX_BID
 from cluster.serve.path_types import PathError
 
 __all__ = [
@@ -162,7 +162,7 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
 
 
 def header_bid(raw: str | None) -> float:
-    """The ``x-bid`` header as a bid (0 when absent): a finite number in [0, MAX_AMOUNT]."""
+    """The ``x-bid`` header as a bid (0 when absent): a finite number in [0, MAX_BID]."""
     if raw is None:
         return 0.0
     try:
@@ -170,8 +170,8 @@ def header_bid(raw: str | None) -> float:
     except ValueError:
         raise ApiError(400, f"x-bid must be a number, got {raw[:40]!r}", param="x-bid",
                        code="invalid_value") from None
-    if not (math.isfinite(bid) and 0.0 <= bid <= MAX_AMOUNT):
-        raise ApiError(400, f"x-bid must be finite and in [0, {MAX_AMOUNT:g}], got {raw[:40]!r}",
+    if not (math.isfinite(bid) and 0.0 <= bid <= MAX_BID):
+        raise ApiError(400, f"x-bid must be finite and in [0, {MAX_BID:g}], got {raw[:40]!r}",
                        param="x-bid", code="invalid_value")
     return bid
 

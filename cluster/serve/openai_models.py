@@ -5,7 +5,7 @@ Requests derive from :class:`cluster.models.StrictModel` like every edge shape: 
 ``bidd`` must not silently bid 0). OpenAI's sampling fields (temperature, top_p, stop, seed, …)
 are accepted, range-checked and ignored: the simulated engines do not sample from a model.
 Two fields are ours: ``bid`` (the most the user pays for this request, finite, 0 ≤ bid ≤
-``MAX_AMOUNT``) and, in responses, the ``disagg`` object (what the auction and router decided).
+``MAX_BID``) and, in responses, the ``disagg`` object (what the auction and router decided).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from auction.ledger import MAX_AMOUNT
+from auction import MAX_BID
 from cluster.model_dir import MAX_MESSAGES
 from cluster.models import StrictModel
 
@@ -75,7 +75,7 @@ class _CompletionBase(StrictModel):
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    bid: float | None = Field(default=None, ge=0.0, le=MAX_AMOUNT)
+    bid: float | None = Field(default=None, ge=0.0, le=MAX_BID)
     user: str | None = Field(default=None, max_length=_SHORT)  # OpenAI's end-user tag; unused
     n: int = Field(default=1, ge=1, le=1)  # one choice per request: the auction prices one
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)

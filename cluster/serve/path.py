@@ -135,9 +135,12 @@ class ActorRequestPath:
     async def _serve(self, req: PathRequest, t0: float) -> AsyncIterator[PathEvent]:
         excluded: list[int] = []
         for attempt in (0, 1):
-            route = await self.router.route.remote(
-                req.request_id, list(req.tokens), req.user, excluded
-            )
+            try:
+                route = await self.router.route.remote(
+                    req.request_id, list(req.tokens), req.user, excluded
+                )
+            except _RAY_FAILURES:
+                raise PathError(503, "the router is restarting; retry shortly") from None
             decode_id = int(route["decode_worker"])
             prefill_id = route.get("prefill_worker")
             stream = self._decode(req, route, decode_id, prefill_id is None)
@@ -148,7 +151,7 @@ class ActorRequestPath:
             except WorkerFailed as exc:
                 log.warning("request %s: %s", req.request_id, exc)
                 await stream.aclose()
-                await self.router.complete.remote(req.request_id)
+                await self._router_note("complete", req.request_id)
                 if attempt == 1:
                     raise PathError(503, f"{exc}; failed on retry too") from None
                 excluded.append(exc.worker)
@@ -184,7 +187,7 @@ class ActorRequestPath:
             )  # fmt: skip
         except _RAY_FAILURES as exc:
             raise WorkerFailed("prefill", worker, type(exc).__name__) from None
-        await self.router.finish_prefill.remote(req.request_id)
+        await self._router_note("finish_prefill", req.request_id)
         # The KV crosses the link: latency + bytes / bandwidth, in the engines' virtual time.
         missing = int(route["uncached_tokens"])
         virtual_s = self.profile.link.latency_s + (
@@ -235,6 +238,14 @@ class ActorRequestPath:
             await self.bus.close()
 
     # -- books and events --------------------------------------------------------------------
+
+    async def _router_note(self, method: str, request_id: str) -> None:
+        """Bookkeeping on the router (its load view): a router that is restarting has lost that
+        view anyway, so a failure here is logged, never the request's failure."""
+        try:
+            await getattr(self.router, method).remote(request_id)
+        except Exception as exc:
+            log.warning("request %s: router.%s failed: %s", request_id, method, exc)
 
     async def _withdraw(self, req: PathRequest) -> None:
         try:

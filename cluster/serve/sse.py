@@ -185,7 +185,7 @@ class RunState:
         position = self.admitted.position if self.admitted is not None else -1
         payment = float(self.payment()) if charged else 0.0
         return {PAYMENT_HEADER: format_amount(payment), POSITION_HEADER: str(position),
-                "x-request-id": self.request_id}
+                "x-disagg-request-id": self.request_id}
 
     def usage(self) -> Usage:
         cached = min(self.routed.cached_tokens, self.prompt_tokens) if self.routed else 0

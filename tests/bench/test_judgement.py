@@ -294,3 +294,96 @@ def test_autobidder_winning_everywhere_has_no_slope_and_meets() -> None:
 
 def test_autobidder_one_horizon_is_no_evidence() -> None:
     assert autobidder.judge(_regret_rows([5.0]))["met"] is False
+
+
+# -- ingress ---------------------------------------------------------------------------------
+
+
+def _ingress_stats(e2e_p50_ms: float | None, rps: float) -> dict[str, Any]:
+    return {"requests": 100, "errors": {}, "rps": rps, "ttft_p50_ms": 50.0,
+            "ttft_p99_ms": 80.0, "e2e_p50_ms": e2e_p50_ms, "e2e_p99_ms": 900.0,
+            "chunks_mean": 16.0}  # fmt: skip
+
+
+def _ingress_report(full_p50: float | None = 800.0, full_rps: float = 38.0,
+                    clients: tuple[int, ...] = (1, 32, 256)) -> dict[str, Any]:  # fmt: skip
+    from bench import ingress
+
+    points = []
+    for c in clients:
+        bare, full = _ingress_stats(700.0, 42.0), _ingress_stats(full_p50, full_rps)
+        points.append({"clients": c, "bare": bare, "full": full, **ingress.compare(bare, full)})
+    return {"points": points}
+
+
+def test_ingress_met_at_32_clients() -> None:
+    from bench import ingress
+
+    judged = ingress.judge(_ingress_report())
+    assert judged["met"] is True
+    p50 = judged["targets"]["p50_e2e_full_over_bare_at_32"]
+    assert p50["measured"] == pytest.approx(800 / 700, abs=1e-4)
+    assert (p50["full_ms"], p50["bare_ms"]) == (800.0, 700.0)
+    rps = judged["targets"]["throughput_full_over_bare_at_32"]
+    assert rps["measured"] == pytest.approx(38 / 42, abs=1e-4) and rps["bare_rps"] == 42.0
+
+
+def test_ingress_slow_full_path_misses_the_p50_target() -> None:
+    from bench import ingress
+
+    judged = ingress.judge(_ingress_report(full_p50=700.0 * 1.31))
+    assert judged["met"] is False
+    assert judged["targets"]["p50_e2e_full_over_bare_at_32"]["met"] is False
+    assert judged["targets"]["throughput_full_over_bare_at_32"]["met"] is True
+
+
+def test_ingress_lost_throughput_misses() -> None:
+    from bench import ingress
+
+    judged = ingress.judge(_ingress_report(full_rps=42.0 * 0.69))
+    assert judged["met"] is False
+    assert judged["targets"]["throughput_full_over_bare_at_32"]["met"] is False
+
+
+def test_ingress_without_the_32_client_point_is_a_miss() -> None:
+    from bench import ingress
+
+    judged = ingress.judge(_ingress_report(clients=(1, 256)))
+    assert judged["met"] is False
+    assert all(t["measured"] is None for t in judged["targets"].values())
+
+
+def test_ingress_full_path_that_answered_nothing_is_a_miss() -> None:
+    from bench import ingress
+
+    judged = ingress.judge(_ingress_report(full_p50=None, full_rps=0.0))
+    assert judged["met"] is False
+    assert judged["targets"]["p50_e2e_full_over_bare_at_32"]["measured"] is None
+    assert judged["targets"]["throughput_full_over_bare_at_32"]["measured"] == 0.0
+
+
+def test_ingress_summary_counts_only_the_window_after_warmup() -> None:
+    from bench.ingress import Sample, summarize
+
+    samples = [
+        Sample(0.2, 0.9, 200, 0.1, 0.7, 16),  # warm-up: in no figure
+        Sample(0.5, 1.5, 200, 0.1, 1.0, 16),  # started in the warm-up: throughput only
+        Sample(1.0, 2.0, 200, 0.2, 1.0, 16),
+        Sample(2.0, 3.0, 200, 0.4, 1.0, 16),
+        Sample(3.0, 3.5, 503, None, 0.5, 0),
+        Sample(3.5, 4.5, 200, 0.3, 1.0, 16),  # counted latency, answered after the window
+    ]
+    s = summarize(samples, warmup=1.0, seconds=4.0)
+    assert s["requests"] == 3 and s["errors"] == {"503": 1}
+    assert s["rps"] == pytest.approx(1.0)  # answered in [1, 4): 3 in 3 s
+    assert s["e2e_p50_ms"] == pytest.approx(1000.0) and s["ttft_p50_ms"] == pytest.approx(300.0)
+
+
+def test_ingress_has_the_output_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import ingress
+
+    with pytest.raises(SystemExit) as exit_:
+        ingress.main(["--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    assert all(flag in text for flag in ("--quiet", "--progress", "--no-progress", "--quick"))

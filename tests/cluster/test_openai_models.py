@@ -142,7 +142,7 @@ def test_bodies_and_chunks_parse_as_the_openai_types() -> None:
 def test_run_state_reports_what_the_path_said() -> None:
     run = RunState("r", 0.0, max_tokens=4, prompt_tokens=10)
     assert run.headers() == {"x-disagg-payment": "0", "x-disagg-position": "-1",
-                             "x-request-id": "r"}
+                             "x-disagg-request-id": "r"}
     assert run.disagg().mode is None and run.usage().prompt_tokens_details.cached_tokens == 0
     run.admitted = Admitted(position=2, payment=1.25, batch_id="b", mode="auction")
     run.routed = Routed(decode_worker=3, prefill_worker=0, policy_version=1, regime="saturated",

@@ -47,3 +47,16 @@ def ray_session() -> Iterator[None]:
 def nats_url() -> Iterator[str]:
     with NatsServer() as server:
         yield server.url
+
+
+@pytest.fixture(scope="session")
+def live_service(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One running ``cluster.service.Service`` (1P/2D, external NATS it may restart) shared by
+    the ``test_service_*`` modules; see tests/integration/live_service.py. Stopped at the end."""
+    from tests.integration.live_service import start_live_service
+
+    live = start_live_service(tmp_path_factory.mktemp("live-service"))
+    try:
+        yield live
+    finally:
+        live.close()

@@ -161,23 +161,31 @@ def test_the_sweep_keeps_live_stores_and_foreign_dirs(tmp_path: Path) -> None:
 
 
 def test_sigterm_handlers_are_shared_not_clobbered() -> None:
-    previous = signal.getsignal(signal.SIGTERM)
+    """Run in a fresh interpreter: the claim on SIGTERM is shared by every server of a process,
+    and this test session keeps other servers (fixtures) alive."""
+    script = """
+import signal
+from cluster import nats_server
+from cluster.nats_server import NatsServer
 
-    def mine(signum, frame) -> None:
-        pass
+def mine(signum, frame):
+    pass
 
-    try:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        with NatsServer() as server:
-            assert signal.getsignal(signal.SIGTERM) is nats_server._on_sigterm
-            assert server.running
-        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # released with the last one
-        signal.signal(signal.SIGTERM, mine)
-        with NatsServer():
-            assert signal.getsignal(signal.SIGTERM) is mine
-        assert signal.getsignal(signal.SIGTERM) is mine
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+with NatsServer() as server:
+    assert signal.getsignal(signal.SIGTERM) is nats_server._on_sigterm
+    assert server.running
+assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # released with the last one
+signal.signal(signal.SIGTERM, mine)
+with NatsServer():
+    assert signal.getsignal(signal.SIGTERM) is mine  # a user's handler is never replaced
+assert signal.getsignal(signal.SIGTERM) is mine
+print("ok")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
 def test_close_at_exit_and_stop_restart() -> None:

@@ -1,0 +1,495 @@
+"""Ingress overhead: the full serve path against a bare Ray Serve deployment of the same engine.
+
+The same streamed requests go, in one Ray session, first through (a) then through (b):
+
+(a) ``bare``: one Ray Serve deployment (FastAPI, one replica) whose replica holds one
+    ``cluster.sim.engines.DecodeEngine`` of the profile and speed-up, and streams its tokens as
+    SSE completion chunks: no auction, router, worker actor or NATS;
+(b) ``full``: ``cluster.service.Service`` (default topology 0P/1D, so the one decode engine
+    prefills locally as in (a)): OpenAI ingress → auction actor → router actor → decode worker
+    actor, events on an embedded NATS server.
+
+Requests are ``POST /v1/completions`` with ``stream: true``, a prompt of token ids (the
+calibration workload's shape: five shared system templates and a unique question, tokenized
+once by the client with the chat template, so both sides see the same tokens and the same KV
+prefixes; the tokenizer is left out of both) and ``max_tokens`` output tokens. Closed loop at
+1, 32 and 256 clients, ``--seconds`` per point of which the first ``--warmup`` are not counted.
+Per point and system: p50/p99 TTFT and E2E (wall, at the client), requests/s sustained over the
+counted window, errors; the full path's added latency (full − bare) and the ratios full/bare.
+
+Targets at 32 clients: full-path p50 E2E ≤ 1.3× bare, full-path requests/s ≥ 0.7× bare.
+``met`` on top of the JSON says whether both hold; the exit status is 1 when one does not.
+
+    .venv/bin/python -m bench.ingress [--seconds 12] [--quick] [--progress] [--quiet]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if not __package__:  # run as a file: bench/ must not shadow the project's packages
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+import numpy as np
+
+from bench.common import add_output_flags, at_least, at_most, emit, verdict
+
+TARGET_CLIENTS = 32
+P50_E2E_RATIO_MAX = 1.3  # full / bare
+THROUGHPUT_RATIO_MIN = 0.7  # full / bare
+CLIENTS = (1, 32, 256)
+QUICK_CLIENTS = (1, 32)
+PROMPTS = 512  # distinct prompts, sent in the same order to both systems
+BARE_APP = "bare"
+DRAIN_S = 20.0  # after a point, in-flight requests get this long to finish, then are cancelled
+REQUEST_TIMEOUT_S = 120.0
+
+log = logging.getLogger("bench.ingress")
+
+
+# -- (a) the bare deployment -----------------------------------------------------------------
+
+
+class BareEngineIngress:
+    """A Serve replica holding one simulated decode engine; ``/v1/completions`` streams its
+    tokens as SSE completion chunks (the token id as text). Plain class: decorated in
+    :func:`run_bare`, so importing this module imports no Ray."""
+
+    def __init__(self, profile: str, speedup: float, seed: int) -> None:
+        from cluster.sim.engines import DecodeEngine
+        from cluster.sim.profile import load_profile
+        from cluster.sim.wallclock import Clock
+
+        self.profile = load_profile(profile)
+        self.engine = DecodeEngine(0, self.profile, clock=Clock(speedup), seed=seed)
+
+    async def __serve_build_asgi_app__(self) -> Any:
+        from fastapi import FastAPI
+        from fastapi.responses import StreamingResponse
+
+        from router.hashing import block_hashes, sequence_hashes
+
+        app = FastAPI()
+        block_size = self.profile.block_size
+        engine = self.engine
+
+        # A plain Starlette route: no annotations to resolve (this class may travel by value).
+        async def completions(request: Any) -> Any:
+            body = await request.json()
+            tokens = [int(t) for t in body["prompt"]]
+            n = int(body["max_tokens"])
+            local = block_hashes(tokens, block_size)
+            request_id = uuid.uuid4().hex
+            stream = engine.generate(
+                request_id, len(tokens), local, sequence_hashes(local), n, prefill_locally=True
+            )
+            return StreamingResponse(_bare_sse(request_id, stream), media_type="text/event-stream")
+
+        app.add_route("/v1/completions", completions, methods=["POST"])
+        return app
+
+
+async def _bare_sse(request_id: str, tokens: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+    head = {"id": f"cmpl-{request_id}", "object": "text_completion", "model": BARE_APP}
+    async with contextlib.aclosing(tokens):  # type: ignore[type-var]
+        async for token in tokens:
+            choice = {"index": 0, "text": f" {token.token_id}",
+                      "finish_reason": "length" if token.last else None}  # fmt: skip
+            yield b"data: " + json.dumps({**head, "choices": [choice]}).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"
+
+
+# -- the load ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sample:
+    started: float  # seconds since the point began
+    ended: float
+    status: int  # 200: answered to [DONE]; 598: an SSE error event; 599: transport error
+    ttft_s: float | None
+    e2e_s: float
+    chunks: int
+
+
+def make_prompts(n: int, seed: int) -> list[list[int]]:
+    """``n`` token-id prompts of the calibration workload's shape (chat template applied)."""
+    from cluster.model_dir import ChatTokenizer, default_model_dir
+    from disaggctl.load_client import PromptSource
+
+    tokenizer = ChatTokenizer.from_dir(default_model_dir())
+    source = PromptSource(seed)
+    return [tokenizer.encode_chat(source.messages()) for _ in range(n)]
+
+
+async def _one(client: Any, body: dict[str, Any], t_point: float) -> Sample:
+    import httpx
+
+    t0 = time.perf_counter()
+    ttft: float | None = None
+    chunks = 0
+    status = 599  # unless the stream gets to [DONE]
+    failed = False
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as resp:
+            if resp.status_code != 200:
+                await resp.aread()
+                status = resp.status_code
+            else:
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    if line == "data: [DONE]":
+                        status = 598 if failed else 200
+                        break
+                    choices = json.loads(line[6:]).get("choices")
+                    if choices is None:  # an SSE error event: the stream failed
+                        failed = True
+                        continue
+                    if choices and choices[0].get("text"):
+                        if ttft is None:
+                            ttft = time.perf_counter() - t0
+                        chunks += 1
+    except (httpx.HTTPError, json.JSONDecodeError):
+        status = 599
+    t1 = time.perf_counter()
+    return Sample(t0 - t_point, t1 - t_point, status, ttft, t1 - t0, chunks)
+
+
+async def closed_loop(
+    base_url: str,
+    prompts: Sequence[list[int]],
+    *,
+    clients: int,
+    seconds: float,
+    max_tokens: int,
+    model: str,
+) -> list[Sample]:
+    """``clients`` clients, each sending its next request when the last one ended, for
+    ``seconds``; then in-flight requests get ``DRAIN_S`` to finish."""
+    import httpx
+
+    order: Iterator[int] = itertools.count()
+    samples: list[Sample] = []
+    limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
+    timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=30.0)
+    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout) as client:
+        t_point = time.perf_counter()
+
+        async def client_loop() -> None:
+            while time.perf_counter() - t_point < seconds:
+                prompt = prompts[next(order) % len(prompts)]
+                body = {"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                        "stream": True}  # fmt: skip
+                samples.append(await _one(client, body, t_point))
+
+        tasks = [asyncio.create_task(client_loop()) for _ in range(clients)]
+        await asyncio.sleep(seconds)
+        _, pending = await asyncio.wait(tasks, timeout=DRAIN_S)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return samples
+
+
+def _ms(values: Sequence[float], q: float) -> float | None:
+    return round(1e3 * float(np.percentile(values, q)), 2) if values else None
+
+
+def summarize(samples: Sequence[Sample], warmup: float, seconds: float) -> dict[str, Any]:
+    """Latencies of the requests started in the counted window [warmup, seconds); requests/s:
+    those answered within it, over its length."""
+    counted = [s for s in samples if warmup <= s.started < seconds]
+    ok = [s for s in counted if s.status == 200]
+    errors: dict[str, int] = {}
+    for s in counted:
+        if s.status != 200:
+            errors[str(s.status)] = errors.get(str(s.status), 0) + 1
+    answered = sum(1 for s in samples if s.status == 200 and warmup <= s.ended < seconds)
+    ttft = [s.ttft_s for s in ok if s.ttft_s is not None]
+    e2e = [s.e2e_s for s in ok]
+    return {
+        "requests": len(ok),
+        "errors": errors,
+        "rps": round(answered / (seconds - warmup), 2),
+        "ttft_p50_ms": _ms(ttft, 50),
+        "ttft_p99_ms": _ms(ttft, 99),
+        "e2e_p50_ms": _ms(e2e, 50),
+        "e2e_p99_ms": _ms(e2e, 99),
+        "chunks_mean": round(float(np.mean([s.chunks for s in ok])), 2) if ok else None,
+    }
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den <= 0:
+        return None
+    return round(num / den, 4)
+
+
+def compare(bare: dict[str, Any], full: dict[str, Any]) -> dict[str, Any]:
+    """Added latency (full − bare, ms) and ratios full/bare of one point."""
+    keys = ("ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "e2e_p99_ms")
+    added = {
+        k: None if bare[k] is None or full[k] is None else round(full[k] - bare[k], 2) for k in keys
+    }
+    ratios = {k.removesuffix("_ms"): _ratio(full[k], bare[k]) for k in keys}
+    ratios["rps"] = _ratio(full["rps"], bare["rps"])
+    return {"added_ms": added, "ratios": ratios}
+
+
+# -- running both systems ----------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_ready(base_url: str, body: dict[str, Any], timeout_s: float = 120.0) -> None:
+    """Until one streamed request is answered (the deployment is up), then a few more."""
+    deadline = time.monotonic() + timeout_s
+
+    async def probe() -> int:
+        import httpx
+
+        async with httpx.AsyncClient(base_url=base_url, timeout=30.0) as client:
+            return (await _one(client, body, time.perf_counter())).status
+
+    last: object = None
+    while True:
+        try:
+            last = asyncio.run(probe())
+            if last == 200:
+                break
+        except Exception as exc:  # not listening yet
+            last = exc
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{base_url} did not answer within {timeout_s:g} s: {last}")
+        time.sleep(0.5)
+    for _ in range(4):
+        asyncio.run(probe())
+
+
+def run_points(
+    base_url: str, model: str, prompts: Sequence[list[int]], args: argparse.Namespace, bar: Any
+) -> dict[int, dict[str, Any]]:
+    warm = {"model": model, "prompt": prompts[0], "max_tokens": args.max_tokens, "stream": True}
+    _wait_ready(base_url, warm)
+    out = {}
+    for clients in args.clients:
+        samples = asyncio.run(
+            closed_loop(base_url, prompts, clients=clients, seconds=args.seconds,
+                        max_tokens=args.max_tokens, model=model)
+        )  # fmt: skip
+        out[clients] = summarize(samples, args.warmup, args.seconds)
+        bar.update(1)
+        time.sleep(1.0)  # let the last requests' bookkeeping settle
+    return out
+
+
+def run_bare(
+    config: Any, prompts: Sequence[list[int]], args: argparse.Namespace, bar: Any
+) -> tuple[dict[int, dict[str, Any]], float]:
+    from ray import serve
+
+    from cluster.serve.deployment import MAX_ONGOING_REQUESTS
+    from cluster.sim.cluster import Topology
+
+    seed = config.seed * 7919 + Topology.parse(config.topology).prefill  # the first decode id
+    port = _free_port()
+    t0 = time.perf_counter()
+    deployment = serve.deployment(name="bare-engine", max_ongoing_requests=MAX_ONGOING_REQUESTS)(
+        serve.ingress()(BareEngineIngress)
+    )
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(deployment.bind(config.profile, config.speedup, seed), name=BARE_APP,
+                  route_prefix="/")  # fmt: skip
+        startup = time.perf_counter() - t0
+        return run_points(f"http://127.0.0.1:{port}", BARE_APP, prompts, args, bar), startup
+    finally:
+        with contextlib.suppress(Exception):
+            serve.delete(BARE_APP)
+        serve.shutdown()
+
+
+def run_full(
+    config: Any, prompts: Sequence[list[int]], args: argparse.Namespace, bar: Any
+) -> tuple[dict[int, dict[str, Any]], float]:
+    from cluster.service import Service
+
+    port = _free_port()
+    t0 = time.perf_counter()
+    with Service(config) as service:  # stop() on the way out: actors, Serve, NATS
+        service.start(host="127.0.0.1", port=port)
+        startup = time.perf_counter() - t0
+        return run_points(f"http://127.0.0.1:{port}", config.model_name, prompts, args, bar), (
+            startup
+        )
+
+
+# -- the verdict -------------------------------------------------------------------------------
+
+
+def judge(report: dict[str, Any]) -> dict[str, Any]:
+    """At ``TARGET_CLIENTS`` clients, from ``report["points"]`` (each ``{"clients", "bare",
+    "full"}`` with the summaries above): full p50 E2E / bare ≤ 1.3 and full requests/s / bare
+    ≥ 0.7. A missing point, or a ratio that cannot be formed (no answered request), is a miss."""
+    point = next((p for p in report.get("points", []) if p["clients"] == TARGET_CLIENTS), None)
+    bare = point["bare"] if point else {}
+    full = point["full"] if point else {}
+    p50 = _ratio(full.get("e2e_p50_ms"), bare.get("e2e_p50_ms"))
+    rps = _ratio(full.get("rps"), bare.get("rps"))
+    if full.get("rps") == 0:  # nothing answered: a zero throughput ratio, not a missing one
+        rps = 0.0 if bare.get("rps") else None
+    return verdict(
+        {
+            f"p50_e2e_full_over_bare_at_{TARGET_CLIENTS}": at_most(
+                p50, P50_E2E_RATIO_MAX,
+                full_ms=full.get("e2e_p50_ms"), bare_ms=bare.get("e2e_p50_ms"),
+            ),
+            f"throughput_full_over_bare_at_{TARGET_CLIENTS}": at_least(
+                rps, THROUGHPUT_RATIO_MIN, full_rps=full.get("rps"), bare_rps=bare.get("rps"),
+            ),
+        }
+    )  # fmt: skip
+
+
+# -- main --------------------------------------------------------------------------------------
+
+
+def _clients(text: str) -> tuple[int, ...]:
+    values = tuple(int(x) for x in text.split(","))
+    if not values or any(not 1 <= c <= 1024 for c in values):
+        raise argparse.ArgumentTypeError("a comma-separated list of client counts in [1, 1024]")
+    return values
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from cluster.serve.config import DEFAULT_CONFIG
+
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--profile", default=DEFAULT_CONFIG.profile)
+    parser.add_argument("--speedup", type=float, default=DEFAULT_CONFIG.speedup,
+                        help="virtual seconds per wall second of both engines")  # fmt: skip
+    parser.add_argument("--topology", default="0P/1D", help="of the full path: 0P/1D or 1P/1D")
+    parser.add_argument("--max-tokens", type=int, default=16, help="output tokens per request")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="per point, warm-up included (default 12; --quick: 5)")  # fmt: skip
+    parser.add_argument("--warmup", type=float, default=None,
+                        help="first seconds not counted (default 2; --quick: 1)")  # fmt: skip
+    parser.add_argument("--clients", type=_clients, default=None,
+                        help="comma-separated (default 1,32,256; --quick: 1,32)")  # fmt: skip
+    parser.add_argument("--quick", action="store_true", help="short points, 1 and 32 clients")
+    parser.add_argument("--seed", type=int, default=0)
+    add_output_flags(parser)
+    args = parser.parse_args(argv)
+    if args.seconds is None:
+        args.seconds = 5.0 if args.quick else 12.0
+    if args.warmup is None:
+        args.warmup = 1.0 if args.quick else 2.0
+    if args.clients is None:
+        args.clients = QUICK_CLIENTS if args.quick else CLIENTS
+    if not 0 <= args.warmup < args.seconds <= 600:
+        parser.error("need 0 <= --warmup < --seconds <= 600")
+    if not 1 <= args.max_tokens <= 4096:
+        parser.error("--max-tokens must be in [1, 4096]")
+    if args.topology.replace(" ", "").upper() not in ("0P/1D", "1P/1D"):
+        parser.error("--topology must be 0P/1D or 1P/1D")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from cluster.models import ConfigError
+    from cluster.progress import progress_bar
+    from cluster.serve.config import ServeConfig
+
+    tmp = tempfile.mkdtemp(prefix="bench-ingress-")
+    try:
+        config = ServeConfig(
+            profile=args.profile, speedup=args.speedup, topology=args.topology, seed=args.seed,
+            ledger_path=str(Path(tmp) / "ledger.sqlite"),
+        )  # fmt: skip
+    except (ConfigError, ValueError) as exc:
+        print(f"bench.ingress: {exc}", file=sys.stderr)
+        return 2
+    if args.quiet:
+        for name in ("ray", "ray.serve"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    prompts = make_prompts(PROMPTS, args.seed)
+    bar = progress_bar(total=2 * len(args.clients), progress=args.progress, quiet=args.quiet,
+                       desc="ingress bench")  # fmt: skip
+    try:
+        # Ray prints some cluster messages ("(raylet) ...") on stdout: only the JSON goes there.
+        with contextlib.redirect_stdout(sys.stderr):
+            bare, bare_start, full, full_start = _run_both(config, prompts, args, bar)
+    finally:
+        bar.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    points = [
+        {"clients": c, "bare": bare[c], "full": full[c], **compare(bare[c], full[c])}
+        for c in args.clients
+    ]
+    report = {
+        "config": {
+            "profile": config.profile, "speedup": config.speedup, "topology": config.topology,
+            "max_tokens": args.max_tokens, "seconds": args.seconds, "warmup_s": args.warmup,
+            "clients": list(args.clients), "prompts": len(prompts),
+            "prompt_tokens_mean": round(float(np.mean([len(p) for p in prompts])), 1),
+            "cpus": os.cpu_count(),
+        },
+        "startup_s": {"bare": round(bare_start, 2), "full": round(full_start, 2)},
+        "points": points,
+    }  # fmt: skip
+    return emit("ingress", judge(report), report, args.quiet)
+
+
+def _run_both(
+    config: Any, prompts: Sequence[list[int]], args: argparse.Namespace, bar: Any
+) -> tuple[dict[int, Any], float, dict[int, Any], float]:
+    """One Ray session for both systems: (a), Serve shut down, then (b); Ray shut down after."""
+    import ray
+
+    from cluster.ray.runtime import init_ray
+    from cluster.service import SPARE_TP_GROUPS
+    from cluster.sim.cluster import Topology
+    from cluster.sim.profile import load_profile
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Serve replicas import this module by name when it is not __main__.
+    root = str(Path(__file__).resolve().parent.parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    tp = load_profile(config.profile).tp
+    gpus = Topology.parse(config.topology).gpus(tp) + SPARE_TP_GROUPS * tp
+    started = init_ray(accelerators=gpus, accelerator=config.accelerator_resource)
+    try:
+        bare, bare_start = run_bare(config, prompts, args, bar)
+        full, full_start = run_full(config, prompts, args, bar)
+    finally:
+        if started.owned:
+            ray.shutdown()
+            if started.tmpdir:
+                shutil.rmtree(started.tmpdir, ignore_errors=True)
+    return bare, bare_start, full, full_start
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

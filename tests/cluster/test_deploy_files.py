@@ -1,0 +1,118 @@
+"""deploy/ray: the cluster launcher config and the Serve config parse and say what the README says
+(three 8×B200 nodes, each declaring {"B200": 8}; an importable builder whose args are a
+ServeConfig), and the builder refuses a config without an external NATS server before it
+touches Ray. No Ray session is started here."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cluster.models import ConfigError, validate_model
+from cluster.serve import app_builder
+from cluster.serve.config import ServeConfig
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "ray"
+NODES = 3
+GPUS_PER_NODE = 8
+
+
+def _load(name: str) -> dict[str, Any]:
+    data = yaml.safe_load((DEPLOY / name).read_text(encoding="utf-8"))
+    assert isinstance(data, dict), f"{name} is not a YAML mapping"
+    return data
+
+
+def _app_args() -> dict[str, Any]:
+    (app,) = _load("serve.yaml")["applications"]
+    return dict(app["args"])
+
+
+def test_both_files_parse() -> None:
+    assert _load("cluster.yaml")["cluster_name"]
+    assert _load("serve.yaml")["applications"]
+
+
+def test_cluster_yaml_has_three_b200_nodes_each_declaring_the_resource() -> None:
+    config = _load("cluster.yaml")
+    types = config["available_node_types"]
+    head = config["head_node_type"]
+    assert head in types
+    for name, node in types.items():
+        resources = node["resources"]
+        assert resources.get("B200") == GPUS_PER_NODE, name
+        assert resources.get("GPU") == GPUS_PER_NODE, name
+    workers = [t for name, t in types.items() if name != head]
+    # A fixed-size cluster: the head plus min_workers = max_workers of every worker type.
+    assert all(t["min_workers"] == t["max_workers"] for t in workers)
+    assert 1 + sum(t["min_workers"] for t in workers) == NODES
+    assert config["max_workers"] == NODES - 1
+
+
+def test_cluster_yaml_passes_ray_up_validation() -> None:
+    """What ``ray up`` does first: fill in the provider's defaults, check the schema."""
+    pytest.importorskip("jsonschema")
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    validate_config(prepare_config(_load("cluster.yaml")))
+
+
+def test_cluster_yaml_installs_the_project_and_starts_nats_on_the_head() -> None:
+    config = _load("cluster.yaml")
+    setup = " ".join(config["setup_commands"])
+    assert "pip install" in setup and "disaggctl/src" in setup
+    assert any("nats-server" in c for c in config["head_start_ray_commands"])
+    # The head writes the config `disaggctl serve --config` reads there, with its NATS URL.
+    assert any("nats_url: nats://" in c for c in config["head_setup_commands"])
+
+
+def test_serve_yaml_passes_serve_validation() -> None:
+    from ray.serve.schema import ServeDeploySchema
+
+    schema = ServeDeploySchema.model_validate(_load("serve.yaml"))
+    assert [a.import_path for a in schema.applications] == ["cluster.serve.app_builder:build"]
+
+
+def test_serve_yaml_import_path_imports_a_one_argument_builder() -> None:
+    (app,) = _load("serve.yaml")["applications"]
+    module, _, attr = app["import_path"].partition(":")
+    builder = getattr(importlib.import_module(module), attr)
+    assert builder is app_builder.build
+    assert len(inspect.signature(builder).parameters) == 1  # what Serve requires of a builder
+
+
+def test_serve_yaml_args_are_a_serve_config_plus_a_users_file() -> None:
+    args = _app_args()
+    assert app_builder.USERS_FILE_KEY in args
+    fields = {k: v for k, v in args.items() if k != app_builder.USERS_FILE_KEY}
+    config = validate_model(ServeConfig, fields, "serve.yaml")
+    assert config.nats_url is not None and config.accelerator_resource == "B200"
+    assert Path(config.ledger_path).is_absolute()  # opened on whichever node the auction runs
+    parsed, users_file = app_builder.parse_args(args)
+    assert parsed == config and users_file is None
+
+
+def test_build_without_nats_url_raises_the_clear_error_before_ray() -> None:
+    import ray
+
+    args = _app_args()
+    del args["nats_url"]
+    with pytest.raises(ConfigError, match="nats_url is required on a Ray cluster"):
+        app_builder.build(args)
+    with pytest.raises(ConfigError, match="nats_url is required"):
+        app_builder.build({})
+    assert not ray.is_initialized()
+
+
+def test_build_names_a_bad_field() -> None:
+    with pytest.raises(ConfigError, match="topology"):
+        app_builder.build({**_app_args(), "topology": "five"})
+    with pytest.raises(ConfigError, match="users_file"):
+        app_builder.build({**_app_args(), "users_file": "/nonexistent/users.yaml"})
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        app_builder.parse_args(["profile"])  # type: ignore[arg-type]

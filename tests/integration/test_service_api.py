@@ -1,0 +1,508 @@
+"""The live service's OpenAI-compatible API, through the official ``openai`` client (sync and
+async) and raw HTTP (docs/design.md "Serve runtime"; /tmp/serve_spec.md "Ingress").
+
+One ``Service`` for the whole session (conftest ``live_service``: 1P/2D, 70B, speedup 4, a users
+file, ``allow_anonymous: false``). Checked: chat and completions, streaming and not; usage with
+``prompt_tokens_details.cached_tokens`` on a repeated long prompt; the ``x-disagg-payment`` /
+``x-disagg-position`` headers and the ``disagg`` object; VCG prices of a batch of two bidders
+charged to the ledger; ``/v1/models``, ``/health``, ``/metrics`` with every DESIGN §5 family;
+every bad input answered with its status, and nothing reserved or charged for any of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import ray
+from prometheus_client import generate_latest
+
+from auction import MAX_BID
+from auction.ledger import MAX_AMOUNT, Ledger
+from tests.integration.live_service import (
+    HTTP_TIMEOUT_S,
+    KEYS,
+    MODEL,
+    LiveService,
+    auth,
+    chat_body,
+    key,
+    metric_values,
+    until,
+)
+
+pytestmark = [
+    pytest.mark.integration,
+    # Ray Serve 2.60 under pydantic 2.14: deprecation noise from ray.serve._private.config.
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+]
+
+DISAGG_KEYS = {
+    "payment", "position", "batch_id", "mode", "decode_worker", "prefill_worker",
+    "policy_version", "regime", "cached_tokens",
+}  # fmt: skip
+# docs/design.md §5 "Prometheus names" (built and planned-with-the-re-split ones alike).
+DESIGN_METRICS = {
+    "disagg_poa_hat", "disagg_poa_routing", "disagg_poa_capacity", "disagg_poa_impossible_total",
+    "disagg_regime", "disagg_router_temperature", "disagg_router_overlap_weight",
+    "disagg_routing_cost", "disagg_ttft_p99_smoothed_seconds", "disagg_ttft_seconds",
+    "disagg_itl_seconds", "disagg_requests_total", "disagg_auction_queue_depth",
+    "disagg_auction_welfare", "disagg_auction_revenue_total", "disagg_events_dropped_total",
+    "disagg_capacity_advice_total", "disagg_pool_workers", "disagg_resplits_total",
+}  # fmt: skip
+# A prompt long enough to span many KV blocks (the 70B profile's block is 16 tokens).
+LONG_PROMPT = "Summarise the history of the river valley and its seven old mills. " * 40
+TIMEOUT_S = 30.0
+
+
+def _client(live: LiveService, user: str = "load") -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=live.url + "/v1", api_key=key(user), max_retries=0, timeout=HTTP_TIMEOUT_S
+    )
+
+
+def _aclient(live: LiveService, user: str = "load") -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url=live.url + "/v1", api_key=key(user), max_retries=0, timeout=HTTP_TIMEOUT_S
+    )
+
+
+def _disagg(obj: Any) -> dict[str, Any]:
+    """The ``disagg`` extension of an openai response object (kept as an extra field)."""
+    extra = obj.model_extra or {}
+    assert "disagg" in extra, f"no disagg object in {obj!r}"
+    disagg = extra["disagg"]
+    assert set(disagg) == DISAGG_KEYS, disagg
+    return dict(disagg)
+
+
+def _stats(live: LiveService) -> dict[str, Any]:
+    return ray.get(live.handles.auction.stats.remote(), timeout=TIMEOUT_S)
+
+
+def _check_headers(headers: Any, disagg: dict[str, Any] | None = None) -> None:
+    payment, position = headers.get("x-disagg-payment"), headers.get("x-disagg-position")
+    assert payment is not None and position is not None, dict(headers)
+    assert float(payment) >= 0 and int(position) >= 0, (payment, position)
+    if disagg is not None:
+        assert float(payment) == pytest.approx(disagg["payment"], abs=1e-6)
+        assert int(position) == disagg["position"]
+
+
+# -- the happy paths -------------------------------------------------------------------------------
+
+
+def test_models_and_health(live_service: LiveService) -> None:
+    client = _client(live_service)
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+    r = httpx.get(live_service.url + "/health", timeout=TIMEOUT_S)
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+
+
+def test_sync_chat_not_streaming_with_headers_and_disagg(live_service: LiveService) -> None:
+    client = _client(live_service)
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "Tell me about the sea."}],
+        max_tokens=5,
+    )  # fmt: skip
+    assert raw.status_code == 200
+    completion = raw.parse()
+    disagg = _disagg(completion)
+    _check_headers(raw.headers, disagg)
+    assert completion.object == "chat.completion" and completion.model == MODEL
+    choice = completion.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason == "length"
+    usage = completion.usage
+    assert usage is not None and usage.completion_tokens == 5
+    assert usage.total_tokens == usage.prompt_tokens + 5
+    assert usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == disagg["cached_tokens"]
+    assert disagg["decode_worker"] in live_service.handles.decode
+    assert disagg["mode"] in ("fcfs", "auction") and disagg["regime"] == "below"
+    assert disagg["payment"] == 0.0  # bid 0 pays nothing
+
+
+def test_sync_completions_streaming_and_not(live_service: LiveService) -> None:
+    client = _client(live_service)
+    raw = client.completions.with_raw_response.create(
+        model=MODEL, prompt="Once upon a time", max_tokens=3
+    )
+    completion = raw.parse()
+    _check_headers(raw.headers, _disagg(completion))
+    assert completion.object == "text_completion" and completion.choices[0].text
+    assert completion.usage is not None and completion.usage.completion_tokens == 3
+
+    stream = client.completions.create(
+        model=MODEL, prompt="Once upon a time", max_tokens=3, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == "length"
+    _disagg(finals[0])
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
+
+
+def test_async_chat_and_completions_streaming_and_not(live_service: LiveService) -> None:
+    async def main() -> None:
+        client = _aclient(live_service)
+        try:
+            raw = await client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=[{"role": "user", "content": "Hello there!"}],
+                max_tokens=4, stream=True, stream_options={"include_usage": True},
+            )  # fmt: skip
+            assert raw.status_code == 200
+            _check_headers(raw.headers)  # sent at stream start, after admission
+            stream = raw.parse()  # with_raw_response: the legacy response, parse() is sync
+            chunks = [c async for c in stream]
+            assert chunks[0].choices[0].delta.role == "assistant"
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            assert text
+            finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+            assert len(finals) == 1
+            disagg = _disagg(finals[0])
+            assert disagg["payment"] == 0.0
+            usage = chunks[-1].usage
+            assert usage is not None and not chunks[-1].choices
+            assert usage.completion_tokens == 4
+            assert usage.prompt_tokens_details is not None
+
+            chat, comp = await asyncio.gather(
+                client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "Hi!"}], max_tokens=2
+                ),
+                client.completions.create(model=MODEL, prompt=[1000, 1001, 1002], max_tokens=2),
+            )
+            assert chat.choices[0].message.content and chat.usage.completion_tokens == 2
+            assert comp.choices[0].text and comp.usage.prompt_tokens == 3
+            _disagg(chat), _disagg(comp)
+        finally:
+            await client.close()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_repeated_long_prompt_reports_cached_tokens(live_service: LiveService) -> None:
+    client = _client(live_service)
+    messages = [{"role": "user", "content": LONG_PROMPT}]
+    first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    assert first.usage is not None and first.usage.prompt_tokens > 256
+
+    def again() -> int:
+        # KV events reach the router over NATS: allow them a moment.
+        stream = client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=2, stream=True,
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        usage = [c.usage for c in stream if c.usage is not None][-1]
+        assert usage.prompt_tokens_details is not None
+        return usage.prompt_tokens_details.cached_tokens
+
+    cached = until(again, 10, "a repeated long prompt reports cached tokens", 0.3)
+    assert 0 < cached <= first.usage.prompt_tokens
+    # Most of the prompt (all its full blocks) is cached, not a token or two.
+    assert cached >= first.usage.prompt_tokens - 16
+    second = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    assert second.usage.prompt_tokens_details.cached_tokens == _disagg(second)["cached_tokens"]
+    assert _disagg(second)["cached_tokens"] > 0
+
+
+def test_metrics_has_every_design_metric(live_service: LiveService) -> None:
+    from controller import metrics as design
+
+    r = httpx.get(live_service.url + "/metrics", timeout=TIMEOUT_S)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    exposed = {line.split()[2] for line in r.text.splitlines() if line.startswith("# TYPE ")}
+    defined = {
+        line.split()[2]
+        for line in generate_latest(design.REGISTRY).decode().splitlines()
+        if line.startswith("# TYPE ")
+    }
+    assert defined >= DESIGN_METRICS, f"controller/metrics.py lacks {DESIGN_METRICS - defined}"
+    assert not defined - exposed, f"/metrics lacks {sorted(defined - exposed)}"
+    # One HELP/TYPE per family: the ingress merged the actors' texts.
+    types = [line for line in r.text.splitlines() if line.startswith("# TYPE ")]
+    assert len(types) == len(set(types)), "a family is exposed twice"
+    assert metric_values(r.text, "disagg_requests_total").get('{status="ok"}', 0) >= 1
+    assert metric_values(r.text, "disagg_pool_workers") == {
+        '{role="prefill"}': 1.0, '{role="decode"}': 2.0,
+    }  # fmt: skip
+    assert metric_values(r.text, "disagg_ttft_seconds_count")[""] >= 1
+
+
+# -- a bidding user ------------------------------------------------------------------------------
+
+
+def test_bidders_pay_vcg_prices_and_the_ledger_agrees(live_service: LiveService) -> None:
+    """Two bidders in one auctioned batch: alice (bid 3) goes first and pays bob's bid (the
+    delay she imposes on him, docs/design.md §1); bob pays nothing. Forced into auction mode by
+    telling the auction the regime is saturated (what the controller does under load)."""
+    auction = live_service.handles.auction
+    before = _stats(live_service)["users"]
+
+    async def main() -> list[Any]:
+        alice, bob = _aclient(live_service, "alice"), _aclient(live_service, "bob")
+        try:
+            return list(
+                await asyncio.gather(
+                    alice.chat.completions.with_raw_response.create(
+                        model=MODEL, messages=[{"role": "user", "content": "alpha beta"}],
+                        max_tokens=2, extra_body={"bid": 3.0},
+                    ),
+                    bob.chat.completions.with_raw_response.create(
+                        model=MODEL, messages=[{"role": "user", "content": "gamma delta"}],
+                        max_tokens=2, extra_body={"bid": 1.0},
+                    ),
+                )
+            )  # fmt: skip
+        finally:
+            await alice.close()
+            await bob.close()
+
+    charged = {"alice": 0.0, "bob": 0.0}
+    ray.get(auction.set_regime.remote("saturated"), timeout=TIMEOUT_S)
+    try:
+        # Two requests sent together reach the auction within its batch window (150 ms) unless
+        # the machine stalls; then they form two batches of one: send the pair again.
+        for _attempt in range(3):
+            raws = asyncio.run(asyncio.wait_for(main(), 60))
+            (a, a_dis), (b, b_dis) = ((r, _disagg(r.parse())) for r in raws)
+            charged["alice"] += a_dis["payment"]
+            charged["bob"] += b_dis["payment"]
+            if a_dis["batch_id"] == b_dis["batch_id"]:
+                break
+    finally:
+        ray.get(auction.set_regime.remote("below"), timeout=TIMEOUT_S)
+    _check_headers(a.headers, a_dis)
+    _check_headers(b.headers, b_dis)
+    assert a_dis["mode"] == b_dis["mode"] == "auction", (a_dis, b_dis)
+    assert a_dis["batch_id"] == b_dis["batch_id"] is not None, "never in one batch"
+    assert (a_dis["position"], b_dis["position"]) == (1, 2)
+    assert a_dis["payment"] == pytest.approx(1.0) and b_dis["payment"] == 0.0
+
+    after = _stats(live_service)["users"]
+    for user in ("alice", "bob"):
+        assert after[user]["spent"] == pytest.approx(before[user]["spent"] + charged[user])
+    assert after["alice"]["held"] == after["bob"]["held"] == 0.0  # holds released
+
+    # The ledger file says the same (read after the fact, next to the running actor).
+    ledger = Ledger(live_service.ledger_path)
+    try:
+        captured = [c for c in ledger.journal("alice") if c.batch_id == a_dis["batch_id"]]
+        assert [c.amount for c in captured] == [pytest.approx(1.0)]
+        assert ledger.account("alice").spent == pytest.approx(after["alice"]["spent"])
+    finally:
+        ledger.close()
+
+    # A bid within the budget but above what remains of it is refused (402), reserving nothing.
+    spent = after["alice"]["spent"]
+    budget = KEYS["alice"][1]
+    over_remaining = budget - spent / 2
+    assert budget - spent < over_remaining <= budget
+    with pytest.raises(openai.APIStatusError) as err:
+        _client(live_service, "alice").chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=1,
+            extra_body={"bid": over_remaining},
+        )  # fmt: skip
+    assert err.value.status_code == 402
+    assert err.value.response.headers["x-disagg-payment"] == "0"
+    final = _stats(live_service)["users"]["alice"]
+    assert final["spent"] == pytest.approx(spent) and final["held"] == 0.0
+
+
+# -- bad inputs: their status, and nothing charged -----------------------------------------------
+
+CAROL = KEYS["carol"]
+
+
+def _post(
+    live: LiveService,
+    *,
+    body: bytes | dict[str, Any],
+    headers: dict[str, str],
+    path: str = "/v1/chat/completions",
+) -> httpx.Response:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(
+        live.url + path, content=content, timeout=TIMEOUT_S,
+        headers={"content-type": "application/json", **headers},
+    )  # fmt: skip
+
+
+def _expect(r: httpx.Response, status: int, param: str | None = None) -> None:
+    assert r.status_code == status, f"expected {status}, got {r.status_code}: {r.text[:300]}"
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param is not None:
+        assert err["param"] == param, err
+    assert r.headers["x-disagg-payment"] == "0" and r.headers["x-disagg-position"] == "-1"
+
+
+def test_missing_key_is_401_when_anonymous_is_not_allowed(live_service: LiveService) -> None:
+    # The service's config says allow_anonymous: false (tests/integration/live_service.py).
+    assert live_service.service.config.allow_anonymous is False
+    r = _post(live_service, body=chat_body("hi"), headers={})
+    assert r.status_code == 401, "allow_anonymous: false must refuse a request without a key"
+    _expect(r, 401, "authorization")
+
+
+@pytest.mark.parametrize(
+    "headers, body",
+    [
+        ({}, chat_body("hi", bid=1.0)),  # no key, positive bid
+        ({"Authorization": "Bearer sk-not-a-key"}, chat_body("hi")),
+        ({"Authorization": "Bearer"}, chat_body("hi")),
+        ({"Authorization": "Basic " + CAROL[0]}, chat_body("hi")),
+        ({"Authorization": "Bearer " + "k" * 600}, chat_body("hi")),
+    ],
+    ids=["no-key-with-bid", "unknown-key", "empty-key", "not-bearer", "oversized-key"],
+)
+def test_missing_or_unknown_key_is_401(
+    live_service: LiveService, headers: dict[str, str], body: dict[str, Any]
+) -> None:
+    _expect(_post(live_service, body=body, headers=headers), 401)
+
+
+def test_unknown_key_with_the_openai_client_is_an_authentication_error(
+    live_service: LiveService,
+) -> None:
+    client = openai.OpenAI(base_url=live_service.url + "/v1", api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as err:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=1
+        )
+    assert err.value.status_code == 401
+    assert err.value.response.headers["x-disagg-position"] == "-1"
+
+
+def _raw_bid(literal: str) -> bytes:
+    # JSON literals that json.dumps will not write (NaN, Infinity, 1e999) go in as text.
+    text = json.dumps({**chat_body("hi", max_tokens=1), "bid": "__BID__"})
+    return text.replace('"__BID__"', literal).encode()
+
+
+@pytest.mark.parametrize(
+    "body, headers, param",
+    [
+        (_raw_bid("-1"), {}, "bid"),
+        (_raw_bid("-0.000001"), {}, "bid"),
+        (_raw_bid("NaN"), {}, "bid"),
+        (_raw_bid('"abc"'), {}, "bid"),
+        (_raw_bid('"1.5"'), {}, "bid"),  # strict: a string is not a number
+        (_raw_bid("Infinity"), {}, "bid"),
+        (_raw_bid("-Infinity"), {}, "bid"),
+        (_raw_bid("1e999"), {}, "bid"),  # parses as inf
+        (_raw_bid(repr(MAX_AMOUNT * 2)), {}, "bid"),  # finite, above what money can hold
+        (json.dumps(chat_body("hi")).encode(), {"x-bid": "abc"}, "x-bid"),
+        (json.dumps(chat_body("hi")).encode(), {"x-bid": "nan"}, "x-bid"),
+        (json.dumps(chat_body("hi")).encode(), {"x-bid": "inf"}, "x-bid"),
+        (json.dumps(chat_body("hi")).encode(), {"x-bid": "-1"}, "x-bid"),
+    ],
+    ids=[
+        "negative", "tiny-negative", "nan", "abc", "numeric-string", "inf", "minus-inf",
+        "overflow", "above-max-amount", "header-abc", "header-nan", "header-inf", "header-negative",
+    ],
+)  # fmt: skip
+def test_bad_bid_is_400(
+    live_service: LiveService, body: bytes, headers: dict[str, str], param: str
+) -> None:
+    r = _post(live_service, body=body, headers={**auth("carol"), **headers})
+    _expect(r, 400, param)
+
+
+def test_bad_bid_with_the_openai_client_is_a_bad_request(live_service: LiveService) -> None:
+    client = _client(live_service, "carol")
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=1,
+            extra_body={"bid": -2.0},
+        )  # fmt: skip
+    assert err.value.status_code == 400
+
+
+@pytest.mark.parametrize("bid", [CAROL[1] + 1.0, CAROL[1] + 1e-6, MAX_BID])
+def test_bid_above_the_remaining_budget_is_402(live_service: LiveService, bid: float) -> None:
+    r = _post(live_service, body=chat_body("hi", bid=bid), headers=auth("carol"))
+    _expect(r, 402, "bid")
+
+
+@pytest.mark.parametrize("where", ["body", "x-bid"])
+def test_bid_above_the_auctions_maximum_is_400_naming_the_bid(
+    live_service: LiveService, where: str
+) -> None:
+    """A finite bid above ``auction.MAX_BID`` (1e9) but within the ingress's bound
+    (``MAX_AMOUNT``, 1e12) is a bad bid: 400 naming the field, like every other bad bid."""
+    bid = MAX_BID * 10
+    assert bid <= MAX_AMOUNT
+    body = chat_body("hi", bid=bid) if where == "body" else chat_body("hi")
+    headers = {**auth("carol"), **({"x-bid": repr(bid)} if where == "x-bid" else {})}
+    r = _post(live_service, body=body, headers=headers)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == ("bid" if where == "body" else "x-bid"), r.text
+
+
+def test_bid_above_budget_with_the_openai_client_and_a_stream_is_402(
+    live_service: LiveService,
+) -> None:
+    client = _client(live_service, "carol")
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=1,
+            stream=True, extra_body={"bid": CAROL[1] * 2},
+        )  # fmt: skip
+    assert err.value.status_code == 402  # refused at admission: before the stream starts
+
+
+def test_body_over_one_mib_is_413(live_service: LiveService) -> None:
+    big = chat_body("word " * (1 << 18))  # ~1.3 MB of JSON
+    body = json.dumps(big).encode()
+    assert len(body) > 1 << 20
+    _expect(_post(live_service, body=body, headers=auth("carol")), 413)
+
+
+def test_prompt_over_the_context_is_413(live_service: LiveService) -> None:
+    client = _client(live_service, "carol")
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hello " * 9000}], max_tokens=1
+        )
+    assert err.value.status_code == 413
+    assert err.value.response.headers["x-disagg-payment"] == "0"
+    # The prompt fits, but not with the output asked for.
+    r = _post(live_service, body=chat_body("hello " * 100, max_tokens=8190),
+              headers=auth("carol"))  # fmt: skip
+    _expect(r, 413, "max_tokens")
+    r = _post(live_service, body={"model": MODEL, "prompt": [7] * 9000, "max_tokens": 1},
+              headers=auth("carol"), path="/v1/completions")  # fmt: skip
+    _expect(r, 413)
+
+
+def test_bad_inputs_reserved_and_charged_nothing(live_service: LiveService) -> None:
+    """Every request above that carol sent failed before or at admission: her ledger shows no
+    hold ever taken and no charge, and the auction holds nothing for anyone."""
+    stats = _stats(live_service)
+    assert stats["users"]["carol"] == {"spent": 0.0, "held": 0.0, "budget": CAROL[1]}
+    until(lambda: _stats(live_service)["in_flight"] == 0, 10, "the auction is idle")
+    ledger = Ledger(live_service.ledger_path)
+    try:
+        assert ledger.holds("carol") == [], "a hold was taken for a refused request"
+        assert ledger.journal("carol") == [], "a refused request was charged"
+        assert math.isclose(ledger.account("carol").spent, 0.0)
+    finally:
+        ledger.close()
+    text = httpx.get(live_service.url + "/metrics", timeout=TIMEOUT_S).text
+    statuses = metric_values(text, "disagg_requests_total")
+    for status in ("400", "401", "402", "413"):
+        assert statuses.get(f'{{status="{status}"}}', 0) >= 1, statuses

@@ -245,3 +245,35 @@ def wake_after_restart() -> None:
     except Exception:  # not inside an actor
         return
     me.ready.remote()
+
+
+async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel background tasks and wait until each has stopped (whatever it raised)."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+
+async def subscribe_when_connected(
+    actor_bus: ActorBus, on_event: Callable[[Event], None], kinds: tuple[str, ...]
+) -> bool:
+    """Wait (as long as it takes) for NATS, then subscribe ``on_event`` to ``kinds``; nats-py
+    re-subscribes after every reconnect, so one subscription lasts the actor's life. False when
+    there is no NATS (events then come through ``on_event`` in-process)."""
+    bus = actor_bus.bus
+    if bus is None:
+        return False
+    while not await actor_bus.wait_connected(60.0):
+        pass
+    await bus.subscribe(on_event, kinds=kinds)
+    return True
+
+
+async def wait_subscribed(actor_bus: ActorBus, subscribed: Callable[[], bool]) -> None:
+    """After a connection, give the subscription the few ms it takes (at most 0.5 s)."""
+    for _ in range(50):
+        if subscribed() or actor_bus.bus is None:
+            return
+        await asyncio.sleep(0.01)

@@ -24,7 +24,6 @@ simulator's scenario (k1 = 5, k2 = 15) do, or, when neither is given, ``DEFAULT_
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import math
@@ -35,7 +34,14 @@ from pydantic import Field, model_validator
 
 from cluster.events import Event, FirstTokenEvent, RegimeEvent
 from cluster.models import StrictModel, validate_model
-from cluster.ray.actor_support import ActorBus, actor_info, wake_after_restart
+from cluster.ray.actor_support import (
+    ActorBus,
+    actor_info,
+    cancel_all,
+    subscribe_when_connected,
+    wait_subscribed,
+    wake_after_restart,
+)
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
 from cluster.ray.poa_actor import CONNECT_WAIT_S, service_clock
 from controller.controller import Controller, RegimeChange
@@ -222,21 +228,14 @@ class ControllerActor:
         self._start()
         connected = await self.bus.wait_connected(CONNECT_WAIT_S)
         if connected:
-            for _ in range(50):  # the subscription follows the connection within a few ms
-                if self._subscribed or self.bus.bus is None:
-                    break
-                await asyncio.sleep(0.01)
+            await wait_subscribed(self.bus, lambda: self._subscribed)
         info = {"role": "controller", "nats": connected, "subscribed": self._subscribed}
         return {**actor_info(), **info}
 
     async def shutdown(self) -> None:
         tasks = [*self._tasks, *([self._push_task] if self._push_task else [])]
         self._tasks, self._push_task = [], None
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_all(tasks)
         await self.bus.close()
 
     async def metrics_text(self) -> str:
@@ -245,13 +244,8 @@ class ControllerActor:
     # -- TTFT in -----------------------------------------------------------------------------
 
     async def _subscribe(self) -> None:
-        bus = self.bus.bus
-        if bus is None:  # no NATS: TTFTs come through on_event (in-process composition)
-            return
-        while not await self.bus.wait_connected(60.0):
-            pass
-        await bus.subscribe(self.on_event, kinds=("first_token",))  # lasts across reconnects
-        self._subscribed = True
+        # Without NATS, TTFTs come through on_event (in-process composition).
+        self._subscribed = await subscribe_when_connected(self.bus, self.on_event, ("first_token",))
 
     def on_event(self, event: Event) -> None:
         """A decoded event (the bus callback); never raises."""

@@ -27,7 +27,6 @@ The class is plain Python; the composer wraps it with ``ray.remote`` ("Serve run
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import math
@@ -36,7 +35,14 @@ from collections.abc import Callable
 from typing import Any
 
 from cluster.events import CompleteEvent, Event, FirstTokenEvent, RouteEvent
-from cluster.ray.actor_support import ActorBus, actor_info, wake_after_restart
+from cluster.ray.actor_support import (
+    ActorBus,
+    actor_info,
+    cancel_all,
+    subscribe_when_connected,
+    wait_subscribed,
+    wake_after_restart,
+)
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
 from controller import metrics
 from games.join import EventJoiner
@@ -133,19 +139,12 @@ class PoaActor:
         self._start()
         connected = await self.bus.wait_connected(CONNECT_WAIT_S)
         if connected:
-            for _ in range(50):  # the subscription follows the connection within a few ms
-                if self._subscribed or self.bus.bus is None:
-                    break
-                await asyncio.sleep(0.01)
+            await wait_subscribed(self.bus, lambda: self._subscribed)
         return {**actor_info(), "role": "poa", "nats": connected, "subscribed": self._subscribed}
 
     async def shutdown(self) -> None:
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_all(tasks)
         await self.bus.close()
 
     async def metrics_text(self) -> str:
@@ -154,14 +153,8 @@ class PoaActor:
     # -- events in ---------------------------------------------------------------------------
 
     async def _subscribe(self) -> None:
-        bus = self.bus.bus
-        if bus is None:  # no NATS: events come through on_event (in-process composition)
-            return
-        while not await self.bus.wait_connected(60.0):
-            pass
-        # nats-py re-subscribes after every reconnect: one subscription lasts the actor's life.
-        await bus.subscribe(self.on_event, kinds=KINDS)
-        self._subscribed = True
+        # Without NATS, events come through on_event (in-process composition).
+        self._subscribed = await subscribe_when_connected(self.bus, self.on_event, KINDS)
 
     def on_event(self, event: Event) -> None:
         """One decoded event (the bus callback). Never raises: a bad one is counted."""

@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal
+
+import numpy as np
 
 from auction.request import Request
 from auction.run import run_auction
 from auction.schedulers import SCHEDULERS
+from auction.welfare import user_values
 
 __all__ = [
     "REGIMES",
@@ -115,6 +118,7 @@ class BatchOutcome:
     payments: Mapping[str, float]
     shares: Mapping[str, float]
     welfare: float
+    user_welfare: Mapping[str, float] = field(default_factory=dict)  # V_i (docs/design.md §1)
 
     @property
     def revenue(self) -> float:
@@ -271,6 +275,13 @@ class AdmissionQueue:
         number = self.batches
         self.batches += 1
         batch_id = f"{self.batch_prefix}-{number}"
+        index = {r.id: i for i, r in enumerate(batch)}
+        names = sorted({r.user for r in batch})
+        values = user_values(
+            [index[rid] for rid in result.order],
+            [r.bid for r in batch],
+            np.array([names.index(r.user) for r in batch], dtype=np.int64),
+        )
         for position, rid in enumerate(result.order, start=1):
             self._ordered[rid] = Release(rid, position, shares[rid], batch_id, "auction")
         self._formed.append(
@@ -282,5 +293,6 @@ class AdmissionQueue:
                 payments={u: float(p) for u, p in result.payments.items()},
                 shares=shares,
                 welfare=float(result.welfare),
+                user_welfare={u: float(v) for u, v in zip(names, values, strict=False)},
             )
         )

@@ -164,7 +164,27 @@ def phase_table(
     return rows
 
 
-def user_table(results: Sequence[ClientResult], bidders: Sequence[Bidder]) -> list[dict[str, Any]]:
+def _auction_stats(service: Service) -> dict[str, Any]:
+    """The auction actor's totals: money captured (ledger) and welfare per user."""
+    import ray
+
+    try:
+        stats = ray.get(service.handles.auction.stats.remote(), timeout=10)
+    except Exception:  # a report without the auction's totals beats no report
+        return {}
+    return stats if isinstance(stats, dict) else {}
+
+
+def user_table(
+    results: Sequence[ClientResult],
+    bidders: Sequence[Bidder],
+    auction: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Per user: what was answered and auctioned, where it queued, what the auction charged
+    (the ledger) and the user's welfare V_i summed over batches (docs/design.md §1)."""
+    auction = auction or {}
+    charged = auction.get("users") or {}
+    welfare = auction.get("user_welfare") or {}
     rows = []
     for name, bid in [(b.name, b.bid) for b in bidders] + [("anonymous", 0.0)]:
         rs = [r for r in results if r.user == name and r.status == 200]
@@ -176,7 +196,8 @@ def user_table(results: Sequence[ClientResult], bidders: Sequence[Bidder]) -> li
                 "answered": len(rs),
                 "auctioned": len(queued),
                 "mean_position": float(np.mean(queued)) if queued else None,
-                "paid": float(sum(r.payment for r in rs)),
+                "paid": float((charged.get(name) or {}).get("spent", 0.0)),
+                "welfare": float(welfare.get(name, 0.0)),
                 "ttft_p99_s": _p([r.ttft_s for r in rs if r.ttft_s is not None], 99),
             }
         )
@@ -238,14 +259,19 @@ def format_report(report: dict[str, Any]) -> str:
         f"{c['t']:.0f}s {c['regime']} (τ={c['tau']}, ω={c['omega']})" for c in report["regimes"]
     ))  # fmt: skip
     lines.append("")
-    lines.append("user       bid  answered  auctioned  mean position   paid   TTFT p99")
+    lines.append(
+        "user       bid  answered  auctioned  mean position   paid  welfare   TTFT p99"
+    )
     for u in report["users"]:
         lines.append(
             f"{u['user']:<9} {u['bid']:>4.1f} {u['answered']:>9} {u['auctioned']:>10} "
-            f"{_fmt(u['mean_position'], '14.1f')} {u['paid']:>7.2f} "
+            f"{_fmt(u['mean_position'], '14.1f')} {u['paid']:>6.2f} {u['welfare']:>8.2f} "
             f"{_fmt(u['ttft_p99_s'], '9.3f')}s"
         )
-    lines.append(f"revenue charged {report['revenue']:.2f}  (ledger: {report['ledger']})")
+    lines.append(
+        f"revenue charged {report['revenue']:.2f}, welfare of the auctioned batches "
+        f"{report['welfare']:.2f}  (ledger: {report['ledger']})"
+    )
     for status, entry in report.get("errors", {}).items():
         lines.append(f"HTTP {status}: {entry['count']} requests, e.g. {entry['first']}")
     return "\n".join(lines)
@@ -287,7 +313,7 @@ def run_serve_demo(
         results, samples, seconds = asyncio.run(
             _drive(service.url, phases, bidders, seed, live, config.model_name)
         )
-        revenue = samples[-1].status.get("revenue") if samples else None
+        auction = _auction_stats(service)
     finally:
         service.stop()
     report = {
@@ -296,8 +322,9 @@ def run_serve_demo(
         "seconds": seconds,
         "phases": phase_table(results, samples, phases),
         "regimes": regime_changes(samples),
-        "users": user_table(results, bidders),
-        "revenue": float(revenue) if _finite(revenue) else 0.0,
+        "users": user_table(results, bidders, auction),
+        "welfare": float(auction.get("welfare", 0.0)),
+        "revenue": float(auction.get("revenue", 0.0)),
         "errors": error_summary(results),
         "ledger": str(ledger),
         "timeline": [asdict(s) for s in samples],

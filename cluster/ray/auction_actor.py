@@ -155,6 +155,8 @@ class AuctionActor:
         self._settled: OrderedDict[str, asyncio.Future[float]] = OrderedDict()
         self._holds = 0
         self.revenue = 0.0  # money captured by this actor (disagg_auction_revenue_total)
+        self.welfare = 0.0  # Σ over batches of W(σ) = Σ_r b_r·x_r (docs/design.md §1)
+        self.user_welfare: dict[str, float] = {}  # Σ over batches of V_i
         self._timer: asyncio.TimerHandle | None = None
         self._bus: EventBus | None = None
         self._bus_up = False
@@ -326,6 +328,9 @@ class AuctionActor:
 
     def _on_batch(self, outcome: BatchOutcome) -> None:
         metrics.AUCTION_WELFARE.set(outcome.welfare)
+        self.welfare += outcome.welfare
+        for user, value in outcome.user_welfare.items():
+            self.user_welfare[user] = self.user_welfare.get(user, 0.0) + value
         if self._bus is None or not self._bus_up:
             return
         try:
@@ -409,6 +414,8 @@ class AuctionActor:
             "regime": self._queue.regime,
             "batches": self._queue.batches,
             "revenue": self.revenue,
+            "welfare": self.welfare,
+            "user_welfare": dict(self.user_welfare),
             "released_at_start": self.released_at_start,
             "nats": self._bus_up,
             "users": await self._ledger_call(users),

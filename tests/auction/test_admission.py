@@ -214,3 +214,19 @@ def test_shares_are_within_bids_and_sum_to_the_vcg_payments(
         for rid in outcome.order:
             assert 0.0 <= releases[rid].payment <= bids[rid]
             assert releases[rid].payment == outcome.shares[rid]
+
+
+def test_a_batch_reports_each_users_value_and_they_add_up_to_its_welfare() -> None:
+    """V_i = Σ_{r∈R_i} b_r·x_r with x_r = (n − pos_r)/(n − 1), summed over users: W (§1)."""
+    queue = _queue(batch_size=5, max_in_prefill=5)
+    queue.set_regime("saturated")
+    _fill(queue, "abcde")
+    releases = queue.releasable(WINDOW)
+    (outcome,) = queue.pop_batches()
+    n = len(outcome.order)
+    by_hand: dict[str, float] = {}
+    for r in releases:
+        user, x = USERS[r.request_id], (n - r.position) / (n - 1)
+        by_hand[user] = by_hand.get(user, 0.0) + BIDS[r.request_id] * x
+    assert outcome.user_welfare == pytest.approx(by_hand)
+    assert sum(outcome.user_welfare.values()) == pytest.approx(outcome.welfare)

@@ -30,6 +30,9 @@ def test_the_demo_drives_the_live_service_and_reports(tmp_path: Path) -> None:
     for name, bid, _ in BIDDERS:  # a VCG payment never exceeds the bid
         assert users[name]["paid"] <= bid * users[name]["answered"] + 1e-9
     assert users["anonymous"]["paid"] == 0.0
+    # The ledger's charges are the auction's revenue, and welfare is V_i summed over users.
+    assert sum(u["paid"] for u in users.values()) == pytest.approx(report["revenue"])
+    assert sum(u["welfare"] for u in users.values()) == pytest.approx(report["welfare"])
     assert report["regimes"] and report["regimes"][0]["regime"] == "below"
     assert len(report["timeline"]) >= 10  # one reading of /metrics per second
     saved = json.loads((tmp_path / "serve.json").read_text())

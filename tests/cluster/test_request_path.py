@@ -1,0 +1,292 @@
+"""The request path over the actors (cluster/serve/path.py), in-process against stand-in actors:
+admission, routing, prefill and transfer, the decode stream, one retry, 503s, and books that
+always close — the auction's hold captured only for an answered request."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from ray.exceptions import ActorDiedError
+
+from cluster.events import CompleteEvent, FirstTokenEvent
+from cluster.serve.path import ActorRequestPath, Workers, _as_path_error, make_actor_path
+from cluster.serve.path_types import (
+    Admitted,
+    Finished,
+    PathError,
+    PathEvent,
+    PathRequest,
+    Routed,
+    TokenChunk,
+)
+from cluster.sim.profile import load_profile
+
+PROFILE = load_profile("b200-llama70b-fp8-tp4")
+
+
+class Method:
+    """``handle.method.remote(...)`` → an awaitable, recording every call."""
+
+    def __init__(self, impl: Callable[..., Any]) -> None:
+        self.impl, self.calls = impl, []  # type: list[tuple[Any, ...]]
+
+    def remote(self, *args: Any) -> Any:
+        self.calls.append(args)
+        result = self.impl(*args)
+        if isinstance(result, AsyncIterator):
+            return result
+        return _awaitable(result)
+
+
+async def _awaitable(value: Any) -> Any:
+    if isinstance(value, BaseException):
+        raise value
+    if isinstance(value, Awaitable):
+        return await value
+    return value
+
+
+class Auction:
+    def __init__(self, admit: Any = None) -> None:
+        default = {"position": 2, "payment": 0.5, "batch_id": "b-0", "mode": "auction"}
+        self.admit = Method(lambda *a: default if admit is None else admit)
+        self.started = Method(lambda rid: None)
+        self.finished = Method(lambda rid, answered: {"charged": 0.5 if answered else 0.0})
+        self.metrics_text = Method(lambda: "# TYPE disagg_auction_welfare gauge\n"
+                                   "disagg_auction_welfare 3.0\n")  # fmt: skip
+
+
+class Router:
+    """Routes to decode worker 1 (2 when 1 is excluded), with a prefill worker when asked."""
+
+    def __init__(self, prefill: int | None = None, fail: bool = False) -> None:
+        def route(rid: str, tokens: list[int], user: str, exclude: list[int]) -> Any:
+            if fail:
+                return ActorDiedError()
+            worker = 2 if 1 in exclude else 1
+            return {
+                "decode_worker": worker, "prefill_worker": prefill, "prompt_tokens": len(tokens),
+                "uncached_tokens": len(tokens) - 16, "local_hashes": [1], "seq_hashes": [2],
+                "policy_version": 3, "regime": "transition",
+            }  # fmt: skip
+
+        self.route = Method(route)
+        self.complete = Method(lambda rid: None)
+        self.finish_prefill = Method(lambda rid: None)
+        self.metrics_text = Method(lambda: "# TYPE disagg_routing_cost gauge\n"
+                                   "disagg_routing_cost 1.5\n")  # fmt: skip
+
+
+class Decode:
+    """Streams ``n`` tokens one chunk each; ``die_after`` chunks, then the actor dies."""
+
+    def __init__(self, die_after: int | None = None) -> None:
+        def generate(rid: str, prompt: int, lh: list[int], sh: list[int], n: int, local: bool):
+            return self._stream(n, die_after)
+
+        self.generate = Method(generate)
+        self.metrics_text = Method(lambda: ActorDiedError())  # a dead actor: left out
+
+    async def _stream(self, n: int, die_after: int | None) -> AsyncIterator[Any]:
+        for i in range(n):
+            if die_after is not None and i >= die_after:
+                yield _awaitable(ActorDiedError())
+                return
+            yield _awaitable([[i, 100 + i, 0.01 * i]])
+
+
+class Prefill:
+    def __init__(self) -> None:
+        self.prefill = Method(lambda *a: {"cached_tokens": 0})
+
+
+class Bus:
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+        self.closed = False
+
+    def start(self) -> None:
+        pass
+
+    def publish(self, event: Any) -> bool:
+        self.events.append(event)
+        return True
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def _path(
+    auction: Auction | None = None,
+    router: Router | None = None,
+    decode: dict[int, Any] | None = None,
+    prefill: dict[int, Any] | None = None,
+    bus: Bus | None = None,
+) -> ActorRequestPath:
+    return ActorRequestPath(
+        auction=auction or Auction(),
+        router=router or Router(),
+        workers=Workers(prefill or {}, {1: Decode(), 2: Decode()} if decode is None else decode),
+        profile=PROFILE,
+        speedup=1000.0,  # the KV transfer's sleep: microseconds
+        bus=bus,  # type: ignore[arg-type]
+    )
+
+
+REQ = PathRequest(request_id="r1", user="alice", bid=1.0, tokens=list(range(40)), max_tokens=3)
+
+
+def _run(path: ActorRequestPath, req: PathRequest = REQ) -> list[PathEvent]:
+    async def collect() -> list[PathEvent]:
+        return [event async for event in path.run(req)]
+
+    return asyncio.run(collect())
+
+
+def test_a_request_is_admitted_routed_streamed_and_charged() -> None:
+    auction, router, bus = Auction(), Router(), Bus()
+    events = _run(_path(auction, router, bus=bus))
+    kinds = [type(e) for e in events]
+    assert kinds == [Admitted, Routed, TokenChunk, TokenChunk, TokenChunk, Finished]
+    assert events[0] == Admitted(position=2, payment=0.5, batch_id="b-0", mode="auction")
+    routed = events[1]
+    assert isinstance(routed, Routed)
+    assert (routed.decode_worker, routed.prefill_worker, routed.cached_tokens) == (1, None, 16)
+    assert [e.token_ids for e in events if isinstance(e, TokenChunk)] == [[100], [101], [102]]
+    assert events[-1] == Finished(payment_charged=0.5)
+    assert auction.started.calls == [("r1",)]
+    assert auction.finished.calls == [("r1", True)]  # answered: the payment is captured
+    assert router.complete.calls == [("r1",)]
+    first, done = bus.events
+    assert isinstance(first, FirstTokenEvent) and first.worker_id == 1
+    assert isinstance(done, CompleteEvent) and done.cached_tokens == 16 and done.status == "ok"
+
+
+def test_a_remote_prefill_runs_before_decode_and_is_reported() -> None:
+    router, prefill = Router(prefill=0), Prefill()
+    events = _run(_path(router=router, prefill={0: prefill}))
+    assert prefill.prefill.calls == [("r1", 40, [1], [2])]
+    assert router.finish_prefill.calls == [("r1",)]
+    routed = next(e for e in events if isinstance(e, Routed))
+    assert routed.prefill_worker == 0
+
+
+def test_a_worker_that_dies_before_the_first_token_is_excluded_and_the_request_retried() -> None:
+    router = Router()
+    events = _run(_path(router=router, decode={1: Decode(die_after=0), 2: Decode()}))
+    assert [call[3] for call in router.route.calls] == [[1], [1]]  # the same list, extended
+    routed = next(e for e in events if isinstance(e, Routed))
+    assert routed.decode_worker == 2 and isinstance(events[-1], Finished)
+
+
+def test_two_failures_are_a_503_and_nothing_is_charged() -> None:
+    auction = Auction()
+    dead = {1: Decode(die_after=0), 2: Decode(die_after=0)}
+    with pytest.raises(PathError) as err:
+        _run(_path(auction, decode=dead))
+    assert err.value.status == 503
+    assert auction.finished.calls == [("r1", False)]  # the hold is released, not captured
+
+
+def test_a_missing_prefill_worker_is_retried_then_503() -> None:
+    with pytest.raises(PathError) as err:
+        _run(_path(router=Router(prefill=7), prefill={}))
+    assert err.value.status == 503 and "prefill worker 7" in err.value.message
+
+
+def test_a_decode_worker_that_dies_mid_stream_is_a_503_without_a_charge() -> None:
+    auction = Auction()
+    with pytest.raises(PathError) as err:
+        _run(_path(auction, decode={1: Decode(die_after=1), 2: Decode()}))
+    assert err.value.status == 503 and "mid-stream" in err.value.message
+    assert auction.finished.calls == [("r1", False)]
+
+
+def test_a_restarting_router_or_auction_is_a_503() -> None:
+    with pytest.raises(PathError) as err:
+        _run(_path(router=Router(fail=True)))
+    assert err.value.status == 503 and "router" in err.value.message
+    with pytest.raises(PathError) as err:
+        _run(_path(Auction(admit=ActorDiedError())))
+    assert err.value.status == 503 and "auction" in err.value.message
+
+
+def test_a_client_that_leaves_mid_stream_closes_the_books_uncharged() -> None:
+    auction, router = Auction(), Router()
+    path = _path(auction, router)
+
+    async def leave_after_first_token() -> None:
+        stream = path.run(REQ)
+        async for event in stream:
+            if isinstance(event, TokenChunk):
+                break
+        await stream.aclose()
+
+    asyncio.run(leave_after_first_token())
+    assert auction.finished.calls == [("r1", False)]
+    assert router.complete.calls == [("r1",)]
+
+
+def test_a_client_that_leaves_while_queued_withdraws_from_the_auction() -> None:
+    gate: asyncio.Future[Any] | None = None
+
+    async def never_released() -> Any:
+        nonlocal gate
+        gate = asyncio.get_running_loop().create_future()
+        return await gate
+
+    auction = Auction()
+    auction.admit = Method(lambda *a: never_released())
+    path = _path(auction)
+
+    async def leave() -> None:
+        task = asyncio.create_task(anext(path.run(REQ)))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(leave())
+    assert auction.finished.calls == [("r1", False)]
+
+
+def test_the_auctions_refusals_map_to_http_statuses() -> None:
+    class Cause:
+        def __init__(self, cause: BaseException) -> None:
+            self.cause = cause
+
+    class BudgetExceeded(Exception):  # noqa: N818 - the auction's name, as the actor raises it
+        pass
+
+    assert _as_path_error(Cause(BudgetExceeded("over budget"))).status == 402  # type: ignore[arg-type]
+    assert _as_path_error(Cause(ValueError("bid: too large"))).status == 400  # type: ignore[arg-type]
+    assert _as_path_error(Cause(KeyError("x"))).status == 500  # type: ignore[arg-type]
+
+
+def test_metrics_are_merged_from_the_actors_and_the_bus_closes() -> None:
+    bus = Bus()
+    path = _path(bus=bus)
+
+    async def scrape() -> str:
+        text = await path.metrics_text()
+        await path.aclose()
+        return text
+
+    text = asyncio.run(scrape())
+    assert "disagg_routing_cost 1.5" in text and "disagg_auction_welfare 3.0" in text
+    assert bus.closed
+
+
+def test_make_actor_path_builds_from_handles_without_nats() -> None:
+    handles = {"router": Router(), "auction": Auction(), "poa": None, "controller": None,
+               "prefill": {}, "decode": {1: Decode()}}  # fmt: skip
+    path = asyncio.run(
+        make_actor_path(
+            handles=handles, profile=PROFILE.name, speedup=1.0, nats_url=None, namespace="t"
+        )
+    )
+    assert path.bus is None and list(path.workers.decode) == [1]
+    assert path.profile.name == PROFILE.name

@@ -344,6 +344,10 @@ async def make_actor_path(
 def ray_cancel(refs: Any) -> None:
     import ray
 
+    # Outside a Ray session there is nothing to cancel; calling ray.cancel there would start
+    # a local Ray of its own (Ray's API auto-initialises).
+    if not ray.is_initialized():
+        return
     # Already finished, or the actor is gone: nothing is left to cancel.
     with contextlib.suppress(Exception):
         ray.cancel(refs)

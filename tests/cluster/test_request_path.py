@@ -290,3 +290,13 @@ def test_make_actor_path_builds_from_handles_without_nats() -> None:
     )
     assert path.bus is None and list(path.workers.decode) == [1]
     assert path.profile.name == PROFILE.name
+
+
+def test_cancelling_outside_a_ray_session_does_not_start_one() -> None:
+    import ray
+
+    from cluster.serve.path import ray_cancel
+
+    assert not ray.is_initialized()
+    ray_cancel(object())
+    assert not ray.is_initialized()  # Ray's API would have auto-initialised a local session

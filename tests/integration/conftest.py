@@ -30,6 +30,10 @@ def ray_session() -> Iterator[None]:
     from cluster.ray.runtime import init_ray
 
     started = init_ray(accelerators=TEST_ACCELERATORS, num_cpus=4)
+    # A Ray that something else started in this process (Ray's API auto-initialises) lacks the
+    # simulated accelerators and every deployment would wait for them forever: say so at once.
+    have = ray.cluster_resources().get("B200", 0.0)
+    assert have >= TEST_ACCELERATORS, f"this test session's Ray has {have} B200, not our own"
     yield
     try:
         from ray import serve

@@ -32,6 +32,7 @@ from pydantic import Field, ValidationError, create_model, model_validator
 
 from cluster.models import StrictModel
 from games.join import CompletionRecord, RouteRecord
+from games.poa import CandidateLoad
 
 VERSION = 1
 KINDS = ("route", "complete", "regime", "auction", "first_token", "pools")
@@ -73,11 +74,14 @@ class EventModel(StrictModel):
 
 
 class Candidate(StrictModel):
-    """One worker's line of a routing decision's breakdown (``router.CandidateCost``)."""
+    """One worker's line of a routing decision's breakdown (``router.CandidateCost``, plus the
+    prefill tokens active on the worker before this request: the queue the PoA model reads,
+    which ``prefill_blocks`` = (active + uncached) / block size holds only with the block size)."""
 
     worker_id: WorkerId
     overlap_blocks: Count
     uncached_tokens: Count
+    active_prefill_tokens: Count
     prefill_blocks: NonNegative
     decode_blocks: Count
     cost: Finite
@@ -119,12 +123,15 @@ class RouteEvent(EventModel):
                     worker_id=operator.index(c.worker),
                     overlap_blocks=operator.index(c.overlap_blocks),
                     uncached_tokens=operator.index(c.uncached_tokens),
+                    active_prefill_tokens=operator.index(active),
                     prefill_blocks=float(c.prefill_blocks),
                     decode_blocks=operator.index(c.decode_blocks),
                     cost=float(c.cost),
                     probability=float(c.probability),
                 )
-                for c in decision.candidates
+                for c, active in zip(
+                    decision.candidates, decision.active_prefill_tokens, strict=True
+                )
             ),
             tau=float(decision.tau),
             omega=float(decision.omega),
@@ -133,8 +140,13 @@ class RouteEvent(EventModel):
         )
 
     def to_record(self) -> RouteRecord:
-        uncached = {c.worker_id: c.uncached_tokens for c in self.candidates}
-        return RouteRecord(self.request_id, self.t, self.worker_id, uncached)
+        """The joiner's route half: every candidate's uncached tokens, active prefill tokens and
+        decode blocks, the PoA model's features (games/poa.py)."""
+        candidates = {
+            c.worker_id: CandidateLoad(c.uncached_tokens, c.active_prefill_tokens, c.decode_blocks)
+            for c in self.candidates
+        }
+        return RouteRecord(self.request_id, self.t, self.worker_id, candidates)
 
 
 class CompleteEvent(EventModel):
@@ -271,6 +283,18 @@ def completion_event(record: Any) -> CompleteEvent:
         cached_tokens=operator.index(record.cached_tokens),
         output_tokens=operator.index(record.output_tokens),
         status=record.status,
+    )
+
+
+def first_token_event(record: Any) -> FirstTokenEvent:
+    """The ``first_token`` event of a ``cluster.sim.records.RequestRecord`` that has one."""
+    prefill = record.prefill_worker
+    return FirstTokenEvent(
+        request_id=record.request_id,
+        t=float(record.first_token),
+        worker_id=operator.index(record.decode_worker),
+        prefill_worker_id=None if prefill is None else operator.index(prefill),
+        ttft_s=float(record.ttft),
     )
 
 

@@ -31,15 +31,15 @@ from games.pd_allocation import (
     social_optimum,
     variational_equilibrium,
 )
-from games.poa import LatencyCurve, PoaEstimate, PoaEstimator, WindowRequest, poa_hat
+from games.poa import CandidateLoad, PoaEstimate, PoaEstimator, WindowRequest, poa_hat
 
 __all__ = [
     "BrDynamics",
+    "CandidateLoad",
     "CompletionRecord",
     "EventJoiner",
     "KvInstance",
     "KvPoa",
-    "LatencyCurve",
     "PdGame",
     "PdOutcome",
     "PoaEstimate",

@@ -17,21 +17,25 @@ from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from games.poa import WindowRequest
+from games.poa import CandidateLoad, WindowRequest
 
 
 @dataclass(frozen=True)
 class RouteRecord:
-    """A routing decision: the chosen worker and u(r, w) for every candidate."""
+    """A routing decision: the chosen worker and the router's line for every candidate (its
+    uncached tokens, active prefill tokens and decode blocks: the route event's breakdown)."""
 
     request_id: str
     t: float
     worker: int
-    uncached: Mapping[int, int]
+    candidates: Mapping[int, CandidateLoad]
 
 
 @dataclass(frozen=True)
 class CompletionRecord:
+    """The completion half: a ``first_token`` event (t its arrival; ttft_s all the estimator
+    needs), or a ``complete`` event when that was lost."""
+
     request_id: str
     t: float
     worker: int
@@ -115,7 +119,7 @@ class EventJoiner:
         if completion.status != "ok":
             self.counts["failed"] += 1
             return None
-        if completion.worker != route.worker or route.worker not in route.uncached:
+        if completion.worker != route.worker or route.worker not in route.candidates:
             self.counts["worker_mismatch"] += 1
             return None
         self.counts["joined"] += 1
@@ -123,7 +127,7 @@ class EventJoiner:
             request_id=route.request_id,
             worker=route.worker,
             routed_at=route.t,
-            completed_at=completion.t,
+            first_token_at=completion.t,
             latency=max(0.0, completion.ttft_s),
-            uncached=route.uncached,
+            candidates=route.candidates,
         )

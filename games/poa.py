@@ -1,87 +1,153 @@
-"""Game 3: the routing game's Price of Anarchy, estimated live from a request window
+"""Game 3: the routing game's Price of Anarchy, estimated live from a window of requests
 (docs/design.md §3).
 
-For every completed request r in the window we know the worker the router chose, a(r), the
-router's view of every candidate at decision time (uncached tokens u(r, w)) and the realised
-latency ℓ_r (TTFT). Each worker gets a frozen latency curve fitted from the window,
+A window request r carries what the router's route event carries for every candidate worker w at
+decision time (U[r, w] uncached tokens, Q[r, w] active prefill tokens, D[r, w] active KV blocks),
+the worker it chose, a(r), and its realised latency ℓ_r (TTFT, from the ``first_token`` event).
 
-    ℓ_w(k) = base_w + k·svc_w,
+**Model.** m is a linear model of latency in those features, fitted on the window
+(``games.poa_model.fit_model``: bounded least squares, all θ ≥ 0 at once, in relative error
+since latency noise is multiplicative, Huber-reweighted):
 
-k being how many window requests w took before r. base_w is w's unloaded latency: the profile's
-when the caller knows it, else the lowest ℓ_r − prefill_time(u(r, w)) among w's requests. svc_w is
-the latency each earlier window request added to later ones on w: the least-squares slope of
-ℓ_r − prefill_time(u(r, w)) over k, floored at 0. Request r in slot k of w costs
-C[r, (w, k)] = ℓ_w(k) + prefill_time(u(r, w)), and
+    ℓ_r ≈ θ₀ + θ_u·U[r, a] + θ_q·Q[r, a] + θ_d·D[r, a] + θ_Ū·Ū_r + θ_Q̄·Q̄_r + θ_D̄·D̄_r
 
-    OPT          = min over assignments of Σ C      (games.assignment: exact, slot structure)
-    poa_hat      = Σ_r ℓ_r / OPT                    realised over optimal
-    poa_routing  = C(router's assignment) / OPT     what better routing could recover (≥ 1)
-    poa_capacity = Σ_r ℓ_r / C(router's assignment) latency the model cannot place in the window:
-                                                    a standing queue, i.e. compute exhaustion
+(Ū, Q̄, D̄: means over r's candidates, the load r would have met on any worker.) Only the own
+terms differ between workers. Q[r, w] splits into the prefill tokens of window requests the router
+put on w ahead of r and still without a first token when r was routed, Q_win, and the rest,
+Q_ext = Q − Q_win. In a counterfactual assignment the window's own part is the slot term: the
+k-th window request on w meets k·svc_w more latency, svc_w = θ_q·ρ·ū_w, ρ the share of ordered
+window pairs (r' routed before r) with r' still in flight at r's routing, ū_w the window's mean
+U[·, w]. So for r in slot k of w
 
-so poa_hat = poa_routing · poa_capacity. A worker with no request in the window gets the best
-base seen and the median slope (an idle worker is no slower than the busy ones), so routing that
-ignored it shows up in poa_routing.
+    m(r, w, k) = θ_u·U[r, w] + θ_q·Q_ext[r, w] + θ_d·D[r, w] + k·svc_w
 
-Why a fitted slope and not 1 / measured throughput: window requests do not arrive together, so
-charging the k-th one k service times charges the spread of arrivals as latency (a calm window
-then reports poa_hat far below 1). The slope measures the queueing the window actually shows.
+and its counterfactual latency is
 
-Edge cases: an empty window, or one whose latencies are all zero, reports 1 everywhere (nothing to
-attribute, nothing to improve); 0/0 is 1; one worker makes poa_routing 1 (its only assignment is
-optimal).
+    ℓ̂(r, w, k) = ℓ_r + m(r, w, k) − m(r, a(r), k_r),
+
+k_r being r's slot in the router's own assignment (by latency on a(r): the slot costs of a worker
+sum to svc·n(n − 1)/2 in any order, and this one keeps every cell ≥ 0 once svc_w is capped at
+min_i ℓ_(i)/i over w's sorted latencies). ℓ̂ is floored at 0 off the router's choice, +∞ off the
+candidates. On this one matrix the router's assignment costs exactly Σ_r ℓ_r.
+
+**Estimate.**
+
+    OPT   = min over assignments of Σ ℓ̂   (games.assignment: exact, slot structure; the set holds
+                                           the router's assignment, so OPT ≤ Σ ℓ_r)
+    F     = Σ_r min( min_w m₀(r, w), min_w ℓ̂(r, w, 0) ),  m₀ = θ₀ + θ_Ū·Ū_r + θ_u·U[r, w]:
+            the zero-queue floor, the model's latency of r with every load and queue term at
+            zero, capped by r's cheapest counterfactual (so F ≤ OPT)
+    poa_routing  = Σ ℓ_r / OPT   ≥ 1   what better routing of this window could recover
+    poa_capacity = OPT / F       ≥ 1   the queueing even the best routing leaves: compute
+    poa_hat      = Σ ℓ_r / F     = poa_routing · poa_capacity ≥ 1
+
+Each factor is ≥ 1 by construction, not by clamping: OPT and F are taken as min(OPT, Σℓ) and
+min(F, OPT), which change them only by float rounding (the router's assignment costs Σℓ exactly).
+
+**Anchor.** A saturated window never sees a load near zero, so it cannot place θ₀ by itself; the
+profile's unloaded TTFT (``unloaded_latency_s``), when the caller has it, enters the fit as an
+observation at zero load with the window's mean uncached tokens.
+
+**Window** (``PoaEstimator``): a request enters when its first token arrives and is kept by its
+routing time, the latest ``max_requests`` routed within ``max_age_s`` of now.
+
+Edge cases: an empty window, or one whose latencies are all zero, reports 1 everywhere; 0/0 is 1
+and x/0 is +inf (a floor of zero: the model puts all latency in queues); one worker makes
+poa_routing 1.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import bisect
+import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from games.assignment import FloatArray, optimal_cost
+from games.assignment import optimal_cost
+from games.poa_model import (
+    Counterfactual,
+    LatencyModel,
+    WindowArrays,
+    counterfactual,
+    fit_model,
+    window_arrays,
+)
+
+__all__ = [
+    "MAX_AGE_S",
+    "CandidateLoad",
+    "PoaEstimate",
+    "PoaEstimator",
+    "WindowRequest",
+    "estimate_parts",
+    "poa_hat",
+    "ratio",
+]
+
+
+# A request can only be in a window once its first token is out, so the age limit (in routing
+# time) must exceed the longest TTFT a loaded cluster shows: ~10 s for 70B on 1P/5D held
+# saturated (docs/design.md §8), where a 10 s limit left the window empty. Three times that; the
+# count limit (256 by default) keeps the window to the most recently routed requests.
+MAX_AGE_S = 30.0
+
+
+@dataclass(frozen=True)
+class CandidateLoad:
+    """One candidate's line of the route event: what the router saw of w for r."""
+
+    uncached_tokens: int
+    active_prefill_tokens: int
+    decode_blocks: int
+
+    def __post_init__(self) -> None:
+        for name in ("uncached_tokens", "active_prefill_tokens", "decode_blocks"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
 
 
 @dataclass(frozen=True)
 class WindowRequest:
-    """A completed request joined with its routing decision."""
+    """A request whose first token arrived, joined with its routing decision."""
 
     request_id: str
     worker: int
     routed_at: float
-    completed_at: float
+    first_token_at: float
     latency: float  # ℓ_r: time to first token, seconds
-    uncached: Mapping[int, int]  # u(r, w) for every candidate worker at decision time
+    candidates: Mapping[int, CandidateLoad]  # every candidate worker at decision time
 
     def __post_init__(self) -> None:
-        if not np.isfinite(self.latency) or self.latency < 0:
+        if not math.isfinite(self.latency) or self.latency < 0:
             raise ValueError(f"request {self.request_id!r}: latency must be finite and >= 0")
-        if self.worker not in self.uncached:
+        if not (math.isfinite(self.routed_at) and math.isfinite(self.first_token_at)):
+            raise ValueError(f"request {self.request_id!r}: times must be finite")
+        if self.worker not in self.candidates:
             raise ValueError(f"request {self.request_id!r}: chosen worker missing from breakdown")
 
-
-@dataclass(frozen=True)
-class LatencyCurve:
-    """ℓ_w(k) = base + k·svc."""
-
-    base: float
-    svc: float
+    @property
+    def uncached(self) -> dict[int, int]:
+        """U[r, w] for every candidate."""
+        return {w: c.uncached_tokens for w, c in self.candidates.items()}
 
 
 @dataclass(frozen=True)
 class PoaEstimate:
     n: int
     workers: tuple[int, ...]
-    realised: float  # Σ_r ℓ_r
-    router_cost: float  # the router's assignment under C
+    realised: float  # Σ_r ℓ_r (also the router's assignment's cost on the matrix)
+    router_cost: float  # the router's assignment on the matrix, as computed (= realised)
     optimal_cost: float  # OPT
     poa_hat: float
     poa_routing: float
     poa_capacity: float
-    curves: Mapping[int, LatencyCurve] = field(default_factory=dict)
-    window_start: float = 0.0
-    window_end: float = 0.0
+    floor_cost: float = 0.0  # F
+    model: LatencyModel | None = None
+    window_start: float = 0.0  # earliest routing time in the window
+    window_end: float = 0.0  # latest first token in the window
 
 
 def ratio(numerator: float, denominator: float) -> float:
@@ -91,146 +157,123 @@ def ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator
 
 
-def prefill_matrix(
-    window: Sequence[WindowRequest], workers: Sequence[int], prefill_s_per_token: float
-) -> FloatArray:
-    """P[r, w] = prefill_time(u(r, w)); +inf where w was not a candidate for r."""
-    P = np.full((len(window), len(workers)), np.inf)
-    column = {w: j for j, w in enumerate(workers)}
-    for i, request in enumerate(window):
-        for w, tokens in request.uncached.items():
-            if w in column:
-                P[i, column[w]] = prefill_s_per_token * tokens
-    return P
+def _check_unloaded(unloaded_latency_s: float | None) -> None:
+    if unloaded_latency_s is not None and not (
+        math.isfinite(unloaded_latency_s) and unloaded_latency_s >= 0
+    ):
+        raise ValueError(f"unloaded_latency_s must be finite and >= 0, got {unloaded_latency_s}")
 
 
-def fit_latency_curves(
+def estimate_parts(
     window: Sequence[WindowRequest],
-    workers: Sequence[int],
-    P: FloatArray,
+    workers: Iterable[int] | None = None,
     unloaded_latency_s: float | None = None,
-) -> dict[int, LatencyCurve]:
-    """Per-worker base_w and svc_w from the window (module docstring)."""
-    column = {w: j for j, w in enumerate(workers)}
-    net: dict[int, list[float]] = {}
-    for i in sorted(range(len(window)), key=lambda i: window[i].routed_at):
-        request = window[i]
-        w = request.worker
-        net.setdefault(w, []).append(max(0.0, request.latency - P[i, column[w]]))
-    base = {
-        w: min(ys) if unloaded_latency_s is None else unloaded_latency_s for w, ys in net.items()
-    }
-    svc = {w: _slope(ys) for w, ys in net.items() if len(ys) >= 2}
-    idle_base = min(base.values())
-    idle_svc = float(np.median(list(svc.values()))) if svc else 0.0
-    return {w: LatencyCurve(base.get(w, idle_base), svc.get(w, idle_svc)) for w in workers}
-
-
-def _slope(ys: Sequence[float]) -> float:
-    """Least-squares slope of ys over 0, 1, 2, ..., floored at 0."""
-    y = np.asarray(ys, dtype=np.float64)
-    k = np.arange(y.shape[0], dtype=np.float64)
-    k -= k.mean()
-    return max(0.0, float(np.dot(k, y - y.mean()) / np.dot(k, k)))
-
-
-def router_assignment_cost(
-    window: Sequence[WindowRequest],
-    workers: Sequence[int],
-    P: FloatArray,
-    curves: Mapping[int, LatencyCurve],
-) -> float:
-    """C of the router's own assignment: Σ_r P[r, a(r)] + Σ_w n_w·base_w + svc_w·n_w(n_w−1)/2
-    (slots are filled in some order; the sum does not depend on which)."""
-    column = {w: j for j, w in enumerate(workers)}
-    served: dict[int, int] = {}
-    total = 0.0
-    for i, request in enumerate(window):
-        total += P[i, column[request.worker]]
-        served[request.worker] = served.get(request.worker, 0) + 1
-    for w, k in served.items():
-        curve = curves[w]
-        total += k * curve.base + curve.svc * k * (k - 1) / 2
-    return float(total)
+) -> tuple[WindowArrays, LatencyModel, Counterfactual]:
+    """The window's arrays, the fitted model and the counterfactual matrix (for tests and the
+    benchmark's Hungarian cross-check). ``window`` must not be empty."""
+    _check_unloaded(unloaded_latency_s)
+    pool = set(workers or ())
+    for request in window:
+        pool.update(request.candidates)
+    arrays = window_arrays(window, tuple(sorted(pool)))
+    X = arrays.design()
+    anchor = None
+    if unloaded_latency_s is not None:
+        # Zero load, the window's mean uncached tokens (own and cluster): module docstring.
+        at_zero_load = np.array([1.0, X[:, 1].mean(), 0.0, 0.0, X[:, 4].mean(), 0.0, 0.0])
+        anchor = (at_zero_load, float(unloaded_latency_s))
+    model = fit_model(X, arrays.latency, anchor)
+    return arrays, model, counterfactual(arrays, model.theta)
 
 
 def poa_hat(
     window: Sequence[WindowRequest],
-    prefill_s_per_token: float,
     workers: Iterable[int] | None = None,
     unloaded_latency_s: float | None = None,
 ) -> PoaEstimate:
-    """Estimate poa_hat, poa_routing and poa_capacity over one window of requests.
+    """poa_hat, poa_routing and poa_capacity over one window (module docstring).
 
-    ``workers`` adds workers that may have taken no request in the window; ``unloaded_latency_s``
-    is the profile's latency with nobody ahead (else the window's lowest is used)."""
-    if prefill_s_per_token < 0:
-        raise ValueError(f"prefill_s_per_token must be >= 0, got {prefill_s_per_token}")
+    ``workers`` adds workers that may be nobody's candidate in the window (they are then
+    nobody's option either); ``unloaded_latency_s`` is the profile's TTFT with nobody queued."""
+    _check_unloaded(unloaded_latency_s)
     if not window:
         return PoaEstimate(0, (), 0.0, 0.0, 0.0, 1.0, 1.0, 1.0)
-    pool = set(workers or ())
-    for request in window:
-        pool.update(request.uncached)
-    ordered = tuple(sorted(pool))
-    P = prefill_matrix(window, ordered, prefill_s_per_token)
-    curves = fit_latency_curves(window, ordered, P, unloaded_latency_s)
-    base = np.array([curves[w].base for w in ordered])
-    svc = np.array([curves[w].svc for w in ordered])
-    opt = optimal_cost(P, base, svc)
-    routed = router_assignment_cost(window, ordered, P, curves)
-    realised = float(sum(r.latency for r in window))
-    if realised == 0.0:
-        routed = opt = 0.0
+    realised = math.fsum(r.latency for r in window)
+    span = (min(r.routed_at for r in window), max(r.first_token_at for r in window))
+    if realised == 0.0:  # nothing to attribute, nothing to improve
+        pool = set(workers or ()).union(*(r.candidates for r in window))
+        return PoaEstimate(
+            len(window), tuple(sorted(pool)), 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, None, *span
+        )
+    arrays, model, cf = estimate_parts(window, workers, unloaded_latency_s)
+    counts = np.bincount(arrays.chosen, minlength=len(arrays.workers))
+    rows = np.arange(arrays.n)
+    router = math.fsum(cf.P[rows, arrays.chosen].tolist()) + float(
+        np.dot(cf.svc, counts * (counts - 1) / 2)
+    )
+    # The router's assignment is in the set and costs Σℓ exactly; the min drops rounding only.
+    opt = min(optimal_cost(cf.P, np.zeros(len(arrays.workers)), cf.svc), realised)
+    floor = min(math.fsum(cf.floor.tolist()), opt)  # F ≤ OPT cell by cell; rounding only
     return PoaEstimate(
-        n=len(window),
-        workers=ordered,
+        n=arrays.n,
+        workers=arrays.workers,
         realised=realised,
-        router_cost=routed,
+        router_cost=router,
         optimal_cost=opt,
-        poa_hat=ratio(realised, opt),
-        poa_routing=max(1.0, ratio(routed, opt)),  # OPT ≤ router's cost; rounding only
-        poa_capacity=ratio(realised, routed),
-        curves=curves,
-        window_start=min(r.routed_at for r in window),
-        window_end=max(r.completed_at for r in window),
+        poa_hat=ratio(realised, floor),
+        poa_routing=ratio(realised, opt),
+        poa_capacity=ratio(opt, floor),
+        floor_cost=floor,
+        model=model,
+        window_start=span[0],
+        window_end=span[1],
     )
 
 
 class PoaEstimator:
-    """Keeps the window (the last ``max_requests`` completions, none older than ``max_age_s``)
-    and estimates on demand."""
+    """The window: requests enter when their first token arrives and are kept by routing time,
+    the latest ``max_requests`` routed no earlier than ``max_age_s`` before ``now``."""
 
     def __init__(
         self,
-        prefill_s_per_token: float,
         max_requests: int = 256,
-        max_age_s: float | None = 10.0,
+        max_age_s: float | None = MAX_AGE_S,
         workers: Iterable[int] | None = None,
         unloaded_latency_s: float | None = None,
     ) -> None:
-        if max_requests < 1:
-            raise ValueError(f"max_requests must be >= 1, got {max_requests}")
-        if max_age_s is not None and max_age_s <= 0:
-            raise ValueError(f"max_age_s must be > 0, got {max_age_s}")
-        if prefill_s_per_token < 0:
-            raise ValueError(f"prefill_s_per_token must be >= 0, got {prefill_s_per_token}")
-        self.prefill_s_per_token = prefill_s_per_token
+        if isinstance(max_requests, bool) or not isinstance(max_requests, int) or max_requests < 1:
+            raise ValueError(f"max_requests must be an int >= 1, got {max_requests!r}")
+        if max_age_s is not None and not (math.isfinite(max_age_s) and max_age_s > 0):
+            raise ValueError(f"max_age_s must be finite and > 0, got {max_age_s}")
+        _check_unloaded(unloaded_latency_s)
         self.max_requests = max_requests
         self.max_age_s = max_age_s
         self.workers = set(workers or ())
         self.unloaded_latency_s = unloaded_latency_s
-        self._window: deque[WindowRequest] = deque(maxlen=max_requests)
+        self._window: list[WindowRequest] = []  # sorted by _key
+        self._keys: list[tuple[float, float, str]] = []
+
+    @staticmethod
+    def _key(request: WindowRequest) -> tuple[float, float, str]:
+        # Routing time; a burst routed at one instant by first token (FIFO: routing order),
+        # then id: the order never depends on the order events arrived in.
+        return (request.routed_at, request.first_token_at, request.request_id)
 
     def add(self, request: WindowRequest) -> None:
-        self._window.append(request)
+        """A request's first token arrived: it joins the window at its routing time."""
+        key = self._key(request)
+        at = bisect.bisect_right(self._keys, key)
+        self._keys.insert(at, key)
+        self._window.insert(at, request)
+        # A request with max_requests later-routed ones after it can never be in a window again.
+        if len(self._window) > self.max_requests:
+            del self._window[: -self.max_requests], self._keys[: -self.max_requests]
 
     def window(self, now: float | None = None) -> list[WindowRequest]:
         if now is None or self.max_age_s is None:
             return list(self._window)
-        horizon = now - self.max_age_s
-        return [r for r in self._window if r.completed_at >= horizon]
+        start = bisect.bisect_left(self._keys, (now - self.max_age_s,))
+        return self._window[start:]
 
     def estimate(self, now: float | None = None) -> PoaEstimate:
-        return poa_hat(
-            self.window(now), self.prefill_s_per_token, self.workers, self.unloaded_latency_s
-        )
+        return poa_hat(self.window(now), self.workers, self.unloaded_latency_s)

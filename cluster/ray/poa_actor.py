@@ -14,8 +14,11 @@ sets the ``disagg_poa_*`` gauges and keeps the result for :meth:`PoaActor.snapsh
   publisher's ``t``. The router and the ingress may stamp on different clocks (virtual time, wall
   time, another node); NATS delivers within milliseconds, and one router publishes in decision
   order, so arrival order is routing order and the window ages on one clock.
-- The profile's unloaded numbers (prefill seconds per token, unloaded TTFT) are virtual seconds;
-  the ingress measures wall seconds, so they are divided by ``speedup``.
+- Requests enter the window at their first token and age by their routing time (the route
+  event's arrival here), so a load step shows within a tick or two of its first tokens.
+- The profile's unloaded TTFT (the estimator's anchor at zero load) is in virtual seconds; the
+  ingress measures wall seconds, so it is divided by ``speedup``. Without a profile the model is
+  fitted on the window alone (games/poa.py "Anchor").
 - Nothing here raises into the bus: a message that does not decode is counted by the bus
   (``disagg_events_dropped_total{reason}``), one the joiner cannot use is counted in ``errors``,
   and a tick that fails is logged and the next one runs. An empty window reports None values
@@ -46,7 +49,7 @@ from cluster.ray.actor_support import (
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
 from controller import metrics
 from games.join import EventJoiner
-from games.poa import PoaEstimate, PoaEstimator
+from games.poa import MAX_AGE_S, PoaEstimate, PoaEstimator
 
 __all__ = ["PoaActor", "service_clock"]
 
@@ -67,16 +70,15 @@ def service_clock(epoch_wall: float | None) -> Callable[[], float]:
     return lambda: max(0.0, time.monotonic() - t0)
 
 
-def _unloaded(profile: str | None, speedup: float) -> tuple[float, float | None]:
-    """(prefill seconds per token, unloaded TTFT) in wall seconds; (0, None) without a profile:
-    the estimator then fits each worker's base from the window (games/poa.py)."""
+def _unloaded(profile: str | None, speedup: float) -> float | None:
+    """The profile's unloaded TTFT in wall seconds; None without a profile (the estimator then
+    fits its model on the window alone, games/poa.py)."""
     if profile is None:
-        return 0.0, None
+        return None
     from cluster.sim.profile import load_profile  # the simulator only when a profile is named
     from cluster.sim.scenario import unloaded_ttft
 
-    hw = load_profile(profile)
-    return hw.prefill.b_s_per_token / speedup, unloaded_ttft(hw) / speedup
+    return unloaded_ttft(load_profile(profile)) / speedup
 
 
 def _value(x: float) -> float | None:
@@ -92,7 +94,7 @@ class PoaActor:
         *,
         namespace: str = "disagg",
         nats_url: str | None,
-        window_s: float = 10.0,
+        window_s: float = MAX_AGE_S,
         tick_s: float = 1.0,
         profile: str | None = None,
         speedup: float = 1.0,
@@ -103,11 +105,9 @@ class PoaActor:
         for name, value in (("window_s", window_s), ("tick_s", tick_s), ("speedup", speedup)):
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-        prefill_s_per_token, unloaded_s = _unloaded(profile, float(speedup))
+        unloaded_s = _unloaded(profile, float(speedup))
         self.tick_s = float(tick_s)
-        self.estimator = PoaEstimator(
-            prefill_s_per_token, max_requests, float(window_s), unloaded_latency_s=unloaded_s
-        )
+        self.estimator = PoaEstimator(max_requests, float(window_s), unloaded_latency_s=unloaded_s)
         self.joiner = EventJoiner(ttl_s=ttl_s)
         self.now = service_clock(epoch_wall)
         self.bus = ActorBus(nats_url, namespace, name="poa")

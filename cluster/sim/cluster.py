@@ -9,8 +9,9 @@ decode worker admits the sequence. The first token comes out of the decode worke
 iteration; the rest stream one per iteration.
 
 Workers publish Dynamo-shaped KV events into their pool's router, exactly as real workers would
-over NATS; ``kv_listeners`` see the same stream (for the bus), ``completion_listeners`` see every
-finished request (for load generators and the controller).
+over NATS; ``kv_listeners`` see the same stream (for the bus), ``first_token_listeners`` see every
+request the moment its first token comes out (for the PoA window), ``completion_listeners`` see
+every finished request (for load generators and the controller).
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ class SimCluster:
         self.decode_router = Router(bs, policy, seed=seed)
         self.prefill_router = Router(bs, Policy(0.0, 1.0), seed=seed + 1)
         self.kv_listeners: list[Callable[[dict[str, Any]], None]] = []
+        self.first_token_listeners: list[Callable[[RequestRecord], None]] = []
         self.completion_listeners: list[Callable[[RequestRecord], None]] = []
         self.prefill: dict[int, PrefillWorker] = {}
         self.decode: dict[int, DecodeWorker] = {}
@@ -280,6 +282,8 @@ class SimCluster:
                 rec.cached_tokens = seq.prompt_tokens - seq.local_prefill_tokens
                 rec.prefill_start = rec.prefill_end = rec.transfer_end = self.now
                 self.decode_router.finish_prefill(seq.request_id)
+            for listener in self.first_token_listeners:
+                listener(rec)
         for seq in done:
             flight = self._inflight.pop(seq.request_id)
             rec = flight.record

@@ -1,9 +1,11 @@
 """The control loop on a simulated cluster: the controller and the PoA estimator, ticking in
 virtual time exactly as the live actors tick in wall time.
 
-Every completion feeds the detector (its TTFT) and the joiner (its routing decision and its
-completion, as the bus would deliver them); every ``tick_s`` the estimator refreshes poa_hat over
-its window and the controller ticks with it, so the router's (τ, ω) follow the regime.
+Every first token feeds the detector (its TTFT) and the joiner (the request's routing decision and
+its ``first_token`` event, as the bus would deliver them), as the controller and PoA actors take
+them in serve mode: the request enters the PoA window then, keyed by its routing time
+(docs/design.md §3 property 2). Every ``tick_s`` the estimator refreshes poa_hat over its window
+and the controller ticks with it, so the router's (τ, ω) follow the regime.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cluster.events import RouteEvent, completion_event
+from cluster.events import RouteEvent, first_token_event
 from cluster.sim.cluster import SimCluster
 from cluster.sim.records import RequestRecord
 from controller import metrics
@@ -59,6 +61,7 @@ class ControlLoop:
         self.on_tick = on_tick
         self.timeline: list[TickSample] = []
         self.last: PoaEstimate | None = None
+        cluster.first_token_listeners.append(self._first_token)
         cluster.completion_listeners.append(self._completed)
         if controller is not None:
             controller.start(cluster.now)
@@ -76,15 +79,17 @@ class ControlLoop:
         return arrived / min(window_s, max(now, 1e-9))
 
     def _completed(self, record: RequestRecord) -> None:
-        if record.ttft is not None and self.controller is not None:
-            self.controller.observe(record.first_token or record.finished or 0.0, record.ttft)
         metrics.REQUESTS.labels(record.status).inc()
         if record.mean_itl is not None:
             metrics.ITL.observe(record.mean_itl)
+
+    def _first_token(self, record: RequestRecord) -> None:
+        if record.ttft is not None and self.controller is not None:
+            self.controller.observe(self.cluster.now, record.ttft)
         if record.decision is not None and record.routed is not None:
             route = RouteEvent.from_decision(record.decision, record.routed, record.user, "")
             self.joiner.add_route(route.to_record())
-        joined = self.joiner.add_completion(completion_event(record).to_record())
+        joined = self.joiner.add_completion(first_token_event(record).to_record())
         if joined is not None:
             self.estimator.add(joined)
 

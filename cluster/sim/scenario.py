@@ -24,7 +24,7 @@ from controller.controller import CapacityAdvice, Controller, RegimeChange
 from controller.detector import SaturationDetector, Thresholds
 from controller.policy import PolicyTable
 from games.pd_allocation import SloTargets
-from games.poa import PoaEstimator
+from games.poa import MAX_AGE_S, PoaEstimator
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def template_source(
 
 def unloaded_ttft(profile: HardwareProfile) -> float:
     """The profile's TTFT with nobody ahead: one prefill iteration, the transfer, one decode
-    iteration (the PoA estimator's base latency)."""
+    iteration (the PoA estimator's anchor: its latency at zero load, games/poa.py)."""
     p, d, w = profile.prefill, profile.decode, profile.workload
     uncached = w.input_tokens - w.template_tokens
     prefill = p.a_s + p.b_s_per_token * uncached + p.c_s_per_request
@@ -119,9 +119,7 @@ def run_scenario(
             cluster.decode_router,
             advisor=advisor,
         )
-    estimator = PoaEstimator(
-        profile.prefill.b_s_per_token, 256, 10.0, unloaded_latency_s=unloaded_ttft(profile)
-    )
+    estimator = PoaEstimator(256, MAX_AGE_S, unloaded_latency_s=unloaded_ttft(profile))
     loop = ControlLoop(cluster, controller, estimator, until=load.end, on_tick=on_tick)
     loop_ref.append(loop)
     cluster.loop.run(load.end)

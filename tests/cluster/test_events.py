@@ -30,12 +30,14 @@ from cluster.events import (
     subject,
 )
 from games.join import EventJoiner
+from games.poa import CandidateLoad
 
 CANDIDATE = Candidate(
     worker_id=3,
     overlap_blocks=2,
     uncached_tokens=16,
-    prefill_blocks=1.0,
+    active_prefill_tokens=48,
+    prefill_blocks=4.0,
     decode_blocks=4,
     cost=5.0,
     probability=1.0,
@@ -95,7 +97,7 @@ def test_round_trip(event) -> None:
 
 def test_route_event_becomes_a_join_record() -> None:
     record = ROUTE.to_record()
-    assert (record.worker, dict(record.uncached)) == (3, {3: 16})
+    assert (record.worker, dict(record.candidates)) == (3, {3: CandidateLoad(16, 48, 4)})
     assert COMPLETE.to_record().ttft_s == 0.12
 
 

@@ -43,9 +43,7 @@ def test_ramp_is_detected_at_the_knee() -> None:
     ramp = ClosedLoop(
         cluster, _source(profile), [Phase(RAMP_START, C0, ramp=5), Phase(RAMP_S, C1, ramp=RAMP_S)]
     )
-    loop = ControlLoop(
-        cluster, control, PoaEstimator(2e-5, unloaded_latency_s=0.035), until=ramp.end
-    )
+    loop = ControlLoop(cluster, control, PoaEstimator(unloaded_latency_s=0.035), until=ramp.end)
     cluster.loop.run(ramp.end)
 
     def concurrency_at(t: float) -> float:

@@ -5,10 +5,13 @@ import random
 import pytest
 
 from games.join import CompletionRecord, EventJoiner, RouteRecord
+from games.poa import CandidateLoad
+
+CANDIDATES = {0: CandidateLoad(16, 0, 4), 1: CandidateLoad(0, 32, 8)}
 
 
 def _route(i: int, t: float = 0.0, worker: int = 1) -> RouteRecord:
-    return RouteRecord(f"r{i}", t, worker, {0: 16, 1: 0})
+    return RouteRecord(f"r{i}", t, worker, CANDIDATES)
 
 
 def _done(i: int, t: float = 1.0, worker: int = 1, status: str = "ok") -> CompletionRecord:
@@ -20,6 +23,8 @@ def test_joins_in_either_order() -> None:
     assert joiner.add_route(_route(1)) is None
     joined = joiner.add_completion(_done(1))
     assert joined is not None and joined.worker == 1 and joined.latency == 0.25
+    # The window request carries the route's whole breakdown, keyed by the route's time.
+    assert joined.candidates == CANDIDATES and (joined.routed_at, joined.first_token_at) == (0, 1)
     assert joiner.add_completion(_done(2)) is None
     assert joiner.add_route(_route(2)).request_id == "r2"
     assert joiner.pending == 0 and joiner.attribution_rate == 1.0
@@ -73,7 +78,7 @@ def test_has_completion_covers_held_and_joined_halves() -> None:
     assert not joiner.has_completion("a")
     joiner.add_completion(CompletionRecord("a", 1.0, 0, 0.1))
     assert joiner.has_completion("a")  # held, waiting for its route
-    joiner.add_route(RouteRecord("b", 0.0, 0, {0: 1}))
+    joiner.add_route(RouteRecord("b", 0.0, 0, {0: CandidateLoad(1, 0, 0)}))
     assert not joiner.has_completion("b")  # only the route half
     assert joiner.add_completion(CompletionRecord("b", 1.0, 0, 0.1)) is not None
     assert joiner.has_completion("b")  # joined: a second completion half would be a duplicate

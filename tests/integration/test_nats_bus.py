@@ -23,8 +23,6 @@ from router import KvIndex, to_payload
 
 pytestmark = pytest.mark.integration
 
-PREFILL_S_PER_TOKEN = 2e-5
-
 
 def _simulated_events(seconds: float = 12.0, concurrency: int = 48) -> list:
     profile = load_profile("b200-llama70b-fp8-tp4")
@@ -37,7 +35,7 @@ def _simulated_events(seconds: float = 12.0, concurrency: int = 48) -> list:
 
 
 def _estimate(events) -> tuple:
-    joiner, estimator = EventJoiner(ttl_s=1e9), PoaEstimator(PREFILL_S_PER_TOKEN, 256, None)
+    joiner, estimator = EventJoiner(ttl_s=1e9), PoaEstimator(256, None)
     for event in events:
         record = event.to_record()
         add = joiner.add_route if isinstance(event, RouteEvent) else joiner.add_completion

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from cluster.bus import BusError, EventBus, KvHandler
@@ -277,3 +277,15 @@ async def wait_subscribed(actor_bus: ActorBus, subscribed: Callable[[], bool]) -
         if subscribed() or actor_bus.bus is None:
             return
         await asyncio.sleep(0.01)
+
+
+def start_loops(
+    actor_bus: ActorBus, **loops: Coroutine[Any, Any, None]
+) -> list[asyncio.Task[None]]:
+    """Start the bus and one named task per background loop, on the running event loop.
+
+    An actor's ``__init__`` runs outside its event loop, so actors call this from their first
+    method call (see :func:`wake_after_restart`)."""
+    actor_bus.start()
+    loop = asyncio.get_running_loop()
+    return [loop.create_task(coro, name=name) for name, coro in loops.items()]

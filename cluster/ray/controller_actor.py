@@ -38,6 +38,7 @@ from cluster.ray.actor_support import (
     ActorBus,
     actor_info,
     cancel_all,
+    start_loops,
     subscribe_when_connected,
     wait_subscribed,
     wake_after_restart,
@@ -216,12 +217,9 @@ class ControllerActor:
         # A Ray actor's __init__ runs outside its event loop: the tasks start on the first call.
         if self._tasks:
             return
-        self.bus.start()
-        loop = asyncio.get_running_loop()
-        self._tasks = [
-            loop.create_task(self._subscribe(), name="controller-subscribe"),
-            loop.create_task(self._tick_loop(), name="controller-tick"),
-        ]
+        self._tasks = start_loops(
+            self.bus, controller_subscribe=self._subscribe(), controller_tick=self._tick_loop()
+        )
         self._kick_push()  # version 1 goes out now, not a tick later
 
     async def ready(self) -> dict[str, Any]:

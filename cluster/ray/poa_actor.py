@@ -42,6 +42,7 @@ from cluster.ray.actor_support import (
     ActorBus,
     actor_info,
     cancel_all,
+    start_loops,
     subscribe_when_connected,
     wait_subscribed,
     wake_after_restart,
@@ -127,12 +128,9 @@ class PoaActor:
         # A Ray actor's __init__ runs outside its event loop: the tasks start on the first call.
         if self._tasks:
             return
-        self.bus.start()
-        loop = asyncio.get_running_loop()
-        self._tasks = [
-            loop.create_task(self._subscribe(), name="poa-subscribe"),
-            loop.create_task(self._tick_loop(), name="poa-tick"),
-        ]
+        self._tasks = start_loops(
+            self.bus, poa_subscribe=self._subscribe(), poa_tick=self._tick_loop()
+        )
 
     async def ready(self) -> dict[str, Any]:
         """Start, wait up to CONNECT_WAIT_S for NATS (then keep trying in the background)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import nats
@@ -15,9 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from cluster.bus import EventBus
 from cluster.events import FirstTokenEvent, RegimeEvent
 from cluster.models import ConfigError
-from cluster.nats_server import NatsServer
 from cluster.ray.controller_actor import DEFAULT_THETA_S, ControllerActor, ControllerSettings
 from controller.policy import PolicyTable
+from tests.waiting import until
 
 # Fast settings: 0.1 s ticks, no smoothing, two ticks of dwell; θ1 = 0.5 s, θ2 = 1 s.
 FAST = {
@@ -30,24 +30,6 @@ FAST = {
     "theta2_s": 1.0,
     "call_timeout_s": 0.2,
 }
-
-
-@pytest.fixture(scope="module")
-def nats_url() -> Iterator[str]:
-    with NatsServer() as server:
-        yield server.url
-
-
-async def until(check: Callable[[], bool | Awaitable[bool]], timeout_s: float = 2.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        ok = check()
-        if not isinstance(ok, bool):
-            ok = await ok
-        if ok:
-            return
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 class Method:

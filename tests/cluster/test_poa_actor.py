@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import math
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
 
 import nats
 import pytest
@@ -14,27 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.bus import EventBus
 from cluster.events import Candidate, CompleteEvent, FirstTokenEvent, RouteEvent
-from cluster.nats_server import NatsServer
 from cluster.ray.poa_actor import PoaActor
 from controller import metrics
-
-
-@pytest.fixture(scope="module")
-def nats_url() -> Iterator[str]:
-    with NatsServer() as server:
-        yield server.url
-
-
-async def until(check: Callable[[], bool | Awaitable[bool]], timeout_s: float = 2.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        ok = check()
-        if not isinstance(ok, bool):
-            ok = await ok
-        if ok:
-            return
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
+from tests.waiting import until
 
 
 def route(i: int, worker: int) -> RouteEvent:

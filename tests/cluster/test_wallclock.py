@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import math
 import time
@@ -21,6 +22,10 @@ from cluster.sim.engines import DecodeEngine, PrefillEngine, PrefillResult, Toke
 from cluster.sim.profile import HardwareProfile, load_profile
 from cluster.sim.wallclock import MAX_SPEEDUP, Clock, EngineClosed, EngineDraining, EngineLoad
 from router import KvEvent, Removed, Stored, block_hashes, sequence_hashes
+from tests import waiting
+
+# Some states the tests wait for last a few engine steps only: poll every millisecond.
+until = functools.partial(waiting.until, interval_s=0.001)
 
 PROFILE = load_profile("b200-llama70b-fp8-tp4")
 T = TypeVar("T")
@@ -50,12 +55,6 @@ def _small_decode(capacity_tokens: int) -> HardwareProfile:
 async def _collect(stream: Any) -> list[Token]:
     return [token async for token in stream]
 
-
-async def _until(condition: Any, timeout: float = 2.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.001)
 
 
 def _sim_ttft(topology: str, prompt: np.ndarray, output_tokens: int) -> tuple[float, np.ndarray]:
@@ -242,7 +241,7 @@ def test_cancelled_streams_release_their_kv_lease() -> None:
         assert engine.load() == EngineLoad(0, 12, 12, 12, waiting=0, running=1)
         await stream.aclose()
         assert engine.load().running == 1
-        await _until(lambda: not engine.in_flight)
+        await until(lambda: not engine.in_flight)
         assert cache.available == available and worker.kv_tokens == 0
         assert cache.free + cache.cached_blocks == cache.capacity  # no private block leaked
         # 2. a consumer task cancelled mid-stream, and one cancelled while still pending.
@@ -252,7 +251,7 @@ def test_cancelled_streams_release_their_kv_lease() -> None:
         pending = asyncio.create_task(
             _collect(engine.generate("c", 128, local, seq, 60, prefill_locally=True))
         )
-        await _until(lambda: len(worker.running) == 1 and len(worker.pending) == 1)
+        await until(lambda: len(worker.running) == 1 and len(worker.pending) == 1)
         pending.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await pending
@@ -260,7 +259,7 @@ def test_cancelled_streams_release_their_kv_lease() -> None:
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await running
-        await _until(lambda: not engine.in_flight)
+        await until(lambda: not engine.in_flight)
         assert cache.available == available and worker.kv_tokens == 0
         # The engine still serves.
         assert (
@@ -282,9 +281,9 @@ def test_cancelled_prefill_callers_are_withdrawn_from_the_queues() -> None:
         stamp = clock.now()  # a and b arrive together: both reach the worker, b waits there
         a = asyncio.create_task(engine.prefill("a", big, local_a, seq_a, arrival=stamp))
         b = asyncio.create_task(engine.prefill("b", big, local_b, seq_b, arrival=stamp))
-        await _until(lambda: len(engine.worker.waiting) == 1)
+        await until(lambda: len(engine.worker.waiting) == 1)
         c = asyncio.create_task(engine.prefill("c", big, local_b, seq_b))  # in the engine inbox
-        await _until(lambda: engine.load().waiting == 2)
+        await until(lambda: engine.load().waiting == 2)
         kv_total = PROFILE.prefill.kv_capacity_tokens // PROFILE.block_size
         assert engine.load() == EngineLoad(
             3 * big, 0, big // PROFILE.block_size, kv_total, waiting=2, running=1
@@ -296,7 +295,7 @@ def test_cancelled_prefill_callers_are_withdrawn_from_the_queues() -> None:
         assert not engine.worker.waiting and engine.load().waiting == 0
         assert engine.load().running == 1 and not a.done()
         assert (await a).cached_tokens == 0
-        await _until(lambda: not engine.in_flight)
+        await until(lambda: not engine.in_flight)
         await engine.close()
 
     _run(main())
@@ -332,7 +331,7 @@ def test_close_fails_every_waiting_caller_promptly() -> None:
             )
             for i in range(2)
         ]
-        await _until(lambda: prefill.worker.running and len(decode.worker.running) == 2)
+        await until(lambda: prefill.worker.running and len(decode.worker.running) == 2)
         t_close = time.monotonic()
         await prefill.close()
         await decode.close()
@@ -380,7 +379,7 @@ def test_drain_waits_for_in_flight_work_and_refuses_new() -> None:
         task = asyncio.create_task(
             _collect(slow.generate("s", 128, local, seq, 10_000, prefill_locally=True))
         )
-        await _until(lambda: slow.worker.running)
+        await until(lambda: slow.worker.running)
         assert not await slow.drain(timeout=0.01)
         await slow.close()
         with pytest.raises(EngineClosed):

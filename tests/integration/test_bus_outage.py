@@ -14,6 +14,7 @@ import pytest
 from cluster.bus import EventBus
 from cluster.events import AuctionEvent
 from cluster.nats_server import NatsServer
+from tests.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -25,13 +26,6 @@ ORDER = tuple(f"request-{i:04d}" for i in range(12))  # ~300-byte messages: the 
 def _event(i: int) -> AuctionEvent:
     return AuctionEvent(batch_id=i, t=float(i), n=len(ORDER), order=ORDER, welfare=1.0)
 
-
-async def _until(predicate, timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError("condition not reached")
-        await asyncio.sleep(0.02)
 
 
 def test_publishing_through_an_outage_never_raises_and_counts_honestly() -> None:
@@ -50,12 +44,12 @@ def test_publishing_through_an_outage_never_raises_and_counts_honestly() -> None
         async def outage() -> None:
             # The subscriber's first message sets its baseline (a late joiner counts nothing
             # before it), so the outage starts once messages flow end to end.
-            await _until(lambda: len(received) >= 100)
+            await until(lambda: len(received) >= 100, timeout_s=10.0)
             await asyncio.sleep(0.2)
             await asyncio.to_thread(server.stop, True)  # SIGKILL: an outage, not a shutdown
             await asyncio.sleep(OUTAGE_S)
             await asyncio.to_thread(server.start)  # same port, same store
-            await _until(lambda: pub.reconnects >= 1 and sub.reconnects >= 1)
+            await until(lambda: pub.reconnects >= 1 and sub.reconnects >= 1, timeout_s=10.0)
             await asyncio.sleep(0.3)
             done.set()
 
@@ -71,7 +65,7 @@ def test_publishing_through_an_outage_never_raises_and_counts_honestly() -> None
             await asyncio.sleep(0)  # a tight loop that still lets the client run
         await task
         await pub.flush()
-        await _until(lambda: sub.last_seen(pub.publisher, "auction") == i)
+        await until(lambda: sub.last_seen(pub.publisher, "auction") == i, timeout_s=10.0)
         await pub.close()
         await sub.close()
         return pub, sub

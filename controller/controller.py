@@ -12,7 +12,9 @@ Two optional signals ride on the ticks:
   escalates one regime at once and holds it a few ticks, before TTFT P99 has caught up;
 - capacity advice: saturated, with poa_capacity ≥ ``dominance``·poa_routing for ``sustain``
   ticks, means routing cannot help; the controller asks its advisor (Game 1) for a P/D re-split
-  and reports it. Advice only: nothing is resized.
+  and reports it (advice only, for backends whose pools it cannot resize);
+- the second lever (``controller.resplit.Resplitter``, optional): the same signals, with the
+  measured arrival rate, actually re-split the pools one TP group at a time.
 
 If the controller stops, its target keeps the last policy it was given.
 """
@@ -28,6 +30,7 @@ from typing import Any, Protocol
 from controller import metrics
 from controller.detector import Regime, SaturationDetector
 from controller.policy import PolicyTable
+from controller.resplit import Resplitter
 
 
 class PolicyTarget(Protocol):
@@ -112,6 +115,7 @@ class Controller:
         on_advice: Callable[[CapacityAdvice], None] | None = None,
         dominance: float = 2.0,
         sustain: int = 10,
+        resplitter: Resplitter | None = None,
     ) -> None:
         for name, count in (("hold_ticks", hold_ticks), ("sustain", sustain)):
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
@@ -128,6 +132,7 @@ class Controller:
         self.on_advice = on_advice
         self.dominance = dominance
         self.sustain = sustain
+        self.resplitter = resplitter
         self.version = 0
         self.changes: list[RegimeChange] = []
         self.advice: list[CapacityAdvice] = []
@@ -152,12 +157,15 @@ class Controller:
         poa_hat: float | None = None,
         poa_routing: float | None = None,
         poa_capacity: float | None = None,
+        arrival_rate: float | None = None,
     ) -> Regime:
+        """One control tick; ``arrival_rate`` (req/s, measured) feeds the re-split lever."""
         signals = (
             ("queue_depth", queue_depth),
             ("poa_hat", poa_hat),
             ("poa_routing", poa_routing),
             ("poa_capacity", poa_capacity),
+            ("arrival_rate", arrival_rate),
         )
         for name, value in signals:
             # inf is a legitimate reading (an optimum of zero cost); NaN would silently fail
@@ -176,6 +184,8 @@ class Controller:
         if self.detector.smoothed_p99 is not None:
             metrics.TTFT_P99_SMOOTHED.set(self.detector.smoothed_p99)
         self._advise(now, poa_routing, poa_capacity)
+        if self.resplitter is not None and arrival_rate is not None:
+            self.resplitter.tick(now, self.detector.regime, arrival_rate, poa_routing, poa_capacity)
         return self.detector.regime
 
     def _apply(self, now: float, cause: str) -> RegimeChange:

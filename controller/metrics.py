@@ -18,8 +18,10 @@ estimator, the controller, the auction, the event bus) updates the objects here,
 - ``disagg_requests_total{status}``, ``disagg_auction_queue_depth``, ``disagg_auction_welfare``,
   ``disagg_auction_revenue_total``, ``disagg_events_dropped_total{reason}``,
   ``disagg_capacity_advice_total``;
-- ``disagg_pool_workers{role}`` (gauge) and ``disagg_resplits_total``: the pools' sizes and how
-  many re-splits started (docs/design.md §4, "two levers").
+- ``disagg_pool_workers{role}`` (gauge), ``disagg_resplits_total`` and
+  ``disagg_resplit_in_progress`` (0/1): the pools' sizes, how many re-splits finished (the worker
+  serves in its new role) and whether one is under way (docs/design.md §4, "two levers"; an
+  alert on the last one catches a re-split that never finishes).
 """
 
 from __future__ import annotations
@@ -160,5 +162,10 @@ POOL_WORKERS = Gauge(
     "disagg_pool_workers", "Workers per pool, by role", ["role"], registry=REGISTRY
 )
 RESPLITS = Counter(
-    "disagg_resplits", "P/D re-splits started (a worker changed role)", registry=REGISTRY
+    "disagg_resplits", "P/D re-splits finished (a worker serves in its new role)", registry=REGISTRY
+)
+RESPLIT_IN_PROGRESS = Gauge(
+    "disagg_resplit_in_progress",
+    "1 while a P/D re-split is draining or warming up a worker, else 0",
+    registry=REGISTRY,
 )

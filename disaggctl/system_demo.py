@@ -1,6 +1,8 @@
 """The whole system on the simulator: Llama-3.1-70B on 1P/5D through a ramp across the knee and
-a spike, the router under the adaptive controller, the live PoA estimate, and the auction ordering
-queued requests when they queue (a few bidding users, the rest anonymous).
+a spike, the routers under the adaptive controller with both levers (τ/ω, and a P/D re-split when
+saturation is capacity), the live PoA estimate, and the auction ordering queued requests when
+they queue (a few bidding users, the rest anonymous). Each re-split step is printed as it
+happens and marked on the timeline.
 
 A status line follows the run (regime, τ, ω, poa_hat, TTFT P99, queue depth: on the progress bar
 on a terminal, every 10 simulated seconds otherwise, never with ``quiet``); it ends with a table
@@ -36,6 +38,7 @@ from cluster.sim.scenario import (
     template_source,
 )
 from controller.detector import Regime, Thresholds
+from controller.resplit import ResplitSettings
 from disaggctl.jsonout import strict_dumps
 from disaggctl.options import writable_dir
 
@@ -43,8 +46,9 @@ PROFILE, TOPOLOGY = "b200-llama70b-fp8-tp4", "1P/5D"
 PHASES = (
     NamedPhase("calm", Phase(20.0, 48, ramp=5.0)),
     NamedPhase("ramp", Phase(40.0, 192, ramp=40.0)),
-    NamedPhase("saturated", Phase(25.0, 192)),
-    NamedPhase("recovery", Phase(40.0, 48, ramp=2.0)),
+    # Long enough for a re-split to finish (dwell + drain + the profile's 30 s role switch).
+    NamedPhase("saturated", Phase(50.0, 192)),
+    NamedPhase("recovery", Phase(45.0, 48, ramp=2.0)),
     NamedPhase("spike", Phase(8.0, 288, ramp=1.0)),
     NamedPhase("after", Phase(45.0, 48, ramp=1.0)),
 )
@@ -127,6 +131,7 @@ def run(
         admission=admission,
         source=source,
         on_tick=status,
+        resplit=ResplitSettings(),
     )
     bar.close()
     out.mkdir(parents=True, exist_ok=True)
@@ -166,6 +171,8 @@ def run(
                     }
                     for a in result.advice
                 ],
+                "resplits": [asdict(d) for d in result.resplits],
+                "pool_changes": [asdict(c) for c in result.pool_changes],
                 "timeline": [asdict(s) for s in result.timeline],
             },
             indent=1,
@@ -174,19 +181,26 @@ def run(
     print(format_phases(result))
     if below["windows"] or any(below_one(row[f]) for row in result.phases for f in POA_FACTORS):
         print(poa_footnote(below))
-    for advice in result.advice:
-        best = advice.recommendation.optimum
-        print(
-            f"\ncapacity advice at t={advice.t:.0f} s (poa_capacity "
-            f"{fmt_poa(advice.poa_capacity, '.1f').rstrip()} ≫ poa_routing "
-            f"{fmt_poa(advice.poa_routing, '.2f').rstrip()}): re-split the "
-            f"{best.gpus_p + best.gpus_d} "
-            f"GPUs as {best.gpus_p} prefill / {best.gpus_d} decode "
-            f"(goodput {best.welfare:.1f} req/s at the measured demand)"
-        )
+    print()
+    print(format_resplits(result))
     print()
     print(format_priority(priority_by_class(result), admission.batches, admission.revenue))
     return result
+
+
+def format_resplits(result: ScenarioResult) -> str:
+    """The re-split lever's decisions and each step of each move, or a line saying none came."""
+    if not result.resplits:
+        return "re-split: none (saturation never stayed capacity-bound long enough)"
+    lines = ["re-splits (the controller's second lever):"]
+    for d in result.resplits:
+        lines.append(f"  t={d.t:5.0f}s {d.before} → one worker to {d.to_role}: {d.reason}")
+    for c in result.pool_changes:
+        lines.append(
+            f"  t={c.t:5.0f}s {c.action:<13} worker {c.worker} ({c.from_role} → {c.to_role}) "
+            f"pools {c.prefill}P/{c.decode}D"
+        )
+    return "\n".join(lines)
 
 
 def priority_by_class(result: ScenarioResult) -> list[dict[str, Any]]:
@@ -260,7 +274,7 @@ def plot_timeline(result: ScenarioResult, thresholds: Thresholds, path: Path) ->
 
     tl = result.timeline
     t = [s.t for s in tl]
-    fig, axes = plt.subplots(4, 1, figsize=(11, 10), sharex=True)
+    fig, axes = plt.subplots(5, 1, figsize=(11, 12), sharex=True)
     axes[0].plot(t, [s.in_flight for s in tl], label="requests in flight")
     axes[0].plot(t, [s.queue_depth for s in tl], label="queued (admission + workers)")
     axes[0].set_ylabel("requests")
@@ -278,7 +292,13 @@ def plot_timeline(result: ScenarioResult, thresholds: Thresholds, path: Path) ->
     axes[3].semilogy(t, [s.poa_hat for s in tl], label="poa_hat")
     axes[3].semilogy(t, [s.poa_routing for s in tl], label="poa_routing")
     axes[3].semilogy(t, [s.poa_capacity for s in tl], label="poa_capacity")
-    axes[3].set_xlabel("simulated seconds")
+    axes[4].step(t, [s.prefill_workers for s in tl], where="post", label="prefill workers")
+    axes[4].step(t, [s.decode_workers for s in tl], where="post", label="decode workers")
+    axes[4].set_ylabel("workers")
+    for c in result.pool_changes:
+        axes[4].axvline(c.t, color="red", lw=0.6, alpha=0.5)
+        axes[4].text(c.t, 0.2, f" {c.action}", rotation=90, fontsize=7, color="red")
+    axes[4].set_xlabel("simulated seconds")
     start = 0.0
     for named in PHASES:
         for ax in axes:
@@ -288,7 +308,7 @@ def plot_timeline(result: ScenarioResult, thresholds: Thresholds, path: Path) ->
     for ax in axes:
         ax.legend(fontsize=8, loc="upper left")
         ax.grid(alpha=0.3)
-    fig.suptitle("disaggctl on a simulated 70B 1P/5D cluster: adaptive routing, live PoA")
+    fig.suptitle("disaggctl on a simulated 70B 1P/5D cluster: adaptive routing, re-split, live PoA")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

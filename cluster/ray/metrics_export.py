@@ -51,6 +51,7 @@ OWNERS: dict[str, tuple[str, ...]] = {
         "disagg_ttft_p99_smoothed_seconds",
         "disagg_pool_workers",
         "disagg_resplits",
+        "disagg_resplit_in_progress",
         # Controller.tick counts its capacity advice (controller/controller.py): the controller
         # process is the only one where this counter moves.
         "disagg_capacity_advice",

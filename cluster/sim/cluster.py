@@ -8,15 +8,19 @@ its KV crosses the link (bytes per token · tokens the decode worker lacks / ban
 decode worker admits the sequence. The first token comes out of the decode worker's first
 iteration; the rest stream one per iteration.
 
-Workers publish Dynamo-shaped KV events into their pool's router, exactly as real workers would
+Routing runs on R router replicas (``cluster.sim.views``: each its own index and load view, fed
+through the bus late; one replica with a fresh view by default) and the policy (τ, ω) applies to
+every router of every replica. The pools can be re-split while serving (``cluster.sim.pools``).
+
+Workers publish Dynamo-shaped KV events into their pool's routers, exactly as real workers would
 over NATS; ``kv_listeners`` see the same stream (for the bus), ``first_token_listeners`` see every
 request the moment its first token comes out (for the PoA window), ``completion_listeners`` see
-every finished request (for load generators and the controller).
+every finished request (for load generators and the controller), ``pool_listeners`` every step
+of a re-split.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,37 +32,26 @@ from auction import Request
 from cluster.sim.admission import Admission, FcfsAdmission
 from cluster.sim.decode import DecodeSeq, DecodeWorker
 from cluster.sim.loop import EventLoop
+from cluster.sim.pools import PoolChange, PoolManager, Topology
 from cluster.sim.prefill import PrefillJob, PrefillWorker
 from cluster.sim.profile import HardwareProfile
 from cluster.sim.records import RequestRecord
+from cluster.sim.views import Role, RouterReplica, RouterViews, ViewSettings
 from controller import metrics
-from router import KvEvent, Policy, Router, block_hashes, sequence_hashes, to_payload
+from router import Cleared, KvEvent, Policy, Router, block_hashes, sequence_hashes, to_payload
 
+__all__ = [
+    "PoolChange",
+    "SimCluster",
+    "SimRequest",
+    "Topology",
+    "ViewSettings",
+    "sim_requests",
+]
 
-@dataclass(frozen=True)
-class Topology:
-    """``prefill`` prefill workers and ``decode`` decode workers, each of ``tp`` GPUs."""
-
-    prefill: int
-    decode: int
-
-    def __post_init__(self) -> None:
-        if self.prefill < 0 or self.decode < 1:
-            raise ValueError(f"a topology needs >= 0 prefill and >= 1 decode workers: {self}")
-
-    @classmethod
-    def parse(cls, text: str) -> Topology:
-        """``"1P/5D"`` → Topology(1, 5)."""
-        match = re.fullmatch(r"\s*(\d+)\s*P\s*/\s*(\d+)\s*D\s*", text, re.IGNORECASE)
-        if not match:
-            raise ValueError(f"bad topology {text!r}: expected xP/yD, e.g. 1P/5D")
-        return cls(int(match[1]), int(match[2]))
-
-    def __str__(self) -> str:
-        return f"{self.prefill}P/{self.decode}D"
-
-    def gpus(self, tp: int) -> int:
-        return (self.prefill + self.decode) * tp
+# Worker w's jitter seed is seed·7919 + w (the wall-time engines replay it); each restart in a
+# new role adds this stride, so a re-split worker draws a stream of its own.
+_RESTART_SEED_STRIDE = 1_000_003
 
 
 @dataclass(frozen=True, eq=False)
@@ -101,36 +94,101 @@ class SimCluster:
         loop: EventLoop | None = None,
         admission: Admission | None = None,
         policy: Policy | None = None,
+        views: ViewSettings | None = None,
     ) -> None:
         self.profile = profile
         self.topology = topology if isinstance(topology, Topology) else Topology.parse(topology)
         self.loop = loop if loop is not None else EventLoop()
         bs = profile.block_size
         self.block_size = bs
-        self.decode_router = Router(bs, policy, seed=seed)
-        self.prefill_router = Router(bs, Policy(0.0, 1.0), seed=seed + 1)
+        self.seed = seed
+        self.views = RouterViews(views or ViewSettings(), self.loop, bs, policy, seed)
         self.kv_listeners: list[Callable[[dict[str, Any]], None]] = []
         self.first_token_listeners: list[Callable[[RequestRecord], None]] = []
         self.completion_listeners: list[Callable[[RequestRecord], None]] = []
         self.prefill: dict[int, PrefillWorker] = {}
         self.decode: dict[int, DecodeWorker] = {}
-        for p in range(self.topology.prefill):
-            self.prefill[p] = PrefillWorker(
-                p, profile.prefill, bs, seed=seed * 7919 + p, sink=self._prefill_sink
-            )
-            self.prefill_router.add_worker(p)
-        for d in range(self.topology.decode):
-            wid = self.topology.prefill + d
-            self.decode[wid] = DecodeWorker(
-                wid, profile.decode, bs, seed=seed * 7919 + wid, sink=self._decode_sink
-            )
-            self.decode_router.add_worker(wid)
+        # Prefill workers take ids 0..P-1, decode workers P..P+D-1; an id stays with its worker
+        # (one TP group) when it changes role.
+        n_prefill = self.topology.prefill
+        roles: dict[int, Role] = {
+            w: "prefill" if w < n_prefill else "decode"
+            for w in range(n_prefill + self.topology.decode)
+        }
+        for wid, role in roles.items():
+            self.start_worker(wid, role, 0)
+            self.views.add_worker(role, wid)
+        self.pool_state = PoolManager(self, self.views, self.loop, profile.role_switch_s, roles)
         self._busy: set[int] = set()
         self._inflight: dict[str, _InFlight] = {}
         self.records: list[RequestRecord] = []
         self.admission = admission if admission is not None else FcfsAdmission()
         self.admission.attach(self)
         self._link_bytes_per_s = profile.link.bandwidth_gbps * 1e9 / 8
+
+    # -- routers and policy ------------------------------------------------------------------
+
+    @property
+    def routers(self) -> tuple[RouterReplica, ...]:
+        """Every router replica (each a decode and a prefill router)."""
+        return self.views.replicas
+
+    @property
+    def decode_router(self) -> Router:
+        """Replica 0's decode router (the only one by default)."""
+        return self.views.replicas[0].decode
+
+    @property
+    def prefill_router(self) -> Router:
+        """Replica 0's prefill router (the only one by default)."""
+        return self.views.replicas[0].prefill
+
+    @property
+    def policy(self) -> Policy:
+        return self.decode_router.policy
+
+    def set_policy(self, tau: float, omega: float, version: int) -> None:
+        """The controller's (τ, ω): every decode and prefill router of every replica, at once."""
+        self.views.set_policy(tau, omega, version)
+
+    # -- pools -------------------------------------------------------------------------------
+
+    @property
+    def pools(self) -> Topology:
+        """Workers serving in each role now (one draining or warming up counts in neither)."""
+        return self.pool_state.pools
+
+    @property
+    def resplitting(self) -> bool:
+        """A re-split is in progress (its worker drains or warms up)."""
+        return self.pool_state.resplitting
+
+    @property
+    def pool_listeners(self) -> list[Callable[[PoolChange], None]]:
+        return self.pool_state.listeners
+
+    def resplit(self, to_role: Role, reason: str = "") -> int:
+        """Move one worker from the other role to ``to_role`` (drain, restart, warm up: see
+        ``cluster.sim.pools``); returns its id. ``ValueError`` if it cannot start now."""
+        return self.pool_state.resplit(to_role, reason)
+
+    def start_worker(self, worker: int, role: Role, incarnation: int) -> None:
+        """A fresh engine of ``role`` (called by the pools; incarnation 0 at construction)."""
+        seed = self.seed * 7919 + worker + _RESTART_SEED_STRIDE * incarnation
+        if role == "prefill":
+            self.prefill[worker] = PrefillWorker(
+                worker, self.profile.prefill, self.block_size, seed=seed, sink=self._prefill_sink
+            )
+        else:
+            self.decode[worker] = DecodeWorker(
+                worker, self.profile.decode, self.block_size, seed=seed, sink=self._decode_sink
+            )
+
+    def stop_worker(self, worker: int, role: Role) -> None:
+        """A drained worker's engine stops; its KV cache goes with it (``cleared`` on the bus:
+        its routers forgot it when it left the pool)."""
+        del (self.prefill if role == "prefill" else self.decode)[worker]
+        self._publish(Cleared(worker))
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -192,22 +250,23 @@ class SimCluster:
         flight = self._inflight[request.request_id]
         rec = flight.record
         rec.released, rec.batch_id, rec.payment = self.now, batch_id, payment
-        decision = self.decode_router.decide(
-            request.request_id, request.tokens, local_hashes=flight.local_hashes
+        decision = self.views.route(
+            "decode", request.request_id, request.tokens, flight.local_hashes
         )
         rec.decision, rec.routed, rec.decode_worker = decision, self.now, decision.worker
+        self.pool_state.hold(decision.worker)
         metrics.ROUTING_COST.set(decision.chosen.cost)
         self._note("route", request.request_id, decision.worker)
         worker = self.decode[decision.worker]
         prompt = rec.prompt_tokens
         uncached = worker.uncached_tokens(flight.seq_hashes, prompt)
-        if not self.prefill or uncached <= self.profile.decode.local_prefill_max_tokens:
+        serving_prefill = self.views.workers("prefill")
+        if not serving_prefill or uncached <= self.profile.decode.local_prefill_max_tokens:
             self._to_decode(flight, prefill_locally=True)
             return
-        pick = self.prefill_router.decide(
-            request.request_id, request.tokens, local_hashes=flight.local_hashes
-        )
+        pick = self.views.route("prefill", request.request_id, request.tokens, flight.local_hashes)
         rec.prefill_worker = pick.worker
+        self.pool_state.hold(pick.worker)
         job = PrefillJob(request.request_id, prompt, flight.local_hashes, flight.seq_hashes)
         self.prefill[pick.worker].submit(job, self.now)
         self._kick_prefill(pick.worker)
@@ -229,8 +288,8 @@ class SimCluster:
             rec = flight.record
             rec.prefill_start, rec.prefill_end = job.started_at, job.finished_at
             rec.cached_tokens = job.cached_tokens
-            self.prefill_router.complete(job.request_id)
-            self.decode_router.finish_prefill(job.request_id)
+            self.views.complete("prefill", job.request_id)
+            self.views.finish_prefill("decode", job.request_id)
             decode = self.decode[rec.decode_worker]  # type: ignore[index]
             missing = decode.uncached_tokens(flight.seq_hashes, rec.prompt_tokens)
             transfer = self.profile.link.latency_s + (
@@ -241,8 +300,12 @@ class SimCluster:
         self.admission.on_progress(self.now)
 
     def _transferred(self, flight: _InFlight) -> None:
-        flight.record.transfer_end = self.now
+        rec = flight.record
+        rec.transfer_end = self.now
         self._to_decode(flight, prefill_locally=False)
+        # The KV has left the prefill worker: only now may a draining one stop.
+        assert rec.prefill_worker is not None
+        self.pool_state.let_go(rec.prefill_worker)
 
     # -- decode ------------------------------------------------------------------------------
 
@@ -281,7 +344,7 @@ class SimCluster:
                 # Local prefill ran inside this iteration, on what the cache held at admission.
                 rec.cached_tokens = seq.prompt_tokens - seq.local_prefill_tokens
                 rec.prefill_start = rec.prefill_end = rec.transfer_end = self.now
-                self.decode_router.finish_prefill(seq.request_id)
+                self.views.finish_prefill("decode", seq.request_id)
             for listener in self.first_token_listeners:
                 listener(rec)
         for seq in done:
@@ -290,21 +353,23 @@ class SimCluster:
             rec.finished, rec.status = self.now, "ok"
             self._note("done", seq.request_id, wid)
             rec.itl = worker.itl_samples(seq)
-            self.decode_router.complete(seq.request_id)
+            self.views.complete("decode", seq.request_id)
             for listener in self.completion_listeners:
                 listener(rec)
         self._kick_decode(wid)
+        for _ in done:  # after the kick: a drained worker is idle, so it may stop now
+            self.pool_state.let_go(wid)
         if first:
             self.admission.on_progress(self.now)
 
     # -- KV events ---------------------------------------------------------------------------
 
     def _prefill_sink(self, event: KvEvent) -> None:
-        self.prefill_router.index.apply(event)
+        self.views.publish("prefill", event)
         self._publish(event)
 
     def _decode_sink(self, event: KvEvent) -> None:
-        self.decode_router.index.apply(event)
+        self.views.publish("decode", event)
         self._publish(event)
 
     def _publish(self, event: KvEvent) -> None:

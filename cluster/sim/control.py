@@ -5,7 +5,9 @@ Every first token feeds the detector (its TTFT) and the joiner (the request's ro
 its ``first_token`` event, as the bus would deliver them), as the controller and PoA actors take
 them in serve mode: the request enters the PoA window then, keyed by its routing time
 (docs/design.md §3 property 2). Every ``tick_s`` the estimator refreshes poa_hat over its window
-and the controller ticks with it, so the router's (τ, ω) follow the regime.
+and the controller ticks with it, so the routers' (τ, ω) follow the regime and, with a
+re-split lever, the pools follow Game 1's split (``SimPools`` adapts the cluster to
+``controller.resplit.PoolTarget``).
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from dataclasses import dataclass
 
 from cluster.events import RouteEvent, first_token_event
 from cluster.sim.cluster import SimCluster
+from cluster.sim.pools import PoolChange
 from cluster.sim.records import RequestRecord
 from controller import metrics
 from controller.controller import Controller
+from controller.resplit import Pools, Role
 from games.join import EventJoiner
 from games.poa import PoaEstimate, PoaEstimator
 
@@ -37,6 +41,26 @@ class TickSample:
     poa_capacity: float
     queue_depth: int
     in_flight: int
+    prefill_workers: int = 0
+    decode_workers: int = 0
+    arrival_rate: float = 0.0
+
+
+class SimPools:
+    """``controller.resplit.PoolTarget`` over a simulated cluster."""
+
+    def __init__(self, cluster: SimCluster) -> None:
+        self.cluster = cluster
+
+    def pools(self) -> Pools:
+        now = self.cluster.pools
+        return Pools(now.prefill, now.decode)
+
+    def resplitting(self) -> bool:
+        return self.cluster.resplitting
+
+    def resplit(self, to_role: Role, reason: str) -> None:
+        self.cluster.resplit(to_role, reason)
 
 
 class ControlLoop:
@@ -61,6 +85,8 @@ class ControlLoop:
         self.on_tick = on_tick
         self.timeline: list[TickSample] = []
         self.last: PoaEstimate | None = None
+        self.pool_changes: list[PoolChange] = []
+        cluster.pool_listeners.append(self.pool_changes.append)
         cluster.first_token_listeners.append(self._first_token)
         cluster.completion_listeners.append(self._completed)
         if controller is not None:
@@ -102,6 +128,7 @@ class ControlLoop:
         metrics.POA_ROUTING.set(est.poa_routing)
         metrics.POA_CAPACITY.set(est.poa_capacity)
         depth = self.cluster.admission.depth + self.cluster.backlog
+        rate = self.arrival_rate()
         metrics.AUCTION_QUEUE_DEPTH.set(self.cluster.admission.depth)
         if self.controller is not None:
             self.controller.tick(
@@ -110,12 +137,14 @@ class ControlLoop:
                 poa_hat=est.poa_hat,
                 poa_routing=est.poa_routing,
                 poa_capacity=est.poa_capacity,
+                arrival_rate=rate,
             )
             detector = self.controller.detector
             regime, p99, smoothed = int(detector.regime), detector.last_p99, detector.smoothed_p99
         else:
             regime, p99, smoothed = 0, None, None
-        policy = self.cluster.decode_router.policy
+        policy = self.cluster.policy
+        pools = self.cluster.pools
         self.timeline.append(
             TickSample(
                 t=now,
@@ -129,6 +158,9 @@ class ControlLoop:
                 poa_capacity=est.poa_capacity,
                 queue_depth=depth,
                 in_flight=self.cluster.in_flight,
+                prefill_workers=pools.prefill,
+                decode_workers=pools.decode,
+                arrival_rate=rate,
             )
         )
         if self.on_tick is not None:

@@ -1,5 +1,6 @@
 """Game 1 as planner advice for a simulated (or real) cluster: a hardware profile's cost models as
-``games.PoolCosts``, and an advisor the controller calls when saturation is capacity-bound."""
+``games.PoolCosts``, an advisor the controller calls when saturation is capacity-bound, and the
+same advice in workers for the re-split lever (``controller.resplit``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from collections.abc import Callable
 
 from cluster.sim.cluster import Topology
 from cluster.sim.profile import HardwareProfile
-from games.pd_allocation import PdOutcome, PoolCosts, SloTargets, pd_game, poa_pd
+from controller.resplit import Pools
+from games.pd_allocation import PdOutcome, PoolCosts, SloTargets, pd_game, poa_pd, slo_capacity
 
 
 def pool_costs(profile: HardwareProfile) -> PoolCosts:
@@ -43,3 +45,23 @@ def capacity_advisor(
         return poa_pd(pd_game(costs, slo, gpus, max(arrival_rate(), 1e-9)))
 
     return advise
+
+
+class GameOnePlanner:
+    """``controller.resplit.SplitPlanner`` from a hardware profile: Game 1 on the cluster's GPUs
+    (best split at λ, in workers of ``profile.tp`` GPUs) and the SLO capacity of a split,
+    κ(P, D) = min(P·κ_P, D·κ_D) (``games.pd_allocation.slo_capacity``)."""
+
+    def __init__(self, profile: HardwareProfile, topology: Topology, slo: SloTargets) -> None:
+        self.costs = pool_costs(profile)
+        self.tp = profile.tp
+        self.gpus = topology.gpus(profile.tp)
+        self.slo = slo
+        self.rates = slo_capacity(self.costs, slo)
+
+    def best_split(self, arrival_rate: float) -> Pools:
+        best = poa_pd(pd_game(self.costs, self.slo, self.gpus, max(arrival_rate, 1e-9))).optimum
+        return Pools(best.gpus_p // self.tp, best.gpus_d // self.tp)
+
+    def capacity(self, pools: Pools) -> float:
+        return min(pools.prefill * self.rates.prefill, pools.decode * self.rates.decode)

@@ -197,6 +197,9 @@ class ProfileSpec(StrictModel):
     decode: DecodeSpec
     link: LinkSpec
     workload: WorkloadSpec
+    # Seconds a worker needs to restart in the other role (weights loaded again, engine warmed
+    # up): the warm-up of a run-time P/D re-split (docs/design.md §4).
+    role_switch_s: float = Field(gt=0, le=3600)
     source: str = ""
     architecture: ArchitectureSpec | None = None
     memory: MemorySpec | None = None
@@ -332,6 +335,7 @@ class HardwareProfile(_Checked):
     decode: DecodeModel
     link: LinkModel
     workload: WorkloadShape
+    role_switch_s: float  # warm-up of a worker restarting in its other role (re-split)
     source: str = ""
     calibration: tuple[CalibrationPoint, ...] = field(default_factory=tuple)
     architecture: ArchitectureSpec | None = None  # frozen models already: no dataclass twin

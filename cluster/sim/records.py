@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -76,14 +76,26 @@ def percentile(values: Sequence[float] | np.ndarray, q: float) -> float:
     return float(np.percentile(data, q)) if data.size else float("nan")
 
 
-def summarize(records: Sequence[RequestRecord], start: float, end: float) -> Summary:
-    """Requests finishing in [start, end): throughput, TTFT, ITL (over all tokens) percentiles."""
+def summarize(
+    records: Sequence[RequestRecord],
+    start: float,
+    end: float,
+    by: Literal["finish", "arrival"] = "finish",
+) -> Summary:
+    """Throughput of the requests finishing in [start, end); TTFT, ITL (over all tokens) and
+    E2E percentiles and the cache hit rate over the same requests (``by="finish"``) or over the
+    requests that *arrived* in [start, end) (``by="arrival"``: the latency the load of that
+    window met, whenever it finished; a request still without a first token when the records
+    were taken has no TTFT to count)."""
+    if by not in ("finish", "arrival"):
+        raise ValueError(f"by must be 'finish' or 'arrival', got {by!r}")
     done = [r for r in records if r.finished is not None and start <= r.finished < end]
-    ttft = [r.ttft for r in done if r.ttft is not None]
-    itl_parts = [r.itl for r in done if r.itl is not None and r.itl.size]
+    met = done if by == "finish" else [r for r in records if start <= r.arrival < end]
+    ttft = [r.ttft for r in met if r.ttft is not None]
+    itl_parts = [r.itl for r in met if r.itl is not None and r.itl.size]
     itl = np.concatenate(itl_parts) if itl_parts else np.zeros(0)
-    prompt = sum(r.prompt_tokens for r in done)
-    cached = sum(r.cached_tokens for r in done)
+    prompt = sum(r.prompt_tokens for r in met if r.first_token is not None)
+    cached = sum(r.cached_tokens for r in met if r.first_token is not None)
     return Summary(
         start=start,
         end=end,
@@ -93,6 +105,6 @@ def summarize(records: Sequence[RequestRecord], start: float, end: float) -> Sum
         ttft_p99_s=percentile(ttft, 99),
         itl_p50_s=percentile(itl, 50),
         itl_p99_s=percentile(itl, 99),
-        e2e_p99_s=percentile([r.e2e for r in done if r.e2e is not None], 99),
+        e2e_p99_s=percentile([r.e2e for r in met if r.e2e is not None], 99),
         cache_hit_rate=cached / prompt if prompt else 0.0,
     )

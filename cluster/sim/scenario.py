@@ -1,5 +1,8 @@
-"""A whole-system run on the simulator: load phases, the router under a static or adaptive
-policy, the PoA estimator, and per-phase figures.
+"""A whole-system run on the simulator: load phases, the routers under a static or adaptive
+policy (optionally with the re-split lever), the PoA estimator, and per-phase figures.
+
+Phase figures attribute latency to the phase a request *arrived* in (its TTFT and ITL belong to
+the load that met it), throughput to the phase a request finished in.
 
 Used by ``bench/adaptive.py`` (static vs adaptive) and by ``disaggctl demo``.
 """
@@ -14,15 +17,18 @@ import numpy as np
 
 from cluster.sim.admission import Admission
 from cluster.sim.cluster import SimCluster
-from cluster.sim.control import ControlLoop, TickSample
+from cluster.sim.control import ControlLoop, SimPools, TickSample
 from cluster.sim.loadgen import ClosedLoop, Phase
-from cluster.sim.planning import capacity_advisor
+from cluster.sim.planning import GameOnePlanner, capacity_advisor
+from cluster.sim.pools import PoolChange
 from cluster.sim.profile import HardwareProfile
 from cluster.sim.records import RequestRecord, summarize
+from cluster.sim.views import ViewSettings
 from cluster.workloads import TemplateSource
 from controller.controller import CapacityAdvice, Controller, RegimeChange
 from controller.detector import SaturationDetector, Thresholds
 from controller.policy import PolicyTable
+from controller.resplit import ResplitDecision, ResplitSettings, Resplitter
 from games.pd_allocation import SloTargets
 from games.poa import MAX_AGE_S, PoaEstimator
 
@@ -43,6 +49,8 @@ class ScenarioResult:
     advice: list[CapacityAdvice]
     records: list[RequestRecord] = field(repr=False)
     thresholds: Thresholds | None = None
+    resplits: list[ResplitDecision] = field(default_factory=list)
+    pool_changes: list[PoolChange] = field(default_factory=list)
 
 
 def calm_baseline_p99(
@@ -51,9 +59,11 @@ def calm_baseline_p99(
     concurrency: int = 32,
     seconds: float = 30.0,
     seed: int = 0,
+    views: ViewSettings | None = None,
 ) -> float:
-    """TTFT P99 of a calm closed loop: the baseline the thresholds are multiples of."""
-    cluster = SimCluster(profile, topology, seed=seed)
+    """TTFT P99 of a calm closed loop: the baseline the thresholds are multiples of (measured
+    on the deployment the controller will run on, hence ``views``)."""
+    cluster = SimCluster(profile, topology, seed=seed, views=views)
     load = ClosedLoop(cluster, template_source(profile, seed), [Phase(seconds, concurrency, 5.0)])
     cluster.loop.run(load.end)
     return summarize(cluster.records, min(10.0, seconds / 2), load.end).ttft_p99_s
@@ -98,9 +108,14 @@ def run_scenario(
     table: PolicyTable | None = None,
     source: TemplateSource | None = None,
     on_tick: Callable[[TickSample], None] | None = None,
+    views: ViewSettings | None = None,
+    resplit: ResplitSettings | None = None,
 ) -> ScenarioResult:
-    """Drive ``phases`` of a closed loop; adaptive runs put a controller on the decode router."""
-    cluster = SimCluster(profile, topology, seed=seed, admission=admission)
+    """Drive ``phases`` of a closed loop; adaptive runs put a controller on the cluster's routers
+    (and, given ``resplit``, the re-split lever on its pools)."""
+    if resplit is not None and not adaptive:
+        raise ValueError("the re-split lever belongs to the controller: resplit needs adaptive")
+    cluster = SimCluster(profile, topology, seed=seed, admission=admission, views=views)
     source = source or template_source(profile, seed)
     load = ClosedLoop(cluster, source, [p.phase for p in phases])
     controller = None
@@ -113,11 +128,17 @@ def run_scenario(
         advisor = capacity_advisor(
             profile, cluster.topology, slo, lambda: loop_ref[0].arrival_rate()
         )
+        resplitter = None
+        if resplit is not None:
+            resplitter = Resplitter(
+                SimPools(cluster), GameOnePlanner(profile, cluster.topology, slo), resplit
+            )
         controller = Controller(
             SaturationDetector(thresholds),
             table or PolicyTable(),
-            cluster.decode_router,
+            cluster,
             advisor=advisor,
+            resplitter=resplitter,
         )
     estimator = PoaEstimator(256, MAX_AGE_S, unloaded_latency_s=unloaded_ttft(profile))
     loop = ControlLoop(cluster, controller, estimator, until=load.end, on_tick=on_tick)
@@ -138,6 +159,8 @@ def run_scenario(
         advice=controller.advice if controller else [],
         records=cluster.records,
         thresholds=thresholds,
+        resplits=controller.resplitter.decisions if controller and controller.resplitter else [],
+        pool_changes=loop.pool_changes,
     )
 
 
@@ -148,7 +171,7 @@ def phase_figures(
     records: Sequence[RequestRecord],
     timeline: Sequence[TickSample],
 ) -> dict[str, Any]:
-    summary = summarize(records, start, end)
+    summary = summarize(records, start, end, by="arrival")
     ticks = [s for s in timeline if start < s.t <= end]
 
     def mean(values: list[float]) -> float:
@@ -166,4 +189,6 @@ def phase_figures(
         "poa_routing": round(mean([s.poa_routing for s in ticks]), 4),
         "poa_capacity": round(mean([s.poa_capacity for s in ticks]), 3),
         "cache_hit_rate": round(summary.cache_hit_rate, 4),
+        "prefill_workers": ticks[-1].prefill_workers if ticks else None,
+        "decode_workers": ticks[-1].decode_workers if ticks else None,
     }

@@ -47,6 +47,8 @@ PHASE_KEYS = {
     "poa_routing",
     "poa_capacity",
     "cache_hit_rate",
+    "prefill_workers",
+    "decode_workers",
 }
 
 

@@ -81,6 +81,8 @@ def test_files_are_written_and_parse(demo: Run) -> None:
         "priority",
         "auction",
         "capacity_advice",
+        "resplits",
+        "pool_changes",
         "timeline",
     }
     assert (strict["profile"], strict["topology"]) == (system_demo.PROFILE, system_demo.TOPOLOGY)
@@ -116,8 +118,9 @@ def test_ramp_and_spike_switch_into_saturation_and_back(demo: Run) -> None:
     first = next(c for c in changes if c.regime > Regime.BELOW)
     assert first.t > calm_end and ramp_start < first.t < saturated_end
     assert any(c.regime == Regime.SATURATED and ramp_start < c.t <= saturated_end for c in changes)
-    # The spike saturates again after the recovery calmed things down.
-    assert any(c.regime == Regime.BELOW and saturated_end < c.t <= spike_start for c in changes)
+    # The spike saturates again after things calmed down (the re-split or the recovery).
+    first_saturated = next(c.t for c in changes if c.regime == Regime.SATURATED)
+    assert any(c.regime == Regime.BELOW and first_saturated < c.t <= spike_start for c in changes)
     assert any(c.regime == Regime.SATURATED and spike_start < c.t <= spike_end + 5 for c in changes)
     assert demo.result.timeline[-1].regime == Regime.BELOW  # the calm tail ends calm
     exported = [c["regime"] for c in demo.system["regime_changes"]]
@@ -168,3 +171,19 @@ def test_impossible_poa_values_of_the_run_were_flagged(demo: Run) -> None:
         assert demo.flagged[factor] == below, factor
     for s in demo.result.timeline:
         assert all(math.isfinite(getattr(s, f)) for f in metrics.POA_FACTORS)
+
+
+def test_the_saturated_hold_resplits_and_the_calm_moves_back(demo: Run) -> None:
+    """1P/5D is prefill-bound at C = 192: the lever moves a decode worker to prefill during the
+    hold and gives it back when demand falls; every step is in system.json and on stdout."""
+    resplits = demo.result.resplits
+    assert resplits and resplits[0].to_role == "prefill" and str(resplits[0].before) == "1P/5D"
+    ramp_start, saturated_end = phase_bounds("ramp")[0], phase_bounds("saturated")[1]
+    assert ramp_start < resplits[0].t < saturated_end
+    assert any(d.to_role == "decode" for d in resplits)  # back when load falls
+    steps = demo.result.pool_changes
+    assert [s.action for s in steps[:3]] == ["resplit_start", "drained", "warm"]
+    assert (steps[2].prefill, steps[2].decode) == (2, 4)
+    assert len(demo.system["pool_changes"]) == len(steps)
+    assert "re-splits (the controller's second lever)" in demo.stdout
+    assert max(s.prefill_workers for s in demo.result.timeline) >= 2

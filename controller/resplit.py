@@ -1,0 +1,245 @@
+"""The controller's second lever: re-split the P/D pools when saturation is capacity, not routing
+(docs/design.md §4 "Two levers, not one").
+
+Routing (τ, ω) can only recover poa_routing. When the cluster is saturated and the estimator says
+the loss is capacity — poa_capacity ≥ ``dominance``·poa_routing for ``dwell_ticks`` ticks in a
+row — the resplitter asks Game 1 for the best split at the measured arrival rate λ and, if that
+split has more prefill workers than the cluster has now, moves one TP group from decode to
+prefill. When load has fallen it moves one group back toward the operator's split, the one the
+cluster started with (the split provisioned for calm load; the controller only deviates from it
+under capacity saturation). "Load has fallen" is read from demand, not from TTFT: the split one
+step back must carry the measured λ within the SLOs with headroom,
+
+    λ ≤ release_fraction · κ(P − 1, D + 1),    κ(P, D) = min(P·κ_P, D·κ_D)
+
+(κ_P, κ_D: Game 1's per-worker SLO rates, ``games.pd_allocation.slo_capacity``), for
+``release_ticks`` ticks in a row outside ``saturated``. TTFT alone cannot say it: the re-split
+itself brings TTFT down, and a lever that gave capacity back whenever TTFT looked calm would
+undo its own move while the load still needs it.
+
+Never oscillating comes from three things:
+
+- hysteresis: moving up needs *saturated* and capacity dominance; moving back needs demand a
+  fifth (``release_fraction`` = 0.8) below what the smaller split carries, so the demand that
+  justified a move up never justifies the move back;
+- one TP group at a time, and none while the target reports a re-split in progress (drain and
+  warm-up take tens of seconds on real hardware);
+- a cool-down of ``cooldown_s`` after a re-split finishes before the next may start, so the
+  estimator sees the new split's effect before the lever is pulled again.
+
+The target does the work (a simulated cluster, or the serve runtime's worker actors): it drains
+the moving worker, restarts it in its new role and reports progress. This module only decides.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from controller.detector import Regime
+
+Role = Literal["prefill", "decode"]
+
+
+@dataclass(frozen=True)
+class Pools:
+    """Workers (TP groups) serving in each role."""
+
+    prefill: int
+    decode: int
+
+    def __str__(self) -> str:
+        return f"{self.prefill}P/{self.decode}D"
+
+
+class PoolTarget(Protocol):
+    """What the resplitter drives: the cluster's pools."""
+
+    def pools(self) -> Pools:
+        """Workers serving in each role now (a worker in transition counts in neither)."""
+        ...
+
+    def resplitting(self) -> bool:
+        """A re-split is in progress (draining or warming up)."""
+        ...
+
+    def resplit(self, to_role: Role, reason: str) -> None:
+        """Start moving one TP group from the other role to ``to_role``."""
+        ...
+
+
+class SplitPlanner(Protocol):
+    """Game 1 for the resplitter (e.g. ``cluster.sim.planning.GameOnePlanner``)."""
+
+    def best_split(self, arrival_rate: float) -> Pools:
+        """The split that serves ``arrival_rate`` best (Game 1's social optimum), in workers."""
+        ...
+
+    def capacity(self, pools: Pools) -> float:
+        """Requests per second ``pools`` carries within the SLOs: min(P·κ_P, D·κ_D)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ResplitDecision:
+    """One re-split the resplitter started."""
+
+    t: float
+    to_role: Role
+    before: Pools
+    goal: Pools
+    arrival_rate: float
+    poa_routing: float | None
+    poa_capacity: float | None
+    reason: str
+
+
+def _count(name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ResplitSettings:
+    """``dominance``: poa_capacity / poa_routing at which saturation counts as capacity-bound
+    (2: capacity explains at least twice what routing could recover). ``dwell_ticks``: ticks the
+    condition must hold before a move up (one noisy window never moves a worker).
+    ``release_fraction``: the share of the smaller split's SLO capacity the demand must stay
+    under before a move back (0.8: 20% headroom, the margin a queue needs to stay short);
+    ``release_ticks``: ticks it must stay there (longer than the dwell: keeping capacity a little
+    too long is the cheap mistake). ``cooldown_s``: seconds after a re-split finishes before the
+    next may start. ``min_prefill`` / ``min_decode``: never fewer."""
+
+    dominance: float = 2.0
+    dwell_ticks: int = 5
+    release_fraction: float = 0.8
+    release_ticks: int = 30
+    cooldown_s: float = 20.0
+    min_prefill: int = 1
+    min_decode: int = 1
+
+    def __post_init__(self) -> None:
+        for name, value, low, high in (
+            ("dominance", self.dominance, 1.0, math.inf),
+            ("release_fraction", self.release_fraction, 0.0, 1.0),
+            ("cooldown_s", self.cooldown_s, 0.0, math.inf),
+        ):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or not low <= value <= high
+            ):
+                raise ValueError(
+                    f"{name} must be a finite number in [{low:g}, {high:g}], got {value!r}"
+                )
+        _count("dwell_ticks", self.dwell_ticks, 1)
+        _count("release_ticks", self.release_ticks, 1)
+        _count("min_prefill", self.min_prefill, 0)
+        _count("min_decode", self.min_decode, 1)
+
+
+class Resplitter:
+    """Decides re-splits of ``target``'s pools, one tick at a time (module docstring).
+
+    ``planner`` answers Game 1's two questions: the best split at arrival rate λ, and the
+    arrival rate a split carries within the SLOs; ``home`` is the split to return to when load
+    falls (default: the target's pools at construction)."""
+
+    def __init__(
+        self,
+        target: PoolTarget,
+        planner: SplitPlanner,
+        settings: ResplitSettings | None = None,
+        *,
+        home: Pools | None = None,
+        on_decision: Callable[[ResplitDecision], None] | None = None,
+    ) -> None:
+        self.target = target
+        self.planner = planner
+        self.settings = settings or ResplitSettings()
+        self.home = home if home is not None else target.pools()
+        self.on_decision = on_decision
+        self.decisions: list[ResplitDecision] = []
+        self._up_ticks = 0
+        self._down_ticks = 0
+        self._busy = False
+        self._idle_since: float | None = None  # when the last re-split finished
+
+    def tick(
+        self,
+        now: float,
+        regime: Regime,
+        arrival_rate: float,
+        poa_routing: float | None = None,
+        poa_capacity: float | None = None,
+    ) -> ResplitDecision | None:
+        """Update the counters with this tick's signals; start a re-split when they say so."""
+        if not (math.isfinite(arrival_rate) and arrival_rate >= 0):
+            raise ValueError(f"arrival_rate must be finite and >= 0, got {arrival_rate!r}")
+        s = self.settings
+        capacity_bound = (
+            regime == Regime.SATURATED
+            and poa_routing is not None
+            and poa_capacity is not None
+            and poa_capacity >= s.dominance * poa_routing
+        )
+        self._up_ticks = self._up_ticks + 1 if capacity_bound else 0
+        pools = self.target.pools()
+        smaller = Pools(pools.prefill - 1, pools.decode + 1)
+        demand_fell = (
+            regime != Regime.SATURATED
+            and pools.prefill > max(self.home.prefill, s.min_prefill)
+            and arrival_rate <= s.release_fraction * self.planner.capacity(smaller)
+        )
+        self._down_ticks = self._down_ticks + 1 if demand_fell else 0
+        busy = self.target.resplitting()
+        if self._busy and not busy:
+            self._idle_since = now
+        self._busy = busy
+        if busy or (self._idle_since is not None and now - self._idle_since < s.cooldown_s):
+            return None
+        if self._up_ticks >= s.dwell_ticks and pools.decode > s.min_decode:
+            goal = self.planner.best_split(arrival_rate)
+            if goal.prefill > pools.prefill:
+                reason = (
+                    f"capacity-bound for {self._up_ticks} ticks: poa_capacity "
+                    f"{poa_capacity:.3g} >= {s.dominance:g} x poa_routing {poa_routing:.3g}; "
+                    f"Game 1 at {arrival_rate:.3g} req/s: {goal}"
+                )
+                return self._start(
+                    now, "prefill", pools, goal, arrival_rate, reason, poa_routing, poa_capacity
+                )
+        if self._down_ticks >= s.release_ticks:
+            reason = (
+                f"demand {arrival_rate:.3g} req/s <= {s.release_fraction:g} x the SLO capacity "
+                f"of {smaller} for {self._down_ticks} ticks: back toward {self.home}"
+            )
+            return self._start(
+                now, "decode", pools, self.home, arrival_rate, reason, poa_routing, poa_capacity
+            )
+        return None
+
+    def _start(
+        self,
+        now: float,
+        to_role: Role,
+        pools: Pools,
+        goal: Pools,
+        arrival_rate: float,
+        reason: str,
+        poa_routing: float | None,
+        poa_capacity: float | None,
+    ) -> ResplitDecision:
+        decision = ResplitDecision(
+            now, to_role, pools, goal, arrival_rate, poa_routing, poa_capacity, reason
+        )
+        self.target.resplit(to_role, reason)
+        self.decisions.append(decision)
+        self._busy = True
+        self._up_ticks = self._down_ticks = 0
+        if self.on_decision is not None:
+            self.on_decision(decision)
+        return decision

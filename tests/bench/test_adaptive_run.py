@@ -1,0 +1,63 @@
+"""``bench.adaptive --reduced``, run for real (what ``make test`` runs of the benchmark): the JSON
+is strict and complete, every adaptive run reaches ``saturated``, and the re-split arm moves a
+worker through resplit_start → drained → warm. Whether the targets are met is the benchmark's
+verdict, printed in the JSON, not this test's: the suite checks the measurement is sound."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+from typing import Any
+
+import pytest
+
+from bench import adaptive
+
+
+@pytest.fixture(scope="module")
+def report() -> dict[str, Any]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = adaptive.main(["--reduced", "--quiet"])
+    parsed: dict[str, Any] = json.loads(out.getvalue(), parse_constant=pytest.fail)
+    assert status == (0 if parsed["met"] else 1)
+    return parsed
+
+
+def test_the_summary_has_every_reduced_case_with_finite_ratios(report: dict[str, Any]) -> None:
+    assert report["benchmark"] == "adaptive" and report["reduced"] is True
+    assert set(report["summary"]) == set(adaptive.REDUCED_CASES)
+    for name, row in report["summary"].items():
+        for key in adaptive.RATIO_KEYS:
+            value = row["over_static"][key]
+            assert value is not None and math.isfinite(value) and value > 0, (name, key)
+
+
+def test_every_phase_of_every_arm_is_reported(report: dict[str, Any]) -> None:
+    names = [p.name for p in adaptive.REDUCED_PHASES]
+    for entry in report["cases"].values():
+        for arm in entry["arms"]:
+            rows = entry[arm]["phases"]
+            assert [r["phase"] for r in rows] == names
+            hold = rows[names.index("saturated")]
+            assert hold["completed"] > 0 and hold["poa_hat"] >= 1.0
+
+
+def test_every_adaptive_run_reaches_saturated(report: dict[str, Any]) -> None:
+    assert report["targets"]["saturated_regime_detected"]["met"], report["targets"]
+
+
+def test_the_resplit_arm_moves_a_worker_to_prefill(report: dict[str, Any]) -> None:
+    arm = report["cases"]["resplit-1P/5D"]["resplit"]
+    (decisions,) = arm["resplits"]
+    assert decisions and decisions[0]["to"] == "prefill" and decisions[0]["from"] == "1P/5D"
+    (steps,) = arm["pool_steps"]
+    actions = [s[1] for s in steps[:3]]
+    assert actions == ["resplit_start", "drained", "warm"]
+    assert steps[2][3] == "2P/4D"
+    assert report["summary"]["resplit-1P/5D"]["resplits"] >= 1
+    # Static and routing-only arms never touch the pools.
+    static = report["cases"]["resplit-1P/5D"]["static"]
+    assert static["resplits"] == [[]] and static["pool_steps"] == [[]]

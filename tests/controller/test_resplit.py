@@ -1,0 +1,214 @@
+"""The re-split lever (controller/resplit.py): when it moves a worker, which way, and that it
+never oscillates."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from controller.detector import Regime
+from controller.resplit import Pools, ResplitDecision, ResplitSettings, Resplitter, Role
+
+
+class FakePools:
+    """A target whose re-splits take ``busy_ticks`` ticks (drain + warm-up) to finish."""
+
+    def __init__(self, prefill: int, decode: int, busy_ticks: int = 3) -> None:
+        self.split = Pools(prefill, decode)
+        self.busy_ticks = busy_ticks
+        self._left = 0
+        self._to: Role | None = None
+        self.calls: list[tuple[Role, str]] = []
+
+    def pools(self) -> Pools:
+        if self._left:  # the moving worker counts in neither pool
+            p, d = self.split.prefill, self.split.decode
+            return Pools(p - (self._to == "decode"), d - (self._to == "prefill"))
+        return self.split
+
+    def resplitting(self) -> bool:
+        return self._left > 0
+
+    def resplit(self, to_role: Role, reason: str) -> None:
+        assert not self._left, "a re-split was started while one was in progress"
+        self.calls.append((to_role, reason))
+        self._to, self._left = to_role, self.busy_ticks
+
+    def advance(self) -> None:
+        """One tick of the target's own work: the move finishes when its ticks run out."""
+        if self._left:
+            self._left -= 1
+            if not self._left:
+                p, d = self.split.prefill, self.split.decode
+                up = 1 if self._to == "prefill" else -1
+                self.split = Pools(p + up, d - up)
+
+
+class FakePlanner:
+    """Game 1 stand-in: always ``goal``; a split carries 20 req/s per prefill worker."""
+
+    PER_PREFILL = 20.0
+
+    def __init__(self, goal: Pools) -> None:
+        self.goal = goal
+
+    def best_split(self, arrival_rate: float) -> Pools:
+        return self.goal
+
+    def capacity(self, pools: Pools) -> float:
+        return self.PER_PREFILL * pools.prefill
+
+
+def always(goal: Pools) -> FakePlanner:
+    return FakePlanner(goal)
+
+
+Tick = tuple[Regime, float, float, float]  # regime, poa_routing, poa_capacity, λ
+
+
+def run(resplitter: Resplitter, target: FakePools, ticks: list[Tick]) -> list[ResplitDecision]:
+    made = []
+    for t, (regime, routing, capacity, rate) in enumerate(ticks):
+        target.advance()
+        decision = resplitter.tick(float(t), regime, rate, routing, capacity)
+        if decision is not None:
+            made.append(decision)
+    return made
+
+
+CAPACITY = (Regime.SATURATED, 1.1, 10.0, 60.0)  # poa_capacity ≫ poa_routing
+ROUTING = (Regime.SATURATED, 3.0, 4.0, 60.0)  # saturated, but routing explains it
+CALM = (Regime.BELOW, 1.0, 1.2, 10.0)  # demand one prefill worker carries with headroom
+# TTFT calm (the re-split worked) but demand still needs the extra prefill workers.
+RELIEVED = (Regime.BELOW, 1.0, 1.5, 60.0)
+
+
+def test_capacity_bound_saturation_moves_one_group_to_prefill_after_the_dwell() -> None:
+    target = FakePools(1, 5)
+    r = Resplitter(target, always(Pools(3, 3)), ResplitSettings(dwell_ticks=4, cooldown_s=5))
+    made = run(r, target, [CAPACITY] * 4)
+    assert len(made) == 1 and made[0].t == 3.0  # the fourth tick in a row
+    assert made[0].to_role == "prefill" and made[0].before == Pools(1, 5)
+    assert made[0].goal == Pools(3, 3)
+    assert "poa_capacity" in made[0].reason and target.calls[0][0] == "prefill"
+
+
+def test_routing_bound_saturation_never_resplits() -> None:
+    target = FakePools(1, 5)
+    r = Resplitter(target, always(Pools(3, 3)), ResplitSettings(dwell_ticks=2))
+    assert run(r, target, [ROUTING] * 50) == []
+
+
+def test_one_group_at_a_time_with_a_cooldown_between_moves() -> None:
+    target = FakePools(1, 5, busy_ticks=3)
+    settings = ResplitSettings(dwell_ticks=2, cooldown_s=10)
+    r = Resplitter(target, always(Pools(3, 3)), settings)
+    made = run(r, target, [CAPACITY] * 40)
+    assert [d.to_role for d in made] == ["prefill", "prefill"]  # 1P → 2P → 3P, then Game 1 holds
+    first, second = made
+    # The second waits for the first to finish (3 ticks) and the cool-down after it (10 s).
+    assert second.t - first.t >= 3 + 10
+    assert target.split == Pools(3, 3)
+
+
+def test_game_one_decides_how_far() -> None:
+    target = FakePools(1, 5)
+    r = Resplitter(target, always(Pools(1, 5)), ResplitSettings(dwell_ticks=1, cooldown_s=0))
+    assert run(r, target, [CAPACITY] * 20) == []  # already at Game 1's split: nothing to do
+
+
+def test_back_toward_the_home_split_when_load_falls_and_never_below_it() -> None:
+    target = FakePools(1, 5, busy_ticks=2)
+    settings = ResplitSettings(dwell_ticks=2, release_ticks=5, cooldown_s=3)
+    r = Resplitter(target, always(Pools(3, 3)), settings)
+    made = run(r, target, [CAPACITY] * 30 + [CALM] * 60)
+    assert [d.to_role for d in made] == ["prefill", "prefill", "decode", "decode"]
+    assert target.split == Pools(1, 5)  # home, and no further
+
+
+def test_transition_at_high_demand_neither_moves_up_nor_back() -> None:
+    target = FakePools(2, 4)
+    settings = ResplitSettings(dwell_ticks=1, release_ticks=1, cooldown_s=0)
+    r = Resplitter(target, always(Pools(3, 3)), settings, home=Pools(1, 5))
+    assert run(r, target, [(Regime.TRANSITION, 1.0, 10.0, 60.0)] * 30) == []
+
+
+def test_a_calm_ttft_after_the_move_is_no_reason_to_give_capacity_back() -> None:
+    """The re-split brings TTFT below θ1; demand has not fallen, so the workers stay."""
+    target = FakePools(1, 5, busy_ticks=2)
+    settings = ResplitSettings(dwell_ticks=2, release_ticks=3, cooldown_s=1)
+    r = Resplitter(target, always(Pools(2, 4)), settings)
+    made = run(r, target, [CAPACITY] * 6 + [RELIEVED] * 60)
+    assert [d.to_role for d in made] == ["prefill"] and target.split == Pools(2, 4)
+
+
+def test_the_move_back_waits_for_headroom_on_the_smaller_split() -> None:
+    """2P carry 40 req/s, 1P 20: a move back needs λ <= 0.8 x 20 = 16 req/s."""
+    settings = ResplitSettings(release_ticks=2, cooldown_s=0)
+    for rate, moves in ((16.0, ["decode"]), (16.5, [])):
+        target = FakePools(2, 4)
+        r = Resplitter(target, always(Pools(2, 4)), settings, home=Pools(1, 5))
+        made = run(r, target, [(Regime.BELOW, 1.0, 1.0, rate)] * 10)
+        assert [d.to_role for d in made] == moves, rate
+
+
+def test_the_decode_pool_keeps_its_minimum() -> None:
+    target = FakePools(1, 1)
+    r = Resplitter(target, always(Pools(2, 0)), ResplitSettings(dwell_ticks=1, cooldown_s=0))
+    assert run(r, target, [CAPACITY] * 10) == []
+
+
+@given(
+    st.lists(
+        st.sampled_from([CAPACITY, ROUTING, CALM, RELIEVED, (Regime.TRANSITION, 1.0, 5.0, 30.0)]),
+        max_size=200,
+    ),
+    st.integers(1, 5),
+    st.integers(1, 20),
+    st.integers(1, 4),
+    st.integers(0, 8),
+)
+def test_never_oscillates(ticks, dwell, release, busy, cooldown) -> None:  # type: ignore[no-untyped-def]
+    """Whatever the signals: no move starts while one is in progress, consecutive moves are at
+    least the move's duration plus the cool-down apart, and the pools stay within bounds."""
+    target = FakePools(1, 5, busy_ticks=busy)
+    settings = ResplitSettings(dwell_ticks=dwell, release_ticks=release, cooldown_s=cooldown)
+    r = Resplitter(target, always(Pools(3, 3)), settings)
+    made = run(r, target, ticks)  # FakePools asserts no overlapping re-split
+    for a, b in itertools.pairwise(made):
+        assert b.t - a.t >= busy + cooldown
+    assert 1 <= target.split.prefill <= 3 and target.split.decode >= 3
+    # A move back needs `release` calm ticks since the last non-calm one: never right after a
+    # move up that was itself triggered by saturation.
+    for a, b in itertools.pairwise(made):
+        if (a.to_role, b.to_role) == ("prefill", "decode"):
+            assert b.t - a.t >= release
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("dominance", 0.5),
+        ("dominance", float("nan")),
+        ("cooldown_s", -1.0),
+        ("cooldown_s", float("inf")),
+        ("dwell_ticks", 0),
+        ("release_ticks", 1.5),
+        ("release_fraction", 1.5),
+        ("release_fraction", -0.1),
+        ("min_decode", 0),
+        ("min_prefill", True),
+    ],
+)
+def test_bad_settings_name_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        ResplitSettings(**{field: value})  # type: ignore[arg-type]
+
+
+def test_a_non_finite_arrival_rate_is_refused() -> None:
+    r = Resplitter(FakePools(1, 5), always(Pools(2, 4)))
+    with pytest.raises(ValueError, match="arrival_rate"):
+        r.tick(0.0, Regime.SATURATED, float("nan"), 1.0, 5.0)

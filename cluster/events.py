@@ -237,7 +237,8 @@ class FirstTokenEvent(EventModel):
         return CompletionRecord(self.request_id, self.t, self.worker_id, self.ttft_s, "ok")
 
 
-PoolAction = Literal["resplit_start", "drained", "warm"]
+# "abandoned": a re-split given up (its drain timed out); the worker serves its old role again.
+PoolAction = Literal["resplit_start", "drained", "warm", "abandoned"]
 WorkerIds = Annotated[tuple[WorkerId, ...], Field(max_length=MAX_CANDIDATES)]
 
 

@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.placement_group import remove_placement_group
 
 from cluster.model_dir import build_model_dir, default_model_dir
 from cluster.nats_server import NatsServer
@@ -34,7 +33,13 @@ from cluster.ray.controller_actor import ControllerActor
 from cluster.ray.poa_actor import PoaActor
 from cluster.ray.router_actor import RouterActor
 from cluster.ray.runtime import LocalRay, init_ray
-from cluster.ray.workers import DecodeWorkerActor, PrefillWorkerActor
+from cluster.ray.worker_factory import (
+    RAY_NAMESPACE,
+    WorkerSpec,
+    new_placement,
+    start_worker,
+    worker_name,
+)
 from cluster.serve.config import ServeConfig
 from cluster.serve.users import Users
 from cluster.sim.cluster import Topology
@@ -47,7 +52,6 @@ __all__ = ["RAY_NAMESPACE", "Service", "ServiceHandles"]
 
 log = logging.getLogger(__name__)
 
-RAY_NAMESPACE = "disaggctl"
 # Spare accelerators declared on a local session beyond what the topology needs, so a restarted
 # worker can be placed while its predecessor's bundle is being released.
 SPARE_TP_GROUPS = 1
@@ -152,56 +156,37 @@ class Service:
     def _lifetime_option(self) -> dict[str, Any]:
         return {} if self._lifetime is None else {"lifetime": self._lifetime}
 
-    def _worker_options(self, name: str) -> dict[str, Any]:
+    def worker_spec(self, model_dir: str | None) -> WorkerSpec:
+        """What every worker of this service starts with (deploy time and re-splits)."""
         cfg = self.config
-        tp = float(self.profile.tp)
-        bundle = {cfg.accelerator_resource: tp}
-        if cfg.request_gpus:
-            bundle["GPU"] = tp
-        pg = placement_group([bundle], strategy="STRICT_PACK", name=name, lifetime=self._lifetime)
-        self.handles.placement_groups.append(pg)
-        ray.get(pg.ready(), timeout=READY_TIMEOUT_S)
-        return {
-            "name": name,
-            "namespace": RAY_NAMESPACE,
-            "num_cpus": 0,
-            "num_gpus": tp if cfg.request_gpus else 0,
-            "resources": {cfg.accelerator_resource: tp},
-            "max_restarts": cfg.worker_max_restarts,
-            "max_task_retries": 0,  # a request is retried by the path, on another worker
-            "max_concurrency": 10_000,
-            "scheduling_strategy": PlacementGroupSchedulingStrategy(pg),
-            **self._lifetime_option(),
-        }
+        return WorkerSpec(
+            profile=cfg.profile, tp=self.profile.tp, speedup=cfg.speedup,
+            epoch_wall=self.epoch_wall, seed=cfg.seed, nats_url=self.nats_url,
+            namespace=cfg.namespace, model_dir=model_dir,
+            accelerator_resource=cfg.accelerator_resource, request_gpus=cfg.request_gpus,
+            max_restarts=cfg.worker_max_restarts,
+        )  # fmt: skip
 
     def _start_workers(self, model_dir: str | None) -> None:
-        cfg = self.config
-        common = {
-            "speedup": cfg.speedup,
-            "epoch_wall": self.epoch_wall,
-            "nats_url": self.nats_url,
-            "namespace": cfg.namespace,
-        }
+        self._spec = self.worker_spec(model_dir)
         for p in range(self.topology.prefill):
-            self.handles.prefill[p] = self._worker(
-                f"{cfg.namespace}-prefill-{p}", PrefillWorkerActor,
-                p, cfg.profile, seed=cfg.seed * 7919 + p, **common,
-            )  # fmt: skip
+            self.handles.prefill[p] = self._worker("prefill", p)
         for d in range(self.topology.decode):
             wid = self.topology.prefill + d
-            self.handles.decode[wid] = self._worker(
-                f"{cfg.namespace}-decode-{wid}", DecodeWorkerActor,
-                wid, cfg.profile, seed=cfg.seed * 7919 + wid, model_dir=model_dir, **common,
-            )  # fmt: skip
+            self.handles.decode[wid] = self._worker("decode", wid)
         self._await_ready([*self.handles.prefill.values(), *self.handles.decode.values()])
 
-    def _worker(self, name: str, cls: type, *args: Any, **kwargs: Any) -> Any:
-        """The worker actor ``name``: the running detached one, or a new one on its own
-        placement group (created only when the actor is)."""
+    def _worker(self, role: str, worker_id: int) -> Any:
+        """The worker actor: the running detached one, or a new one on its own placement group
+        (created only when the actor is)."""
+        name = worker_name(self.config.namespace, role, worker_id)
         existing = self._existing(name)
         if existing is not None:
             return existing
-        return ray.remote(cls).options(**self._worker_options(name)).remote(*args, **kwargs)
+        pg = new_placement(self._spec, name, self._lifetime)  # type: ignore[arg-type]
+        self.handles.placement_groups.append(pg)
+        ray.get(pg.ready(), timeout=READY_TIMEOUT_S)
+        return start_worker(self._spec, role, worker_id, pg, self._lifetime)  # type: ignore[arg-type]
 
     def _control_options(self, role: str) -> dict[str, Any]:
         # Every queued admit holds one of the auction's concurrency slots while it waits.
@@ -259,6 +244,11 @@ class Service:
                 settings=cfg.controller.model_dump(),
                 epoch_wall=self.epoch_wall,
                 pools={"prefill": len(h.prefill), "decode": len(h.decode)},
+                workers={"prefill": list(h.prefill), "decode": list(h.decode)},
+                worker_spec=self._spec.model_dump(),
+                # Not a kwarg named "detached": under Ray 2.60 a restarted actor given one
+                # never ran the ready() it queues itself (test_service_reliability).
+                release_on_shutdown=self._lifetime != "detached",
                 **nats,
             ),
         )
@@ -324,6 +314,7 @@ class Service:
             for pg in self.handles.placement_groups:
                 with contextlib.suppress(Exception):
                     remove_placement_group(pg)
+            self._stop_moved_workers()
         self.handles = ServiceHandles()
         if self.ray is not None and self.ray.owned:
             ray.shutdown()
@@ -333,6 +324,36 @@ class Service:
         if self.nats is not None:
             self.nats.close()
             self.nats = None
+
+    def _worker_ids(self) -> list[int]:
+        return list(range(self.topology.prefill + self.topology.decode))
+
+    def _stop_moved_workers(self) -> None:
+        """Workers a re-split started (the controller actor's, detached so that they survive
+        its restarts; cluster/ray/pools.py) are not in ``handles``: find them by name."""
+        if self._lifetime == "detached":
+            return
+        from cluster.ray.pools import remove_named_placement
+
+        for wid in self._worker_ids():
+            for role in ("prefill", "decode"):
+                name = worker_name(self.config.namespace, role, wid)
+                with contextlib.suppress(Exception):
+                    ray.kill(ray.get_actor(name, namespace=RAY_NAMESPACE), no_restart=True)
+                remove_named_placement(name)
+
+    def refresh_workers(self) -> ServiceHandles:
+        """Point ``handles.prefill``/``decode`` at the workers serving now: a re-split (the
+        controller actor's) moves a worker id to the other role under a new actor."""
+        prefill: dict[int, Any] = {}
+        decode: dict[int, Any] = {}
+        for wid in self._worker_ids():
+            for role, pool in (("prefill", prefill), ("decode", decode)):
+                name = worker_name(self.config.namespace, role, wid)
+                with contextlib.suppress(ValueError):
+                    pool[wid] = ray.get_actor(name, namespace=RAY_NAMESPACE)
+        self.handles.prefill, self.handles.decode = prefill, decode
+        return self.handles
 
     def __enter__(self) -> Service:
         return self

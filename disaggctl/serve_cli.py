@@ -157,6 +157,8 @@ _GAUGES = {
     "ttft_p99_smoothed_s": "disagg_ttft_p99_smoothed_seconds",
     "queue_depth": "disagg_auction_queue_depth",
     "revenue": "disagg_auction_revenue_total",
+    "resplits": "disagg_resplits_total",
+    "resplit_in_progress": "disagg_resplit_in_progress",
 }
 _REGIMES = {0: "below", 1: "transition", 2: "saturated"}
 
@@ -166,6 +168,7 @@ def parse_status(text: str) -> dict[str, Any]:
     from prometheus_client.parser import text_string_to_metric_families
 
     samples: dict[str, float] = {}
+    pools: dict[str, int] = {}  # disagg_pool_workers{role}: the re-split lever's pools
     requests = 0.0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -173,7 +176,10 @@ def parse_status(text: str) -> dict[str, Any]:
                 samples[sample.name] = sample.value
             elif sample.name == "disagg_requests_total":
                 requests += sample.value
+            elif sample.name == "disagg_pool_workers" and sample.labels.get("role"):
+                pools[sample.labels["role"]] = int(sample.value)
     out: dict[str, Any] = {k: samples.get(v) for k, v in _GAUGES.items()}
+    out["prefill_workers"], out["decode_workers"] = pools.get("prefill"), pools.get("decode")
     if out["regime"] is not None:
         out["regime"] = _REGIMES.get(int(out["regime"]), str(out["regime"]))
     out["requests"] = requests
@@ -198,6 +204,8 @@ def format_status(s: Mapping[str, Any]) -> str:
         f"(routing {num('poa_routing')} x capacity {num('poa_capacity')})  "
         f"ttft_p99 {num('ttft_p99_smoothed_s')} s  queue {num('queue_depth', '.0f')}  "
         f"revenue {num('revenue', '.2f')}  requests {num('requests', '.0f')}"
+        f"  pools {num('prefill_workers', 'd')}P/{num('decode_workers', 'd')}D"
+        + ("  (re-splitting)" if s.get("resplit_in_progress") else "")
     )
 
 

@@ -6,7 +6,9 @@ runs the HTTP load client (:mod:`disaggctl.load_client`) through calm → ramp �
 recovery → spike → calm. Every second it reads the service's ``/metrics`` (a live status line on
 a terminal) into a timeline. At the end: a phase table (requests, TTFT/ITL P99, throughput, the
 regime and poa_hat the service reported), the regime changes, priced priority per user, and
-``timeline.png`` + ``serve.json`` in the results folder.
+``timeline.png`` + ``serve.json`` in the results folder. Re-splits of the P/D pools the controller
+made on its own (docs/design.md §4, "two levers") are listed with their reason and marked on the
+plot; the load is the same whether one happens or not.
 
 Phases are attributed by arrival: a request belongs to the phase in which it was sent.
 """
@@ -204,6 +206,39 @@ def user_table(
     return rows
 
 
+def _controller_snapshot(service: Service) -> dict[str, Any]:
+    import ray
+
+    try:
+        snap = ray.get(service.handles.controller.snapshot.remote(), timeout=10)
+    except Exception:  # a report without the re-splits beats no report
+        return {}
+    return snap if isinstance(snap, dict) else {}
+
+
+def resplit_table(snapshot: dict[str, Any], start_wall: float) -> list[dict[str, Any]]:
+    """The re-splits the controller made (its pools' steps, docs/design.md §4): per re-split,
+    when it started and ended (demo seconds), the pools before → after, and why."""
+    steps = (snapshot.get("pools") or {}).get("steps") or []
+    out: list[dict[str, Any]] = []
+    for step in steps:
+        pools = (len(step["prefill"]), len(step["decode"]))
+        if step["action"] == "resplit_start":
+            # The moving worker is in neither pool now: before, it was in the other role's.
+            moved_from_prefill = step["to_role"] == "decode"
+            before = (pools[0] + moved_from_prefill, pools[1] + (not moved_from_prefill))
+            out.append({
+                "t": round(step["t"] - start_wall, 1), "end_t": None, "worker": step["worker_id"],
+                "to_role": step["to_role"], "before": "{}P/{}D".format(*before), "after": None,
+                "reason": step["reason"], "abandoned": False,
+            })  # fmt: skip
+        elif step["action"] in ("warm", "abandoned") and out and out[-1]["end_t"] is None:
+            out[-1]["end_t"] = round(step["t"] - start_wall, 1)
+            out[-1]["after"] = "{}P/{}D".format(*pools)
+            out[-1]["abandoned"] = step["action"] == "abandoned"
+    return out
+
+
 def regime_changes(samples: Sequence[Sample]) -> list[dict[str, Any]]:
     changes, last = [], None
     for s in samples:
@@ -258,10 +293,17 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append("regime changes: " + ", ".join(
         f"{c['t']:.0f}s {c['regime']} (τ={c['tau']}, ω={c['omega']})" for c in report["regimes"]
     ))  # fmt: skip
+    resplits = report.get("resplits") or []
+    if not resplits:
+        lines.append("re-splits: none (the pools kept their split: saturation never read as "
+                     "capacity-bound long enough)")  # fmt: skip
+    for r in resplits:
+        end = "still warming" if r["end_t"] is None else f"until {r['end_t']:.0f}s"
+        outcome = " (abandoned)" if r["abandoned"] else ""
+        lines.append(f"re-split at {r['t']:.0f}s ({end}): {r['before']} → {r['after'] or '…'}"
+                     f"{outcome}: {r['reason']}")  # fmt: skip
     lines.append("")
-    lines.append(
-        "user       bid  answered  auctioned  mean position   paid  welfare   TTFT p99"
-    )
+    lines.append("user       bid  answered  auctioned  mean position   paid  welfare   TTFT p99")
     for u in report["users"]:
         lines.append(
             f"{u['user']:<9} {u['bid']:>4.1f} {u['answered']:>9} {u['auctioned']:>10} "
@@ -310,10 +352,12 @@ def run_serve_demo(
         if not quiet:
             print(f"serving at {service.url}/v1; driving {sum(p.seconds for p in phases):.0f} s "
                   "of load", file=sys.stderr)  # fmt: skip
+        start_wall = time.time()
         results, samples, seconds = asyncio.run(
             _drive(service.url, phases, bidders, seed, live, config.model_name)
         )
         auction = _auction_stats(service)
+        resplits = resplit_table(_controller_snapshot(service), start_wall)
     finally:
         service.stop()
     report = {
@@ -322,6 +366,7 @@ def run_serve_demo(
         "seconds": seconds,
         "phases": phase_table(results, samples, phases),
         "regimes": regime_changes(samples),
+        "resplits": resplits,
         "users": user_table(results, bidders, auction),
         "welfare": float(auction.get("welfare", 0.0)),
         "revenue": float(auction.get("revenue", 0.0)),
@@ -330,6 +375,6 @@ def run_serve_demo(
         "timeline": [asdict(s) for s in samples],
     }
     (out / "serve.json").write_text(strict_dumps(report, indent=1))
-    plot_timeline(samples, phases, out / "timeline.png")
+    plot_timeline(samples, phases, out / "timeline.png", resplits=resplits)
     shutil.rmtree(out / "tmp", ignore_errors=True)
     return report

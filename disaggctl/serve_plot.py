@@ -30,7 +30,14 @@ def _series(samples: Sequence[Sample], key: str) -> list[float]:
     return out
 
 
-def plot_timeline(samples: Sequence[Sample], phases: Sequence[LoadPhase], path: Path) -> None:
+def plot_timeline(
+    samples: Sequence[Sample],
+    phases: Sequence[LoadPhase],
+    path: Path,
+    resplits: Sequence[dict[str, Any]] = (),
+) -> None:
+    """``resplits``: ``serve_demo.resplit_table`` rows, drawn as a span from start to warm on
+    every panel and labelled before → after on the first."""
     t = [s.t for s in samples]
     fig, axes = plt.subplots(5, 1, figsize=(11, 12), sharex=True)
     regimes = [s.status.get("regime") for s in samples]
@@ -43,6 +50,14 @@ def plot_timeline(samples: Sequence[Sample], phases: Sequence[LoadPhase], path: 
         for phase in phases:
             ax.axvline(edge, color="grey", lw=0.5, ls=":")
             edge += phase.seconds
+    for r in resplits:
+        end = r.get("end_t") if r.get("end_t") is not None else (t[-1] if t else r["t"])
+        for ax in axes:
+            ax.axvspan(r["t"], end, color="tab:cyan", alpha=0.25, lw=0)
+            ax.axvline(r["t"], color="tab:cyan", lw=1.2)
+        label = f"re-split {r['before']}→{r.get('after') or '…'}"
+        axes[0].text(r["t"], 1.0, label, fontsize=8, color="teal", va="top", rotation=90,
+                     transform=axes[0].get_xaxis_transform())  # fmt: skip
     axes[0].plot(t, [s.clients for s in samples], color="black")
     axes[0].set_ylabel("clients C")
     for phase, start in zip(phases, _starts(phases), strict=True):
@@ -66,7 +81,7 @@ def plot_timeline(samples: Sequence[Sample], phases: Sequence[LoadPhase], path: 
     twin.plot(t, _series(samples, "revenue"), color="tab:brown", label="revenue")
     twin.set_ylabel("revenue")
     axes[4].set_xlabel("wall seconds (background: regime — green below, orange transition, "
-                       "red saturated)")  # fmt: skip
+                       "red saturated; cyan: a P/D re-split, start to warm)")  # fmt: skip
     fig.suptitle("disaggctl serve: live timeline")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -28,12 +28,10 @@ import dataclasses
 import logging
 import math
 from collections.abc import Callable
-from typing import Any, Self
+from typing import Any
 
-from pydantic import Field, model_validator
-
-from cluster.events import Event, FirstTokenEvent, RegimeEvent
-from cluster.models import StrictModel, validate_model
+from cluster.events import Event, FirstTokenEvent, RegimeEvent, RouteEvent
+from cluster.models import validate_model
 from cluster.ray.actor_support import (
     ActorBus,
     actor_info,
@@ -43,92 +41,23 @@ from cluster.ray.actor_support import (
     wait_subscribed,
     wake_after_restart,
 )
+from cluster.ray.controller_pools import ArrivalMeter, build_pools
+from cluster.ray.controller_settings import DEFAULT_THETA_S, ControllerSettings
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
 from cluster.ray.poa_actor import CONNECT_WAIT_S, service_clock
+from cluster.ray.pools import ActorPools, Launcher
+from cluster.ray.worker_factory import WorkerSpec
 from controller.controller import Controller, RegimeChange
-from controller.detector import SaturationDetector, Thresholds
+from controller.detector import SaturationDetector
 from controller.metrics import POOL_WORKERS
-from controller.policy import PolicyTable, RegimePolicy
-from router.cost import MAX_OMEGA
+from controller.resplit import ResplitDecision, Resplitter
 
-__all__ = ["ControllerActor", "ControllerSettings"]
+__all__ = ["DEFAULT_THETA_S", "ControllerActor", "ControllerSettings"]
 
 log = logging.getLogger(__name__)
 
-_TABLE = PolicyTable()
 MAX_CHANGES = 32  # recent regime changes kept for snapshot()
-# Thresholds when the settings give none: 5x and 15x (docs/design.md §4) the calm TTFT P99 of the
-# default service (cluster/serve/config.py: b200-llama70b-fp8-tp4, 1P/5D, speedup 0.25), which
-# calm_baseline_p99 puts at 0.072 virtual s = 0.29 wall s. Another profile or speedup should
-# give its own: ``calibrate: {baseline_s: calm_baseline_p99(...) / speedup}``.
-DEFAULT_THETA_S = (1.5, 4.5)
-
-
-class PolicyRow(StrictModel):
-    tau: float = Field(ge=0.0)
-    omega: float = Field(ge=0.0, le=MAX_OMEGA)
-
-
-class PolicySettings(StrictModel):
-    """The regime → (τ, ω) table; defaults are controller/policy.py's ``PolicyTable()``."""
-
-    below: PolicyRow = PolicyRow(tau=_TABLE.below.tau, omega=_TABLE.below.omega)
-    transition: PolicyRow = PolicyRow(tau=_TABLE.transition.tau, omega=_TABLE.transition.omega)
-    saturated: PolicyRow = PolicyRow(tau=_TABLE.saturated.tau, omega=_TABLE.saturated.omega)
-
-    def table(self) -> PolicyTable:
-        rows = {name: getattr(self, name) for name in ("below", "transition", "saturated")}
-        return PolicyTable(**{n: RegimePolicy(r.tau, r.omega) for n, r in rows.items()})
-
-
-class Calibration(StrictModel):
-    """θ1 = below_x · baseline, θ2 = saturated_x · baseline (docs/design.md §4)."""
-
-    baseline_s: float = Field(gt=0.0)
-    below_x: float = Field(5.0, gt=0.0)
-    saturated_x: float = Field(15.0, gt=0.0)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> Self:
-        if not self.below_x < self.saturated_x:
-            raise ValueError("calibrate needs below_x < saturated_x")
-        return self
-
-
-class ControllerSettings(StrictModel):
-    tick_s: float = Field(1.0, ge=0.1, le=60.0)
-    window_s: float = Field(10.0, gt=0.0, le=3600.0)
-    min_samples: int = Field(20, ge=1, le=100_000)
-    beta: float = Field(0.3, gt=0.0, le=1.0)
-    theta1_s: float | None = Field(None, gt=0.0)
-    theta2_s: float | None = Field(None, gt=0.0)
-    calibrate: Calibration | None = None
-    hysteresis: float = Field(0.2, ge=0.0, lt=1.0)
-    dwell: int = Field(3, ge=1, le=1000)
-    policy: PolicySettings = PolicySettings()
-    call_timeout_s: float = Field(2.0, gt=0.0, le=60.0)  # each call to the router/auction/PoA
-
-    @model_validator(mode="after")
-    def _one_threshold_source(self) -> Self:
-        seconds = (self.theta1_s, self.theta2_s)
-        if self.calibrate is not None:
-            if seconds != (None, None):
-                raise ValueError("give theta1_s/theta2_s or calibrate, not both")
-        elif seconds == (None, None):
-            pass  # DEFAULT_THETA_S
-        elif None in seconds:
-            raise ValueError("give both theta1_s and theta2_s (seconds), or calibrate")
-        elif not seconds[0] < seconds[1]:  # type: ignore[operator]
-            raise ValueError(f"theta1_s must be < theta2_s, got {seconds[0]} and {seconds[1]}")
-        return self
-
-    def thresholds(self) -> Thresholds:
-        c = self.calibrate
-        if c is not None:
-            return Thresholds.calibrated(c.baseline_s, c.below_x, c.saturated_x)
-        if self.theta1_s is None or self.theta2_s is None:
-            return Thresholds(*DEFAULT_THETA_S)
-        return Thresholds(self.theta1_s, self.theta2_s)
+MAX_DECISIONS = 32  # recent re-split decisions kept for snapshot()
 
 
 _Push = tuple[float, float, int, str]  # tau, omega, version, regime label
@@ -172,7 +101,17 @@ class ControllerActor:
         settings: dict[str, Any],
         epoch_wall: float | None = None,
         pools: dict[str, int] | None = None,
+        workers: dict[str, list[int]] | None = None,
+        worker_spec: dict[str, Any] | None = None,
+        release_on_shutdown: bool = True,
+        launcher: Launcher | None = None,
     ) -> None:
+        """``workers`` (ids by role) and ``worker_spec`` (``worker_factory.WorkerSpec``) give
+        the re-split lever its pools (``settings.resplit``); without them it is off.
+        ``settings.resplit.enabled`` false: the controller never re-splits on its own.
+        ``release_on_shutdown``: false when the service outlives its jobs (``serve deploy``):
+        shutdown then leaves the workers a re-split started running.
+        ``launcher``: in-process tests' fake actors."""
         self.settings = validate_model(ControllerSettings, settings, "controller settings")
         # The pools' sizes as deployed; a re-split (docs/design.md §4) moves them.
         for role, count in (pools or {}).items():
@@ -192,9 +131,28 @@ class ControllerActor:
             dwell=s.dwell,
         )
         self.target = _PendingTarget(lambda: detector.regime.label)
+        self.arrivals = ArrivalMeter()
+        self.pools: ActorPools | None = None
+        self.resplitter: Resplitter | None = None
+        if workers is not None and worker_spec is not None:
+            self.pools, self.resplitter = build_pools(
+                section=s.resplit,
+                workers=workers,
+                spec=WorkerSpec.model_validate(worker_spec),
+                router=router,
+                publish=self.bus.publish,
+                ttft_slo_wall_s=detector.thresholds.theta1,
+                call_timeout_s=max(s.call_timeout_s, 5.0),  # a drain waits on its own timeout
+                detached_service=not release_on_shutdown,
+                launcher=launcher,
+                on_decision=self._decided,
+            )
+        self._discovered = False
         self.controller = Controller(
-            detector, s.policy.table(), self.target, on_change=self._changed
-        )
+            detector, s.policy.table(), self.target, on_change=self._changed,
+            # enabled: false keeps the lever's hands off (operators' resplit_now still works)
+            resplitter=self.resplitter if s.resplit.enabled else None,
+        )  # fmt: skip
         self._regime_pending: str | None = None
         self.delivered_version = 0  # newest version the router acknowledged
         self.delivered_regime: str | None = None  # newest regime the auction acknowledged
@@ -234,6 +192,9 @@ class ControllerActor:
         tasks = [*self._tasks, *([self._push_task] if self._push_task else [])]
         self._tasks, self._push_task = [], None
         await cancel_all(tasks)
+        release = getattr(getattr(self.pools, "launcher", None), "release", None)
+        if release is not None:  # a local service: the workers re-splits started go with it
+            await release()
         await self.bus.close()
 
     async def metrics_text(self) -> str:
@@ -243,10 +204,14 @@ class ControllerActor:
 
     async def _subscribe(self) -> None:
         # Without NATS, TTFTs come through on_event (in-process composition).
-        self._subscribed = await subscribe_when_connected(self.bus, self.on_event, ("first_token",))
+        kinds = ("first_token", "route")  # route: the arrival rate (controller_pools)
+        self._subscribed = await subscribe_when_connected(self.bus, self.on_event, kinds)
 
     def on_event(self, event: Event) -> None:
         """A decoded event (the bus callback); never raises."""
+        if isinstance(event, RouteEvent):
+            self.arrivals.observe(self.now())
+            return
         if not isinstance(event, FirstTokenEvent):
             return
         try:
@@ -271,8 +236,15 @@ class ControllerActor:
         await self._sync_router()
         queue_depth, poa = await asyncio.gather(self._queue_depth(), self._poa_values())
         signals = {"queue_depth": queue_depth, **poa}
-        self.last_signals = signals
-        self.controller.tick(self.now(), **signals)
+        now = self.now()
+        rate = None
+        if self.pools is not None:
+            if not self._discovered:  # after a restart of this actor: who serves which role
+                self._discovered = True
+                self.pools.discover()
+            rate = self.arrivals.rate(now)
+        self.last_signals = signals if rate is None else {**signals, "arrival_rate": rate}
+        self.controller.tick(now, **signals, arrival_rate=rate)
         self.ticks += 1
         if len(self.controller.changes) > 2 * MAX_CHANGES:  # the plain Controller keeps them all
             del self.controller.changes[:-MAX_CHANGES]
@@ -302,6 +274,8 @@ class ControllerActor:
         stats = await self._ask(self.router, "stats")
         if not isinstance(stats, dict) or not isinstance(stats.get("policy"), dict):
             return
+        if self.pools is not None:
+            await self.pools.sync_router(stats.get("workers"))
         version = stats["policy"].get("version")
         if not isinstance(version, int):
             return
@@ -330,6 +304,27 @@ class ControllerActor:
         snap = await self._ask(self.poa, "snapshot")
         snap = snap if isinstance(snap, dict) else {}
         return {k: _signal(snap.get(k)) for k in ("poa_hat", "poa_routing", "poa_capacity")}
+
+    # -- re-splits ---------------------------------------------------------------------------
+
+    def _decided(self, decision: ResplitDecision) -> None:
+        if self.resplitter is not None and len(self.resplitter.decisions) > 2 * MAX_DECISIONS:
+            del self.resplitter.decisions[:-MAX_DECISIONS]
+
+    async def resplit_now(
+        self, to_role: str, reason: str = "operator", worker_id: int | None = None
+    ) -> dict[str, Any]:
+        """Move one worker to ``to_role`` now, whatever the signals say (operators, tests);
+        returns when it is done: {"result": "warm" | "abandoned" | "failed", "pools": ...}."""
+        self._start()
+        if self.pools is None:
+            raise ValueError("the re-split lever is off: no worker pools were given")
+        if to_role not in ("prefill", "decode"):
+            raise ValueError(f"to_role must be 'prefill' or 'decode', got {to_role!r}")
+        if worker_id is not None and (type(worker_id) is not int or worker_id < 0):
+            raise ValueError(f"worker_id must be an int >= 0, got {worker_id!r}")
+        result = await self.pools.move(to_role, str(reason)[:512], worker_id)  # type: ignore[arg-type]
+        return {"result": result, "pools": self.pools.snapshot()}
 
     # -- changes out -------------------------------------------------------------------------
 
@@ -409,4 +404,9 @@ class ControllerActor:
                 for ch in c.changes[-MAX_CHANGES:]
             ],
             "dropped": {} if bus is None else dict(bus.dropped),
+            "pools": None if self.pools is None else self.pools.snapshot(),
+            "resplits": [
+                {**dataclasses.asdict(d), "before": str(d.before), "goal": str(d.goal)}
+                for d in (self.resplitter.decisions if self.resplitter else [])[-MAX_DECISIONS:]
+            ],
         }

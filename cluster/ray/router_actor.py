@@ -88,6 +88,8 @@ class RouterActor:
         self._subscribed = False
         self.routed = 0
         self.retries = 0  # routes with a non-empty exclude
+        # Requests routed to each worker, by role: shows a worker a re-split added taking work.
+        self.routed_to: dict[str, dict[int, int]] = {r: {} for r in ROLES}
         wake_after_restart()  # a restarted router subscribes to KV events at once
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -171,6 +173,9 @@ class RouterActor:
         self.bus.publish(event)
         self.routed += 1
         self.retries += bool(banned)
+        for role, worker in (("decode", decision.worker), ("prefill", prefill_worker)):
+            if worker is not None:
+                self.routed_to[role][worker] = self.routed_to[role].get(worker, 0) + 1
         return {
             "request_id": request_id,
             "decode_worker": decision.worker,
@@ -297,6 +302,7 @@ class RouterActor:
             },
             "in_flight": {r: len(self.routers[r].loads) for r in ROLES},
             "routed": self.routed,
+            "routed_to": {r: dict(self.routed_to[r]) for r in ROLES},
             "retries": self.retries,
             "nats_connected": self.bus.connected if self.bus.bus is not None else None,
             "events_dropped": self.bus.dropped,

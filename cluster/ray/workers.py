@@ -181,6 +181,12 @@ class _WorkerActor:
             raise ValueError(f"timeout_s must be a finite number >= 0, got {timeout_s!r}")
         return await self.engine.drain(timeout_s)
 
+    async def resume(self) -> bool:
+        """Take new work again after a ``drain`` (a re-split abandoned because the drain timed
+        out, cluster/ray/pools.py). False if the engine is closed."""
+        self._start()
+        return self.engine.resume()
+
     async def metrics_text(self) -> str:
         """Workers own no family of their own: only the drops every process exports."""
         return owned_metrics_text(OWNERS["worker"])

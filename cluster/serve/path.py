@@ -20,7 +20,6 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from ray.exceptions import (
@@ -42,6 +41,7 @@ from cluster.serve.path_types import (
     Routed,
     TokenChunk,
 )
+from cluster.serve.worker_handles import Workers, named_worker_resolver
 from cluster.sim.profile import HardwareProfile
 
 __all__ = ["ActorRequestPath", "WorkerFailed", "Workers", "make_actor_path"]
@@ -67,12 +67,14 @@ class WorkerFailed(Exception):  # noqa: N818  (a state, not a bug: "the worker f
         self.role, self.worker = role, worker
 
 
-@dataclass
-class Workers:
-    """The current worker handles by id; a re-split swaps entries while requests run."""
+# Errors a worker raises when it takes no new work: draining for a re-split (cluster/ray/pools.py:
+# the router stopped routing to it a moment ago) or shutting down. The request goes elsewhere.
+_NOT_TAKING_WORK = ("EngineDraining", "EngineClosed")
 
-    prefill: dict[int, Any]
-    decode: dict[int, Any]
+
+def _not_taking_work(exc: RayTaskError) -> bool:
+    cause = getattr(exc, "cause", None)
+    return any(type(c).__name__ in _NOT_TAKING_WORK for c in (cause, exc))
 
 
 class ActorRequestPath:
@@ -177,7 +179,7 @@ class ActorRequestPath:
             return
 
     async def _prefill(self, req: PathRequest, route: Mapping[str, Any], worker: int) -> None:
-        handle = self.workers.prefill.get(worker)
+        handle = await self.workers.get("prefill", worker)
         if handle is None:
             raise WorkerFailed("prefill", worker, "not in the pool")
         try:
@@ -186,7 +188,12 @@ class ActorRequestPath:
                 route["seq_hashes"],
             )  # fmt: skip
         except _RAY_FAILURES as exc:
+            self.workers.forget("prefill", worker, handle)
             raise WorkerFailed("prefill", worker, type(exc).__name__) from None
+        except RayTaskError as exc:
+            if not _not_taking_work(exc):
+                raise
+            raise WorkerFailed("prefill", worker, "takes no new work (draining)") from None
         await self._router_note("finish_prefill", req.request_id)
         # The KV crosses the link: latency + bytes / bandwidth, in the engines' virtual time.
         missing = int(route["uncached_tokens"])
@@ -198,7 +205,7 @@ class ActorRequestPath:
     async def _decode(
         self, req: PathRequest, route: Mapping[str, Any], worker: int, prefill_locally: bool
     ) -> AsyncGenerator[TokenChunk, None]:
-        handle = self.workers.decode.get(worker)
+        handle = await self.workers.get("decode", worker)
         if handle is None:
             raise WorkerFailed("decode", worker, "not in the pool")
         refs = handle.generate.remote(
@@ -210,9 +217,15 @@ class ActorRequestPath:
                 try:
                     chunk = await ref
                 except _RAY_FAILURES as exc:
+                    self.workers.forget("decode", worker, handle)
                     raise WorkerFailed("decode", worker, type(exc).__name__) from None
+                except RayTaskError as exc:
+                    if not _not_taking_work(exc):
+                        raise
+                    raise WorkerFailed("decode", worker, "takes no new work (draining)") from None
                 yield TokenChunk(token_ids=[int(token[1]) for token in chunk])
         except _RAY_FAILURES as exc:
+            self.workers.forget("decode", worker, handle)
             raise WorkerFailed("decode", worker, type(exc).__name__) from None
         finally:
             # A consumer that stops (client gone) cancels the worker's generator, which
@@ -224,13 +237,17 @@ class ActorRequestPath:
     async def metrics_text(self) -> str:
         """Every actor's own metric families, merged (docs/design.md §5: one ``/metrics``).
         An actor that does not answer within a second is left out of this scrape."""
-        actors = [self.router, self.auction, *self.workers.prefill.values()]
-        actors += [*self.workers.decode.values(), *self.extra_metrics]
+        workers = self.workers.handles()
+        actors = [self.router, self.auction, *self.extra_metrics, *(h for _, _, h in workers)]
         refs = [a.metrics_text.remote() for a in actors]
         done = await asyncio.gather(
             *(asyncio.wait_for(_awaitable(r), METRICS_TIMEOUT_S) for r in refs),
             return_exceptions=True,
         )
+        fixed = len(actors) - len(workers)
+        for (role, worker, handle), result in zip(workers, done[fixed:], strict=True):
+            if isinstance(result, RayActorError):  # stopped by a re-split, or dead: look again
+                self.workers.forget(role, worker, handle)
         return merge_metrics_texts(t for t in done if isinstance(t, str))
 
     async def aclose(self) -> None:
@@ -330,10 +347,13 @@ async def make_actor_path(
     bus = ActorBus(nats_url, namespace, name="ingress") if nats_url else None
     if bus is not None:
         bus.start()
+
     return ActorRequestPath(
         auction=handles["auction"],
         router=handles["router"],
-        workers=Workers(dict(handles["prefill"]), dict(handles["decode"])),
+        workers=Workers(
+            dict(handles["prefill"]), dict(handles["decode"]), named_worker_resolver(namespace)
+        ),
         profile=load_profile(profile),
         speedup=speedup,
         bus=bus,

@@ -266,3 +266,11 @@ class WallEngine(ABC, Generic[ItemT]):
         except TimeoutError:
             return False
         return not self._aborted
+
+    def resume(self) -> bool:
+        """Accept new work again after a ``drain`` that is given up (a re-split abandoned when
+        its drain timed out). False when the engine is closed: nothing can reopen it."""
+        if self._closed is not None:
+            return False
+        self._draining = False
+        return True

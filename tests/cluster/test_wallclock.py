@@ -56,7 +56,6 @@ async def _collect(stream: Any) -> list[Token]:
     return [token async for token in stream]
 
 
-
 def _sim_ttft(topology: str, prompt: np.ndarray, output_tokens: int) -> tuple[float, np.ndarray]:
     cluster = SimCluster(PROFILE, topology, seed=0)
     record = cluster.submit(SimRequest("r", prompt, output_tokens))
@@ -381,7 +380,16 @@ def test_drain_waits_for_in_flight_work_and_refuses_new() -> None:
         )
         await until(lambda: slow.worker.running)
         assert not await slow.drain(timeout=0.01)
+        # A drain given up (an abandoned re-split): resume takes new work again, in-flight
+        # work went on all along.
+        assert slow.resume() and slow.worker.running
+        extra = asyncio.create_task(
+            _collect(slow.generate("s2", 128, local, seq, 2, prefill_locally=True))
+        )
+        await until(extra.done)
+        assert len(extra.result()) == 2
         await slow.close()
+        assert not slow.resume()  # closed is final
         with pytest.raises(EngineClosed):
             await task
         for engine in (decode, prefill):

@@ -30,6 +30,8 @@ import httpx
 
 from cluster.nats_server import NatsServer, free_port
 from cluster.ray.auction_actor import AuctionSettingsModel
+from cluster.ray.controller_pools import ResplitSection
+from cluster.ray.controller_settings import ControllerSettings
 from cluster.serve.config import ServeConfig
 from cluster.serve.users import Users
 from cluster.service import Service
@@ -98,6 +100,10 @@ def start_live_service(tmp: Path) -> LiveService:
         # Auction mode (when the queue is long or the regime is not "below") waits this long
         # for a batch to fill: long enough that two concurrent requests share one batch.
         auction=AuctionSettingsModel(batch_window_ms=150.0),
+        # The pools stay 1P/2D on their own: the bursts here saturate the service, and a worker
+        # moved under another test would change what it measures. test_service_resplit moves
+        # one explicitly (the controller actor's resplit_now) and moves it back.
+        controller=ControllerSettings(resplit=ResplitSection(enabled=False)),
     )
     # As ``disaggctl serve --users FILE`` builds them (Users.load with its defaults).
     users = Users.from_keys(KEYS)

@@ -1,0 +1,148 @@
+"""The controller actor's second lever, wired (docs/design.md §4 "Two levers, not one").
+
+- :class:`ResplitSection`: the ``controller.resplit`` section of the service's config (a
+  StrictModel whose errors name the field), mapped onto ``controller.resplit.ResplitSettings``;
+- :class:`ArrivalMeter`: the measured arrival rate the resplitter asks Game 1 about;
+- :class:`WallPlanner`: Game 1 (``cluster.sim.planning.GameOnePlanner``) in wall-clock units;
+- :func:`build_pools`: the controller actor's ``ActorPools`` + ``Resplitter``.
+
+Units: the serve runtime runs the profile's engines ``speedup`` times faster than the hardware
+(virtual = wall · speedup). Game 1 and the profile speak virtual seconds, the controller wall
+seconds, so λ_virtual = λ_wall / speedup, a capacity of κ requests per virtual second is
+κ · speedup per wall second, the TTFT SLO is θ1_wall · speedup, and the warm-up of
+``role_switch_s`` virtual seconds lasts ``role_switch_s / speedup`` wall seconds.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import Field
+
+from cluster.events import PoolsEvent
+from cluster.models import StrictModel
+from cluster.ray.pools import ActorPools, Launcher, RayLauncher
+from cluster.ray.worker_factory import WorkerSpec
+from cluster.sim.cluster import Topology
+from cluster.sim.planning import GameOnePlanner
+from cluster.sim.profile import HardwareProfile, load_profile
+from controller.resplit import Pools, ResplitDecision, ResplitSettings, Resplitter, Role
+from games.pd_allocation import SloTargets
+
+__all__ = ["ArrivalMeter", "ResplitSection", "WallPlanner", "build_pools"]
+
+ARRIVAL_WINDOW_S = 10.0
+_DEFAULTS = ResplitSettings()
+
+
+class ResplitSection(StrictModel):
+    """``enabled``: the controller may move workers on its own (false: routing only; an
+    operator's ``resplit_now`` still works). The rest are
+    ``controller.resplit.ResplitSettings``'s, plus ``drain_timeout_s``: how long a moving worker
+    may take to finish its requests before the re-split is abandoned (wall seconds)."""
+
+    enabled: bool = True
+    dominance: float = Field(_DEFAULTS.dominance, ge=1.0, le=1e6)
+    dwell_ticks: int = Field(_DEFAULTS.dwell_ticks, ge=1, le=100_000)
+    release_fraction: float = Field(_DEFAULTS.release_fraction, ge=0.0, le=1.0)
+    release_ticks: int = Field(_DEFAULTS.release_ticks, ge=1, le=100_000)
+    cooldown_s: float = Field(_DEFAULTS.cooldown_s, ge=0.0, le=86_400.0)
+    drain_timeout_s: float = Field(60.0, gt=0.0, le=3600.0)
+
+    def settings(self) -> ResplitSettings:
+        return ResplitSettings(
+            dominance=self.dominance,
+            dwell_ticks=self.dwell_ticks,
+            release_fraction=self.release_fraction,
+            release_ticks=self.release_ticks,
+            cooldown_s=self.cooldown_s,
+        )
+
+
+class ArrivalMeter:
+    """Requests per wall second over a trailing window.
+
+    Fed by ``route`` events, not ``first_token``: a request is routed as soon as it is admitted,
+    while its first token waits for the prefill queue, so under capacity saturation (exactly
+    when the resplitter asks) the first-token rate is the prefill pool's throughput, capped by
+    the split under question, and the route rate is the demand."""
+
+    def __init__(self, window_s: float = ARRIVAL_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._times: deque[float] = deque()
+        self._since: float | None = None  # first observation: a young window is shorter
+
+    def observe(self, now: float) -> None:
+        if self._since is None:
+            self._since = now
+        self._times.append(now)
+        self._trim(now)
+
+    def rate(self, now: float) -> float:
+        self._trim(now)
+        if self._since is None:
+            return 0.0
+        span = min(self.window_s, max(now - self._since, 1.0))
+        return len(self._times) / span
+
+    def _trim(self, now: float) -> None:
+        while self._times and self._times[0] < now - self.window_s:
+            self._times.popleft()
+
+
+class WallPlanner:
+    """``controller.resplit.SplitPlanner`` in the controller's wall-clock units: Game 1 on the
+    service's GPUs with the SLO ``cluster.sim.scenario`` uses (TTFT θ1, ITL 1.5·d0), asked in
+    the profile's virtual seconds (module docstring)."""
+
+    def __init__(
+        self, profile: HardwareProfile, pools: Pools, speedup: float, ttft_slo_wall_s: float
+    ) -> None:
+        slo = SloTargets(ttft_s=ttft_slo_wall_s * speedup, itl_s=1.5 * profile.decode.d0_s)
+        self.game = GameOnePlanner(profile, Topology(pools.prefill, pools.decode), slo)
+        self.speedup = speedup
+
+    def best_split(self, arrival_rate: float) -> Pools:
+        return self.game.best_split(arrival_rate / self.speedup)
+
+    def capacity(self, pools: Pools) -> float:
+        return self.game.capacity(pools) * self.speedup
+
+
+def build_pools(
+    *,
+    section: ResplitSection,
+    workers: dict[str, list[int]],
+    spec: WorkerSpec,
+    router: Any,
+    publish: Callable[[PoolsEvent], object],
+    ttft_slo_wall_s: float,
+    call_timeout_s: float,
+    detached_service: bool,
+    launcher: Launcher | None = None,
+    on_decision: Callable[[ResplitDecision], None] | None = None,
+) -> tuple[ActorPools, Resplitter]:
+    """The pools of the deployed workers (ids by role; handles found by name when needed)
+    and the resplitter that drives them."""
+    profile = load_profile(spec.profile)
+    # Handles are found by name when first needed (ActorPools): the deploy-time roles may be
+    # stale after a restart of this actor, a name always finds the current actor.
+    roles: dict[Role, dict[int, Any]] = {
+        "prefill": dict.fromkeys(workers.get("prefill", [])),
+        "decode": dict.fromkeys(workers.get("decode", [])),
+    }
+    pools = ActorPools(
+        workers=roles,
+        router=router,
+        launcher=launcher or RayLauncher(spec, detached_service=detached_service),
+        publish=publish,
+        warmup_s=profile.role_switch_s / spec.speedup,
+        drain_timeout_s=section.drain_timeout_s,
+        call_timeout_s=call_timeout_s,
+    )
+    home = pools.pools()
+    planner = WallPlanner(profile, home, spec.speedup, ttft_slo_wall_s)
+    resplitter = Resplitter(pools, planner, section.settings(), home=home, on_decision=on_decision)
+    return pools, resplitter

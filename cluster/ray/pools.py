@@ -1,0 +1,389 @@
+"""The serve runtime's P/D pools and their re-split (docs/design.md §4 "Two levers", §5).
+
+:class:`ActorPools` is the ``controller.resplit.PoolTarget`` of the controller actor: the
+resplitter decides, this moves one worker actor (one TP group) from one role to the other:
+
+1. ``resplit_start``: the least-loaded worker of the other role leaves the router actor's pool
+   (``remove_worker``), so nothing new is routed to it;
+2. it drains (``drain(timeout)``): what it holds finishes, no request is lost. A drain that
+   times out abandons the re-split: the worker takes work again (``resume``) and goes back into
+   its router, and an ``abandoned`` event closes the re-split;
+3. ``drained``: the old actor is stopped (``ray.kill``) and its placement group freed;
+4. the new-role actor starts (``cluster.ray.worker_factory``: the options and placement its
+   role gets at deploy time), answers ``ready()``, then warms up for the profile's
+   ``role_switch_s`` (virtual seconds: ``role_switch_s / speedup`` wall seconds, as every
+   engine time of the wall-clock simulator is stretched);
+5. ``warm``: it joins the router actor's pool of its new role and serves.
+
+Worker ids: the moved worker keeps its id. One id names one TP group for the service's life, so
+the set of ids never changes and a restarted controller (or anyone) finds every worker by probing
+``<ns>-prefill-<id>`` and ``<ns>-decode-<id>``; ids stay unique across roles because a worker
+is in one pool at a time (it leaves the old pool before it joins the new one). The names differ
+by role, so the new actor's name never collides with the old one's while Ray forgets it.
+
+Each step publishes a ``PoolsEvent`` on ``disagg.<ns>.pools`` and sets
+``disagg_pool_workers{role}``; ``disagg_resplit_in_progress`` is 1 from start to warm (or
+abandon) and ``disagg_resplits_total`` counts re-splits that finished.
+
+The actors are reached through a :class:`Launcher` (Ray in the service, fakes in unit tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Final, Literal, Protocol
+
+from cluster.events import PoolsEvent
+from cluster.ray.worker_factory import (
+    RAY_NAMESPACE,
+    WorkerSpec,
+    new_placement,
+    start_worker,
+    worker_name,
+)
+from controller import metrics
+from controller.resplit import Pools, Role
+
+__all__ = ["ActorPools", "Launcher", "RayLauncher", "ResplitStep"]
+
+log = logging.getLogger(__name__)
+
+OTHER: Final[dict[Role, Role]] = {"prefill": "decode", "decode": "prefill"}
+MAX_STEPS = 64  # recent steps kept for snapshot()
+READY_TIMEOUT_S = 120.0  # a new actor's placement and ready()
+Action = Literal["resplit_start", "drained", "warm", "abandoned"]
+
+
+class Launcher(Protocol):
+    """Starts, stops and finds worker actors (handles with ``.method.remote(...)``)."""
+
+    async def start(self, role: Role, worker_id: int) -> Any:
+        """A new ``role`` actor for ``worker_id``, once it answered ``ready()``."""
+        ...
+
+    async def stop(self, role: Role, worker_id: int, handle: Any) -> None:
+        """Kill the actor and free what it held (its placement group)."""
+        ...
+
+    def find(self, role: Role, worker_id: int) -> Any | None:
+        """The running ``role`` actor of ``worker_id``, or None."""
+        ...
+
+
+@dataclass(frozen=True)
+class ResplitStep:
+    """One step of a re-split, as published (wall ``time.time()``)."""
+
+    t: float
+    action: Action
+    worker_id: int
+    to_role: Role
+    prefill: tuple[int, ...]
+    decode: tuple[int, ...]
+    reason: str
+
+
+async def _call(handle: Any, method: str, *args: Any, timeout_s: float) -> Any:
+    return await asyncio.wait_for(getattr(handle, method).remote(*args), timeout_s)
+
+
+def _load_key(role: Role, load: object) -> float:
+    """The figure a role's router balances on: queued prefill tokens, or decode KV blocks."""
+    if not isinstance(load, dict):
+        return float("inf")  # a worker that does not answer is the last one to move
+    key = "active_prefill_tokens" if role == "prefill" else "active_decode_blocks"
+    value = load.get(key, 0)
+    waiting = load.get("waiting", 0)
+    if not isinstance(value, int | float) or not isinstance(waiting, int | float):
+        return float("inf")
+    return float(value) + float(waiting)
+
+
+class ActorPools:
+    """The pools of worker actors and the re-split that moves one (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        workers: dict[Role, dict[int, Any]],
+        router: Any,
+        launcher: Launcher,
+        publish: Callable[[PoolsEvent], object],
+        warmup_s: float,
+        drain_timeout_s: float,
+        call_timeout_s: float = 5.0,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.workers: dict[Role, dict[int, Any]] = {r: dict(workers.get(r, {})) for r in OTHER}
+        self.router = router
+        self.launcher = launcher
+        self.publish = publish
+        self.warmup_s = warmup_s
+        self.drain_timeout_s = drain_timeout_s
+        self.call_timeout_s = call_timeout_s
+        self.sleep = sleep
+        self.steps: deque[ResplitStep] = deque(maxlen=MAX_STEPS)
+        self.moving: tuple[int, Role] | None = None  # (worker id, role it is moving to)
+        self.completed = 0
+        self.abandoned = 0
+        self.failed = 0
+        self._task: asyncio.Task[str] | None = None
+        self._gauges()
+
+    # -- PoolTarget --------------------------------------------------------------------------
+
+    def pools(self) -> Pools:
+        return Pools(len(self.workers["prefill"]), len(self.workers["decode"]))
+
+    def resplitting(self) -> bool:
+        return self.moving is not None or (self._task is not None and not self._task.done())
+
+    def resplit(self, to_role: Role, reason: str) -> None:
+        """Start moving the least-loaded worker of the other role (in the background)."""
+        if self.resplitting():
+            raise RuntimeError("a re-split is already in progress")
+        self.moving = (-1, to_role)  # taken now: a second call before the task runs is refused
+        self._task = asyncio.get_running_loop().create_task(
+            self._guarded(to_role, reason), name=f"resplit-to-{to_role}"
+        )
+
+    # -- the move ----------------------------------------------------------------------------
+
+    async def move(self, to_role: Role, reason: str, worker_id: int | None = None) -> str:
+        """Move ``worker_id`` (default: the least-loaded worker of the other role) to
+        ``to_role`` and wait for the end: "warm", "abandoned" or "failed"."""
+        if self._task is not None and not self._task.done():
+            raise RuntimeError("a re-split is already in progress")
+        self.moving = (-1, to_role)
+        self._task = asyncio.get_running_loop().create_task(
+            self._guarded(to_role, reason, worker_id), name=f"resplit-to-{to_role}"
+        )
+        return await asyncio.shield(self._task)
+
+    async def wait(self) -> str | None:
+        """The end of the re-split under way (None when there is none)."""
+        return None if self._task is None else await asyncio.shield(self._task)
+
+    async def _guarded(self, to_role: Role, reason: str, worker_id: int | None = None) -> str:
+        metrics.RESPLIT_IN_PROGRESS.set(1)
+        try:
+            return await self._move(to_role, reason, worker_id)
+        except Exception:  # a control loop's background task: report, never crash the actor
+            self.failed += 1
+            log.exception("re-split to %s failed", to_role)
+            return "failed"
+        finally:
+            self.moving = None
+            metrics.RESPLIT_IN_PROGRESS.set(0)
+            self._gauges()
+
+    async def _move(self, to_role: Role, reason: str, worker_id: int | None) -> str:
+        if to_role not in OTHER:
+            raise ValueError(f"to_role must be 'prefill' or 'decode', got {to_role!r}")
+        from_role = OTHER[to_role]
+        source = self.workers[from_role]
+        if from_role == "decode" and len(source) <= 1:
+            raise ValueError("the decode pool cannot lose its last worker")
+        wid = await self._pick(from_role) if worker_id is None else worker_id
+        if wid not in source:
+            raise ValueError(f"worker {wid} is not in the {from_role} pool")
+        self.moving = (wid, to_role)
+        handle = self._handle(from_role, wid)
+        t = self.call_timeout_s
+        await _call(self.router, "remove_worker", from_role, wid, timeout_s=t)
+        del source[wid]
+        self._step("resplit_start", wid, to_role, f"{from_role} worker {wid}: {reason}")
+        try:
+            drained = await _call(
+                handle, "drain", self.drain_timeout_s, timeout_s=self.drain_timeout_s + t
+            )
+        except Exception as exc:  # dead or hung: treated like a drain that did not finish
+            log.warning("worker %d: drain failed: %r", wid, exc)
+            drained = False
+        if drained is not True:
+            return await self._abandon(from_role, wid, handle, to_role)
+        await self.launcher.stop(from_role, wid, handle)
+        self._step("drained", wid, to_role, f"{from_role} worker {wid} drained and stopped")
+        new = await self.launcher.start(to_role, wid)
+        await self.sleep(self.warmup_s)  # the model load of role_switch_s (module docstring)
+        await _call(self.router, "add_worker", to_role, wid, timeout_s=t)
+        self.workers[to_role][wid] = new
+        self.completed += 1
+        metrics.RESPLITS.inc()
+        self._step("warm", wid, to_role, f"worker {wid} serves as {to_role} after "
+                   f"{self.warmup_s:.3g} s of warm-up")  # fmt: skip
+        return "warm"
+
+    async def _abandon(self, role: Role, wid: int, handle: Any, to_role: Role) -> str:
+        """The drain did not finish: the worker serves its old role again."""
+        t = self.call_timeout_s
+        with contextlib.suppress(Exception):  # a dead worker is Ray's to restart
+            await _call(handle, "resume", timeout_s=t)
+        await _call(self.router, "add_worker", role, wid, timeout_s=t)
+        self.workers[role][wid] = handle
+        self.abandoned += 1
+        why = (
+            f"abandoned: {role} worker {wid} did not drain within {self.drain_timeout_s:g} s; "
+            f"it is back in the {role} pool"
+        )
+        self._step("abandoned", wid, to_role, why)
+        return "abandoned"
+
+    def _handle(self, role: Role, wid: int) -> Any:
+        """The worker's handle; None entries (known by id only) are found by name."""
+        handle = self.workers[role][wid]
+        if handle is None:
+            handle = self.launcher.find(role, wid)
+            if handle is None:
+                raise LookupError(f"no {role} actor for worker {wid}")
+            self.workers[role][wid] = handle
+        return handle
+
+    async def _pick(self, role: Role) -> int:
+        ids = sorted(self.workers[role])
+
+        async def load(wid: int) -> Any:
+            return await _call(self._handle(role, wid), "load", timeout_s=self.call_timeout_s)
+
+        loads = await asyncio.gather(*(load(w) for w in ids), return_exceptions=True)
+        return min(zip(ids, loads, strict=True), key=lambda x: (_load_key(role, x[1]), x[0]))[0]
+
+    def _step(self, action: Action, wid: int, to_role: Role, reason: str) -> None:
+        self._gauges()
+        pre, dec = tuple(sorted(self.workers["prefill"])), tuple(sorted(self.workers["decode"]))
+        step = ResplitStep(time.time(), action, wid, to_role, pre, dec, reason)
+        self.steps.append(step)
+        log.info("re-split %s: %s (pools %dP/%dD)", action, reason, len(pre), len(dec))
+        try:
+            self.publish(
+                PoolsEvent(t=step.t, prefill_workers=pre, decode_workers=dec, action=action,
+                           reason=reason[:1024])
+            )  # fmt: skip
+        except Exception:  # an event is a report: the re-split goes on without it
+            log.exception("could not publish the pools event")
+
+    def _gauges(self) -> None:
+        for role, pool in self.workers.items():
+            metrics.POOL_WORKERS.labels(role=role).set(len(pool))
+
+    # -- restart and shutdown ----------------------------------------------------------------
+
+    def discover(self) -> None:
+        """Find each worker id's actor by name in either role (after a restart of the
+        controller actor the deploy-time roles it was given may be stale); ids with no actor
+        found keep their entry. Not during a re-split (the moving worker has no actor then)."""
+        if self.resplitting():
+            return
+        for wid in sorted({*self.workers["prefill"], *self.workers["decode"]}):
+            for role in OTHER:
+                handle = self.launcher.find(role, wid)
+                if handle is not None:
+                    self.workers[OTHER[role]].pop(wid, None)
+                    self.workers[role][wid] = handle
+                    break
+        self._gauges()
+
+    async def sync_router(self, routed: object) -> None:
+        """Put the router's pools (``routed``: its ``stats()["workers"]``) back to the ones the
+        workers serve now: a router restarted after a re-split starts from its deploy-time
+        pools. Never while a re-split is moving a worker; a failed call is retried next tick."""
+        if self.resplitting() or not isinstance(routed, dict):
+            return
+        for role, serving in self.workers.items():
+            have = routed.get(role)
+            if not isinstance(have, list):
+                continue
+            changes = [("remove_worker", w) for w in sorted(set(have) - set(serving))]
+            changes += [("add_worker", w) for w in sorted(set(serving) - set(have))]
+            for method, wid in changes:
+                try:
+                    await _call(self.router, method, role, wid, timeout_s=self.call_timeout_s)
+                except Exception as exc:
+                    log.warning("router %s(%s, %s) failed: %r", method, role, wid, exc)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "prefill": sorted(self.workers["prefill"]),
+            "decode": sorted(self.workers["decode"]),
+            "resplitting": self.resplitting(),
+            "moving": None if self.moving is None else list(self.moving),
+            "completed": self.completed,
+            "abandoned": self.abandoned,
+            "failed": self.failed,
+            "steps": [asdict(s) for s in self.steps],
+        }
+
+
+class RayLauncher:
+    """Worker actors under Ray, started as the service starts them (``worker_factory``).
+
+    Started detached: the controller actor that starts them restarts on a crash, and a
+    non-detached actor dies with the process that created it. ``release()`` (the service's
+    shutdown) stops what this launcher started when the service itself is not detached."""
+
+    def __init__(self, spec: WorkerSpec, *, detached_service: bool) -> None:
+        self.spec = spec
+        self.detached_service = detached_service
+        self.placements: dict[str, Any] = {}  # actor name → the placement group we made
+
+    async def start(self, role: Role, worker_id: int) -> Any:
+        name = worker_name(self.spec.namespace, role, worker_id)
+        pg = new_placement(self.spec, name, "detached")
+        self.placements[name] = pg
+        await asyncio.wait_for(pg.ready(), READY_TIMEOUT_S)
+        handle = start_worker(self.spec, role, worker_id, pg, "detached")
+        await asyncio.wait_for(handle.ready.remote(), READY_TIMEOUT_S)
+        return handle
+
+    async def stop(self, role: Role, worker_id: int, handle: Any) -> None:
+        import ray
+
+        name = worker_name(self.spec.namespace, role, worker_id)
+        with contextlib.suppress(Exception):  # flush its last KV events and close its bus
+            await asyncio.wait_for(handle.shutdown.remote(), 5.0)
+        ray.kill(handle, no_restart=True)
+        remove_named_placement(name, self.placements.pop(name, None))
+
+    def find(self, role: Role, worker_id: int) -> Any | None:
+        import ray
+
+        try:
+            return ray.get_actor(
+                worker_name(self.spec.namespace, role, worker_id), namespace=RAY_NAMESPACE
+            )
+        except ValueError:
+            return None
+
+    async def release(self) -> None:
+        if self.detached_service:
+            return
+        import ray
+
+        for name, pg in list(self.placements.items()):
+            with contextlib.suppress(Exception):
+                ray.kill(ray.get_actor(name, namespace=RAY_NAMESPACE), no_restart=True)
+            remove_named_placement(name, pg)
+        self.placements.clear()
+
+
+def remove_named_placement(name: str, pg: Any | None = None) -> None:
+    """Remove placement group ``pg``, or every live one named ``name`` (the service's deploy-time
+    groups carry their worker's name; a re-split's group is made by another process)."""
+    import ray
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    groups = [pg] if pg is not None else []
+    if pg is None:
+        with contextlib.suppress(Exception):
+            for pg_id, info in ray.util.placement_group_table().items():
+                if info.get("name") == name and info.get("state") != "REMOVED":
+                    groups.append(PlacementGroup(ray.PlacementGroupID.from_hex(pg_id)))
+    for group in groups:
+        with contextlib.suppress(Exception):
+            remove_placement_group(group)

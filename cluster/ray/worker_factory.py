@@ -1,0 +1,115 @@
+"""Starting one worker actor the way the service deploys it (docs/design.md "Serve runtime").
+
+The composer (``cluster.service``) starts every worker at deploy time and the controller actor's
+re-split (``cluster.ray.pools``) starts one in its new role at run time; both go through
+:func:`new_placement` and :func:`start_worker`, so a worker that changed role has exactly the
+options, resources and placement its role gets at deploy time.
+
+Workers are named ``<namespace>-<role>-<id>`` in the Ray namespace :data:`RAY_NAMESPACE`: the
+request path and the controller find a worker by its role and id (``ray.get_actor``), so a
+worker that a re-split replaced is reached without anyone holding a list of handles.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from cluster.models import StrictModel
+from cluster.ray.workers import DecodeWorkerActor, PrefillWorkerActor
+
+__all__ = [
+    "RAY_NAMESPACE",
+    "WorkerSpec",
+    "new_placement",
+    "start_worker",
+    "worker_class",
+    "worker_name",
+    "worker_seed",
+]
+
+RAY_NAMESPACE = "disaggctl"
+Role = Literal["prefill", "decode"]
+Lifetime = Literal["detached"] | None
+
+
+def worker_name(namespace: str, role: str, worker_id: int) -> str:
+    """The worker actor's (and its placement group's) name."""
+    return f"{namespace}-{role}-{worker_id}"
+
+
+def worker_seed(seed: int, worker_id: int) -> int:
+    # Per worker id, not per role: a worker keeps its seed across a re-split.
+    return seed * 7919 + worker_id
+
+
+def worker_class(role: str) -> type:
+    if role == "prefill":
+        return PrefillWorkerActor
+    if role == "decode":
+        return DecodeWorkerActor
+    raise ValueError(f"role must be 'prefill' or 'decode', got {role!r}")
+
+
+class WorkerSpec(StrictModel):
+    """What every worker of one service is started with (from its ``ServeConfig``); a plain
+    JSON-able shape so the composer can hand it to the controller actor."""
+
+    profile: str
+    tp: int = Field(ge=1)
+    speedup: float = Field(gt=0.0)
+    epoch_wall: float = Field(gt=0.0)
+    seed: int = Field(ge=0)
+    nats_url: str | None
+    namespace: str
+    model_dir: str | None = None
+    accelerator_resource: str = "B200"
+    request_gpus: bool = False
+    max_restarts: int = Field(3, ge=0)
+
+
+def new_placement(spec: WorkerSpec, name: str, lifetime: Lifetime) -> Any:
+    """A placement group of one bundle holding the worker's TP share of the accelerator (a TP
+    group never spans nodes); not yet waited for (``pg.ready()``)."""
+    from ray.util.placement_group import placement_group
+
+    tp = float(spec.tp)
+    bundle = {spec.accelerator_resource: tp}
+    if spec.request_gpus:
+        bundle["GPU"] = tp
+    return placement_group([bundle], strategy="STRICT_PACK", name=name, lifetime=lifetime)
+
+
+def start_worker(
+    spec: WorkerSpec, role: str, worker_id: int, placement: Any, lifetime: Lifetime
+) -> Any:
+    """Start the ``role`` worker ``worker_id`` on ``placement``; its handle (call ``ready()``)."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    cls = worker_class(role)
+    tp = float(spec.tp)
+    options: dict[str, Any] = {
+        "name": worker_name(spec.namespace, role, worker_id),
+        "namespace": RAY_NAMESPACE,
+        "num_cpus": 0,
+        "num_gpus": tp if spec.request_gpus else 0,
+        "resources": {spec.accelerator_resource: tp},
+        "max_restarts": spec.max_restarts,
+        "max_task_retries": 0,  # a request is retried by the path, on another worker
+        "max_concurrency": 10_000,
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(placement),
+    }
+    if lifetime is not None:
+        options["lifetime"] = lifetime
+    kwargs: dict[str, Any] = {
+        "speedup": spec.speedup,
+        "epoch_wall": spec.epoch_wall,
+        "nats_url": spec.nats_url,
+        "namespace": spec.namespace,
+        "seed": worker_seed(spec.seed, worker_id),
+    }
+    if role == "decode":
+        kwargs["model_dir"] = spec.model_dir
+    return ray.remote(cls).options(**options).remote(worker_id, spec.profile, **kwargs)

@@ -1,0 +1,74 @@
+"""The request path's worker handles (docs/design.md "Serve runtime", §4 "Two levers").
+
+A re-split (cluster/ray/pools.py) stops a worker's actor and starts one of the other role under
+the same worker id while the ingress runs, so the path holds no fixed list: it looks a worker up
+by role and id (the named actor ``<ns>-<role>-<id>``), caches the handle, and forgets it when
+the actor died so that the next request looks again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Workers", "named_worker_resolver"]
+
+Resolver = Callable[[str, int], Any]
+
+
+@dataclass
+class Workers:
+    """Worker handles by role and id, cached.
+
+    A re-split (docs/design.md §4; cluster/ray/pools.py) stops a worker's actor and starts one
+    of the other role under the same id, after this path was built. So the path never relies
+    on a fixed list: ``resolve(role, id)`` (Ray: the named actor ``<ns>-<role>-<id>``) finds
+    an id it has not seen, and :meth:`forget` drops a handle whose actor died so the next
+    request looks again."""
+
+    prefill: dict[int, Any]
+    decode: dict[int, Any]
+    resolve: Callable[[str, int], Any] | None = field(default=None, repr=False)
+
+    def _pool(self, role: str) -> dict[int, Any]:
+        return self.prefill if role == "prefill" else self.decode
+
+    async def get(self, role: str, worker: int) -> Any | None:
+        pool = self._pool(role)
+        handle = pool.get(worker)
+        if handle is None and self.resolve is not None:
+            # ray.get_actor blocks on the GCS: off the event loop, once per new id.
+            handle = await asyncio.to_thread(self.resolve, role, worker)
+            if handle is not None:
+                pool[worker] = handle
+        return handle
+
+    def forget(self, role: str, worker: int, handle: Any = None) -> None:
+        pool = self._pool(role)
+        if handle is None or pool.get(worker) is handle:
+            pool.pop(worker, None)
+
+    def handles(self) -> list[tuple[str, int, Any]]:
+        return [("prefill", w, h) for w, h in self.prefill.items()] + [
+            ("decode", w, h) for w, h in self.decode.items()
+        ]
+
+
+def named_worker_resolver(namespace: str) -> Resolver:
+    """``(role, id)`` → the service's named worker actor, or None (none, or outside Ray)."""
+
+    def resolve(role: str, worker: int) -> Any | None:
+        import ray
+
+        from cluster.ray.worker_factory import RAY_NAMESPACE, worker_name
+
+        if not ray.is_initialized():  # in-process compositions: the given handles are all
+            return None
+        try:
+            return ray.get_actor(worker_name(namespace, role, worker), namespace=RAY_NAMESPACE)
+        except ValueError:  # no such actor (yet, or any more)
+            return None
+
+    return resolve

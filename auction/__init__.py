@@ -5,7 +5,11 @@ Public API::
 
     Request(id, user, tokens, bid, arrival)       one queued request (0 <= bid <= MAX_BID)
     run_auction(requests, scheduler="dfs-bid")    -> AuctionResult(order, payments, welfare, ...)
-    schedulers                                    "dfs-bid", "dfs-uniform", "bid-sort", "no-sort"
+    run_auction(requests, scheduler, seed=s)      seed: the bid-blind baselines' neutral ties
+    schedulers                                    "dfs-bid", "dfs-uniform", "dfs-weight",
+                                                  "bid-sort", "no-sort" (SCHEDULERS, get_scheduler)
+    welfare(order, bids)                          planned: W = Σ b_r·x_r on the order served
+    realised_welfare(bids, ttft_s)                realised: the same on the TTFT ranking (§8)
     vcg_payments(tree, bids)                      fast Clarke-pivot payments, O(M log ν)
     vcg_payments_naive(tree, bids)                the reference: recompute the optimum per user
     prefix_reuse(tree, order)                     prompt tokens an order lets the cache reuse
@@ -50,7 +54,16 @@ from auction.reuse import prefix_reuse
 from auction.run import AuctionResult, run_auction
 from auction.schedulers import SCHEDULERS, Scheduler, dfs_bid_order, get_scheduler
 from auction.vcg import vcg_payments
-from auction.welfare import local_welfare, positions, priorities, welfare, welfare_pct_above_half
+from auction.welfare import (
+    average_ranks,
+    local_welfare,
+    positions,
+    priorities,
+    realised_welfare,
+    realised_welfare_pct_above_half,
+    welfare,
+    welfare_pct_above_half,
+)
 
 __all__ = [
     "MAX_BID",
@@ -82,6 +95,7 @@ __all__ = [
     "UnknownHoldError",
     "all_dfs_orders",
     "autobidder_regret",
+    "average_ranks",
     "best_fixed_alpha",
     "build_radix_tree",
     "capped_alpha",
@@ -94,6 +108,8 @@ __all__ = [
     "positions",
     "prefix_reuse",
     "priorities",
+    "realised_welfare",
+    "realised_welfare_pct_above_half",
     "repeated",
     "run_auction",
     "schedulers",

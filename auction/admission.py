@@ -270,7 +270,8 @@ class AdmissionQueue:
     def _form_batch(self, now: float) -> None:
         ids = list(self._waiting)[: self.settings.batch_size]
         batch = [self._waiting.pop(rid).request for rid in ids]
-        result = run_auction(batch, self.settings.scheduler)
+        # The batch's number seeds the neutral ties of the bid-blind baselines: batches differ.
+        result = run_auction(batch, self.settings.scheduler, seed=self.batches)
         shares = split_payments(result.payments, batch)
         number = self.batches
         self.batches += 1

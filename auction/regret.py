@@ -259,15 +259,22 @@ def best_fixed_alpha(
     extra: Sequence[float] = (),
 ) -> tuple[float, float]:
     """(α*, U(α*)): the best fixed multiplier on a log grid over [1/(1+μ_max), 1], refined
-    ``refine`` times between the neighbours of the best point. ``extra`` adds candidates."""
+    ``refine`` times between the neighbours of the best point. ``extra`` adds candidates that
+    are tried on their own: they never move the grid's refinement, so adding one can only raise
+    U(α*)."""
     if grid < 2 or refine < 0:
         raise ValueError(f"grid must be >= 2 and refine >= 0, got {grid}, {refine}")
     low = alpha_of(mu_max)
-    candidates = np.unique(np.concatenate((np.geomspace(low, 1.0, grid), np.asarray(extra))))
-    candidates = candidates[(candidates >= low) & (candidates <= 1.0)]
-    best_alpha, best_u = 1.0, -np.inf
     rounds = _rounds(result, user)
     budget = result.T * float(result.gamma[_pacing_index(result, user)])
+    best_alpha, best_u = 1.0, -np.inf
+    extras = np.asarray(extra, dtype=np.float64)
+    extras = extras[(extras >= low) & (extras <= 1.0)]
+    if extras.size:
+        utility, _spent = _replay(rounds, extras, budget)
+        k = int(np.argmax(utility))
+        best_alpha, best_u = float(extras[k]), float(utility[k])
+    candidates = np.geomspace(low, 1.0, grid)
     for _ in range(refine + 1):
         utility, _spent = _replay(rounds, candidates, budget)
         k = int(np.argmax(utility))

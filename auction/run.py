@@ -35,8 +35,13 @@ class AuctionResult:
         return float(sum(self.payments.values()))
 
 
-def run_auction(requests: Iterable[Request], scheduler: str = "dfs-bid") -> AuctionResult:
+def run_auction(
+    requests: Iterable[Request], scheduler: str = "dfs-bid", *, seed: int = 0
+) -> AuctionResult:
     """Order a batch with ``scheduler`` and, for ``dfs-bid``, price it with VCG.
+
+    ``seed`` draws the neutral sibling ties of the bid-blind baselines (``dfs-uniform``,
+    ``dfs-weight``); the other schedulers' orders do not depend on it.
 
     Raises ``ValueError`` for an unknown scheduler or duplicate request ids; a ``Request`` already
     rejected bad bids and tokens when it was made.
@@ -48,7 +53,7 @@ def run_auction(requests: Iterable[Request], scheduler: str = "dfs-bid") -> Auct
     policy = get_scheduler(scheduler)
     tree = build_radix_tree(requests)
     bids = np.fromiter((r.bid for r in tree.requests), dtype=np.float64, count=tree.n)
-    order = policy.order(tree, bids)
+    order = policy.order(tree, bids, seed=seed)
     value = welfare(order, bids)
     payments = vcg_payments(tree, bids) if scheduler == "dfs-bid" else {}
     return AuctionResult(

@@ -4,11 +4,16 @@
   exchange of adjacent siblings a, b changes Σ_u L_u by F(a)s(b) − F(b)s(a), so this order is
   welfare-optimal over the DFS orders D(T).
 - ``dfs-uniform``: the same DFS with all bids equal: bid-blind, longest-prefix-match.
+- ``dfs-weight``: SGLang's DFS-weight: children by decreasing subtree size s(c) (bid-blind).
 - ``bid-sort``: all requests by decreasing bid, ignoring the tree (the unconstrained optimum).
 - ``no-sort``: arrival order.
 
-Ties go to the earliest arrival (then the earlier position in the batch), so every order is
-deterministic. Orders are arrays of batch indices, first served first.
+Ties: ``dfs-bid``, ``bid-sort`` and ``no-sort`` give them to the earliest arrival (then the
+earlier position in the batch). The bid-blind baselines ``dfs-uniform`` and ``dfs-weight`` break
+sibling ties in a random order drawn from the ``seed`` they are given: earliest-arrival ties made
+``dfs-uniform`` serve the cheap cached requests first (shortest-job-first in disguise, 507 of 512
+on a star, docs/design.md §8), which is not what a bid-blind engine does. Every order is a
+function of (tree, bids, seed). Orders are arrays of batch indices, first served first.
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ class Scheduler(ABC):
     """One policy for ordering a batch; ``order`` returns batch indices, first served first."""
 
     name: ClassVar[str]
+    seeded: ClassVar[bool] = False  # True: sibling ties follow a random order drawn from ``seed``
 
     @abstractmethod
-    def order(self, tree: RadixTree, bids: npt.ArrayLike) -> IntArray: ...
+    def order(self, tree: RadixTree, bids: npt.ArrayLike, *, seed: int = 0) -> IntArray:
+        """The order of service; ``seed`` matters only to the ``seeded`` schedulers."""
 
 
 def average_bids(tree: RadixTree, bids: npt.ArrayLike) -> FloatArray:
@@ -37,20 +44,29 @@ def average_bids(tree: RadixTree, bids: npt.ArrayLike) -> FloatArray:
     return tree.subtree_sums(bids) / np.maximum(tree.size, 1)
 
 
-def sibling_order(tree: RadixTree, key: FloatArray) -> IntArray:
-    """Non-root nodes grouped by parent, each group by decreasing ``key``, ties earliest first."""
+def sibling_order(tree: RadixTree, key: FloatArray, tiebreak: IntArray | None = None) -> IntArray:
+    """Non-root nodes grouped by parent, each group by decreasing ``key``, ties by increasing
+    ``tiebreak`` (default ``first_rank``: the child holding the earliest arrival first)."""
     kids = np.arange(1, tree.num_nodes, dtype=np.int64)
-    return kids[np.lexsort((tree.first_rank[kids], -key[kids], tree.parent[kids]))]
+    second = tree.first_rank if tiebreak is None else tiebreak
+    return kids[np.lexsort((second[kids], -key[kids], tree.parent[kids]))]
 
 
-def dfs_order(tree: RadixTree, key: FloatArray) -> IntArray:
-    """The DFS order that serves the children of every node in ``sibling_order(tree, key)``.
+def neutral_tiebreak(tree: RadixTree, seed: int) -> IntArray:
+    """A uniformly random rank per node, from ``seed``: among tied siblings every order is
+    equally likely, whatever their arrivals or token ids."""
+    return np.random.default_rng(seed).permutation(tree.num_nodes).astype(np.int64)
+
+
+def dfs_order(tree: RadixTree, key: FloatArray, tiebreak: IntArray | None = None) -> IntArray:
+    """The DFS order that serves the children of every node in ``sibling_order(tree, key,
+    tiebreak)``.
 
     A request's position is the sum, over the edges of its root path, of the sizes of the siblings
     served before that edge's child. Pre-order keeps each subtree contiguous, so adding a child's
     offset to its whole subtree is a range update: a difference array and one cumulative sum.
     """
-    kids = sibling_order(tree, key)
+    kids = sibling_order(tree, key, tiebreak)
     before = exclusive_run_cumsum(tree.size[kids].astype(np.float64), tree.parent[kids])
     offset = before.astype(np.int64)
     diff = np.bincount(kids, weights=offset, minlength=tree.num_nodes + 1)
@@ -70,21 +86,36 @@ def arrival_order(tree: RadixTree) -> IntArray:
 class DfsBid(Scheduler):
     name = "dfs-bid"
 
-    def order(self, tree: RadixTree, bids: npt.ArrayLike) -> IntArray:
+    def order(self, tree: RadixTree, bids: npt.ArrayLike, *, seed: int = 0) -> IntArray:
         return dfs_order(tree, average_bids(tree, bids))
 
 
 class DfsUniform(Scheduler):
-    name = "dfs-uniform"
+    """Every sibling ties: a seeded random DFS order (each subtree still contiguous)."""
 
-    def order(self, tree: RadixTree, bids: npt.ArrayLike) -> IntArray:
-        return dfs_order(tree, np.zeros(tree.num_nodes, dtype=np.float64))
+    name = "dfs-uniform"
+    seeded = True
+
+    def order(self, tree: RadixTree, bids: npt.ArrayLike, *, seed: int = 0) -> IntArray:
+        equal = np.zeros(tree.num_nodes, dtype=np.float64)
+        return dfs_order(tree, equal, neutral_tiebreak(tree, seed))
+
+
+class DfsWeight(Scheduler):
+    """SGLang's DFS-weight: larger subtrees first (more requests reuse the prefix sooner)."""
+
+    name = "dfs-weight"
+    seeded = True
+
+    def order(self, tree: RadixTree, bids: npt.ArrayLike, *, seed: int = 0) -> IntArray:
+        weight = tree.size.astype(np.float64)
+        return dfs_order(tree, weight, neutral_tiebreak(tree, seed))
 
 
 class BidSort(Scheduler):
     name = "bid-sort"
 
-    def order(self, tree: RadixTree, bids: npt.ArrayLike) -> IntArray:
+    def order(self, tree: RadixTree, bids: npt.ArrayLike, *, seed: int = 0) -> IntArray:
         b = np.asarray(bids, dtype=np.float64)
         by_arrival = arrival_order(tree)
         return by_arrival[np.argsort(-b[by_arrival], kind="stable")]
@@ -93,12 +124,12 @@ class BidSort(Scheduler):
 class NoSort(Scheduler):
     name = "no-sort"
 
-    def order(self, tree: RadixTree, bids: npt.ArrayLike) -> IntArray:
+    def order(self, tree: RadixTree, bids: npt.ArrayLike, *, seed: int = 0) -> IntArray:
         return arrival_order(tree)
 
 
 SCHEDULERS: dict[str, Scheduler] = {
-    s.name: s for s in (DfsBid(), DfsUniform(), BidSort(), NoSort())
+    s.name: s for s in (DfsBid(), DfsUniform(), DfsWeight(), BidSort(), NoSort())
 }
 
 

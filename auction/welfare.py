@@ -10,6 +10,12 @@ L_u(π_u; G) = Σ_{a before b} G(c_a)·s(c_b). Every request after r contributes
 and it lies in a later sibling of the child holding r at exactly one common ancestor, so
 Σ_r b_r·(n − pos_r) = Σ_u L_u(π_u; F) and W = (1/(n−1))·Σ_u L_u.
 
+Realised welfare (docs/design.md §8): the order a schedule plans is not the order in which the
+engine answers. Ranking the requests by their measured time to first token (equal times share the
+average of the ranks they span) gives pos_r, and the same formula W = Σ_r b_r·x_r applied to
+that ranking is the welfare the requests actually received. When the times follow the planned
+order exactly it equals W(σ); only the order of the times matters, never their scale.
+
 Bids (and true values, in the same units) must be finite and in [0, ``MAX_BID``]
 (auction/request.py), and an order must be a permutation of the batch's indices; anything else
 raises ``ValueError``, where a bid of 1e308 used to give W = ``inf`` or ``nan`` (∞·0).
@@ -103,6 +109,59 @@ def welfare_pct_above_half(welfare_value: float, bids: npt.ArrayLike) -> float:
     return 100.0 * (welfare_value - half) / half
 
 
+def average_ranks(values: npt.ArrayLike) -> FloatArray:
+    """0-based rank of each value in increasing order; equal values share the mean of their ranks.
+
+    >>> average_ranks([0.3, 0.1, 0.3, 0.2]).tolist()
+    [2.5, 0.0, 2.5, 1.0]
+    """
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim != 1:
+        raise ValueError(f"expected a flat sequence of times, got shape {v.shape}")
+    by_value = np.argsort(v, kind="stable")
+    sorted_v = v[by_value]
+    # A run of equal values spans sorted slots [lo, hi); each member gets (lo + hi − 1)/2.
+    starts = np.flatnonzero(np.concatenate(([True], sorted_v[1:] != sorted_v[:-1])))
+    ends = np.concatenate((starts[1:], [v.shape[0]]))
+    mean_rank = np.repeat((starts + ends - 1) / 2.0, ends - starts)
+    ranks = np.empty(v.shape[0], dtype=np.float64)
+    ranks[by_value] = mean_rank
+    return ranks
+
+
+def realised_welfare(bids: npt.ArrayLike, ttft_s: npt.ArrayLike) -> float:
+    """W = Σ_r b_r·x_r with pos_r the (average) rank of r's time to first token.
+
+    ``ttft_s[r]`` is request r's measured TTFT (any unit: only the order counts). Equal times
+    share the average rank, so two requests answered together split the priority between them.
+
+    >>> realised_welfare([3.0, 1.0, 2.0], [0.1, 0.9, 0.5])  # the order 0, 2, 1
+    4.0
+    >>> realised_welfare([3.0, 1.0, 2.0], [0.1, 0.5, 0.5])  # 1 and 2 tie: x = ¼ each
+    3.75
+    """
+    b = check_bid_array(bids)
+    t = np.asarray(ttft_s, dtype=np.float64)
+    if t.shape != b.shape:
+        raise ValueError(f"expected one TTFT per bid ({b.shape[0]}), got shape {t.shape}")
+    if not np.all(np.isfinite(t)):
+        raise ValueError("every TTFT must be finite: a request without a first token has no rank")
+    n = b.shape[0]
+    if n <= 1:
+        return 0.0
+    x = (n - 1 - average_ranks(t)) / (n - 1)
+    return float(np.dot(b, x))
+
+
+def realised_welfare_pct_above_half(bids: npt.ArrayLike, ttft_s: npt.ArrayLike) -> float:
+    """``realised_welfare`` as the percentage above ½Σb, as the planned figure is reported.
+
+    >>> round(realised_welfare_pct_above_half([3.0, 1.0, 2.0], [0.1, 0.9, 0.5]), 6)
+    33.333333
+    """
+    return welfare_pct_above_half(realised_welfare(bids, ttft_s), bids)
+
+
 def local_welfare(tree: RadixTree, G: FloatArray, sibling_rank: IntArray) -> FloatArray:
     """L_u(π_u; G) for every node u, with π_u given by ``sibling_rank`` (lower is served first).
 
@@ -117,4 +176,3 @@ def local_welfare(tree: RadixTree, G: FloatArray, sibling_rank: IntArray) -> Flo
     g_before = exclusive_run_cumsum(G[by_rank], parents)
     pair_terms = g_before * tree.size[by_rank]
     return np.bincount(parents, weights=pair_terms, minlength=tree.num_nodes).astype(np.float64)
-

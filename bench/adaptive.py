@@ -49,7 +49,7 @@ from cluster.progress import progress_bar
 from cluster.sim.loadgen import Phase
 from cluster.sim.profile import load_profile
 from cluster.sim.records import summarize
-from cluster.sim.scenario import NamedPhase, calm_baseline_p99, run_scenario
+from cluster.sim.scenario import NamedPhase, ScenarioResult, calm_baseline_p99, run_scenario
 from cluster.sim.views import ViewSettings
 from controller.detector import Thresholds
 from controller.resplit import ResplitSettings
@@ -114,7 +114,15 @@ REDUCED_CASES = ("stale-2P/4D", "resplit-1P/5D")
 def run_arm(
     case: Case, arm: str, seed: int, phases: Sequence[NamedPhase], thresholds: Thresholds
 ) -> dict[str, Any]:
-    result = run_scenario(
+    """One (case, arm, seed): the figures the report keeps (``arm_figures``)."""
+    return arm_figures(arm_scenario(case, arm, seed, phases, thresholds))
+
+
+def arm_scenario(
+    case: Case, arm: str, seed: int, phases: Sequence[NamedPhase], thresholds: Thresholds
+) -> ScenarioResult:
+    """The simulation of one (case, arm, seed), whole (its timeline, records, pool steps)."""
+    return run_scenario(
         load_profile(case.profile),
         case.topology,
         phases,
@@ -124,6 +132,10 @@ def run_arm(
         views=case.views,
         resplit=ResplitSettings() if arm == "resplit" else None,
     )
+
+
+def arm_figures(result: ScenarioResult) -> dict[str, Any]:
+    """Per phase figures, the hold's second-half TTFT P99, regime switches and re-splits."""
     hold = _hold(result.phases)
     late = summarize(
         result.records, (hold["start_s"] + hold["end_s"]) / 2, hold["end_s"], "arrival"

@@ -13,9 +13,9 @@ import math
 import re
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, Field, ValidationError, field_validator
+from pydantic import AfterValidator, Field, ValidationError, ValidationInfo, field_validator
 
 from auction import SCHEDULERS
 from cluster.models import StrictModel
@@ -34,6 +34,7 @@ __all__ = [
     "MAX_HOLD_S",
     "MAX_N",
     "MAX_PREFILL_WORKERS",
+    "MAX_QUEUE",
     "MAX_SEED",
     "MAX_TOP",
     "MAX_USERS",
@@ -50,6 +51,9 @@ __all__ = [
 # Requests per auction batch. Memory grows about 35 KB per request on the longest workload
 # (trees-long: 0.6 GB peak at 16384, 2.1 GB at 65536, 8 GB at 10**6), so 16384 stays near 0.6 GB.
 MAX_N = 16384
+# A queue through the simulator (`auction --simulate`): 1024 requests take about 1 s, and time
+# grows about linearly, so the largest queue stays within about 20 s.
+MAX_QUEUE = MAX_N
 MAX_USERS = 16384  # bidders; more users than requests is allowed but buys nothing
 MAX_SEED = 2**32 - 1
 MAX_TOP = 1000
@@ -100,12 +104,28 @@ WORKLOADS_HELP = "mixshare-P (P% of queries share a prefix, P from 0 to 100), " 
 
 
 class AuctionOptions(_Output):
+    """``n`` is the batch size; ``queue`` (Q, default n: one batch) the requests that wait, cut
+    into batches of n in arrival order. ``simulate`` puts the queue through the simulator
+    (``cluster.sim.auction_queue``: one h100-32b worker; ~1 s at Q = 1024)."""
+
     workload: str = "mixshare-50"
     scheduler: str = "dfs-bid"
     n: int = Field(default=256, ge=1, le=MAX_N)
+    queue: int | None = Field(default=None, ge=1, le=MAX_QUEUE)
     users: int = Field(default=32, ge=1, le=MAX_USERS)
+    value_model: Literal["iid", "correlated", "one-cluster"] = "iid"
+    rho: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    simulate: bool = False
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
     top: int = Field(default=5, ge=0, le=MAX_TOP)
+
+    @field_validator("rho")
+    @classmethod
+    def _rho_needs_correlated(cls, rho: float, info: ValidationInfo) -> float:
+        model = info.data.get("value_model")
+        if rho != 0.0 and model is not None and model != "correlated":
+            raise ValueError(f"applies to --value-model correlated only, not {model}")
+        return rho
 
     @field_validator("workload")
     @classmethod
@@ -137,7 +157,8 @@ Profile = Annotated[str, AfterValidator(_known_profile)]
 
 class SimRunOptions(_Output):
     profile: Profile = "b200-llama70b-fp8-tp4"
-    topology: Annotated[str, AfterValidator(normalise_topology)] = "1P/5D"
+    # None: the profile's default_topology (one aggregated GPU for h100-32b, not the 70B study's)
+    topology: Annotated[str, AfterValidator(normalise_topology)] | None = None
     concurrency: int = Field(default=64, ge=1, le=MAX_CONCURRENCY)
     seconds: float = Field(default=40.0, ge=MIN_HOLD_S, le=MAX_HOLD_S)
     seed: int = Field(default=0, ge=0, le=MAX_SEED)

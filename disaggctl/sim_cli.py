@@ -9,8 +9,11 @@ from collections.abc import Callable
 from tqdm import tqdm
 
 from cluster.progress import progress_bar
-from cluster.sim.calibration import check, run_point
+from cluster.sim.calibration import WARMUP_S, check, closed_loop, drive
+from cluster.sim.control import ControlLoop
 from cluster.sim.profile import available_profiles, load_profile
+from cluster.sim.records import summarize
+from cluster.sim.scenario import phase_figures, unloaded_ttft
 from disaggctl.jsonout import strict_dumps
 from disaggctl.options import (
     MAX_CONCURRENCY,
@@ -22,6 +25,7 @@ from disaggctl.options import (
     SimRunOptions,
     from_args,
 )
+from games.poa import MAX_AGE_S, PoaEstimator
 
 AddFlags = Callable[[argparse.ArgumentParser], None]
 
@@ -44,7 +48,9 @@ def add_parser(
         "run",
         help="one closed-loop operating point",
         description="A closed loop at --concurrency on --topology: 10 s warm-up, then --seconds "
-        "measured; strict JSON on stdout (a figure nothing was measured for is null).",
+        "measured; strict JSON on stdout (a figure nothing was measured for is null). Beside "
+        "throughput and latency: the PoA estimate poa_hat = poa_routing x poa_capacity (games/"
+        "poa.py), the mean of its 1 s ticks over the hold, and per phase (warmup, hold).",
         formatter_class=formatter,
     )
     run.add_argument(
@@ -53,11 +59,12 @@ def add_parser(
         choices=available_profiles(),
         help="hardware profile (cluster/sim/profiles)",
     )
+    defaults = ", ".join(_default_topologies())
     run.add_argument(
         "--topology",
-        default="1P/5D",
+        default=argparse.SUPPRESS,  # unset: the profile's own (the model's None)
         help=f"xP/yD workers, 0 <= x <= {MAX_PREFILL_WORKERS}, 1 <= y <= {MAX_DECODE_WORKERS} "
-        "(case and spaces do not matter)",
+        f"(case and spaces do not matter); default: the profile's default_topology ({defaults})",
     )
     run.add_argument(
         "--concurrency",
@@ -98,18 +105,40 @@ def add_parser(
     calibrate.set_defaults(func=_calibrate)
 
 
+def _default_topologies() -> list[str]:
+    """``name xP/yD`` per profile for the help; a broken profile file must not break --help."""
+    shown = []
+    for name in available_profiles():
+        try:
+            shown.append(f"{name} {load_profile(name).default_topology}")
+        except ValueError:  # ConfigError: reported when that profile is used
+            shown.append(f"{name} ?")
+    return shown
+
+
 def _run(args: argparse.Namespace) -> int:
     o = from_args(SimRunOptions, args)
     profile = load_profile(o.profile)
-    summary = run_point(
-        profile, o.topology, o.concurrency, o.seconds, o.seed, progress=o.progress, quiet=o.quiet
-    )
+    topology = o.topology or profile.default_topology
+    cluster, load = closed_loop(profile, topology, o.concurrency, o.seconds, o.seed)
+    # The estimator as scenarios and serve mode run it; without a controller the ticks only
+    # observe, so the run is the one `run_point` (and calibration) would make.
+    estimator = PoaEstimator(256, MAX_AGE_S, unloaded_latency_s=unloaded_ttft(profile))
+    control = ControlLoop(cluster, None, estimator, until=load.end)
+    drive(cluster, load.end, progress=o.progress, quiet=o.quiet)
+    phases = [
+        phase_figures(name, start, end, cluster.records, control.timeline)
+        for name, start, end in (("warmup", 0.0, WARMUP_S), ("hold", WARMUP_S, load.end))
+    ]
+    poa = {k: phases[-1][k] for k in ("poa_hat", "poa_routing", "poa_capacity")}
     report = {
         "profile": profile.name,
-        "topology": o.topology,
+        "topology": topology,
         "concurrency": o.concurrency,
         "seconds": o.seconds,
-        **summary.as_dict(),
+        **summarize(cluster.records, WARMUP_S, load.end).as_dict(),
+        **poa,
+        "phases": phases,
     }
     print(strict_dumps(report, indent=2))
     return 0

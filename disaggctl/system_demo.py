@@ -119,7 +119,7 @@ def run(
         elif not quiet and round(sample.t) % STATUS_EVERY_S == 0:
             print(f"t={sample.t:5.0f}s {status_line(sample)}", file=sys.stderr)
 
-    admission = AuctionAdmission(AUCTION_BATCH, "dfs-bid", max_backlog=8)
+    admission = AuctionAdmission(AUCTION_BATCH, "dfs-bid", release_while_backlog_below=8)
     source = template_source(profile, seed, bidders=BIDDERS)
     result = run_scenario(
         profile,

@@ -87,7 +87,7 @@ class AuctionSettingsModel(StrictModel):
         default=8, ge=_B["queue_threshold"][0], le=_B["queue_threshold"][1]
     )
     max_in_prefill: int = Field(default=64, ge=_B["max_in_prefill"][0], le=_B["max_in_prefill"][1])
-    scheduler: Literal["dfs-bid", "dfs-uniform", "bid-sort", "no-sort"] = "dfs-bid"
+    scheduler: Literal["dfs-bid", "dfs-uniform", "dfs-weight", "bid-sort", "no-sort"] = "dfs-bid"
     max_queue: int = Field(default=10_000, ge=_B["max_queue"][0], le=_B["max_queue"][1])
 
     def to_settings(self) -> AuctionSettings:

@@ -1,10 +1,26 @@
 """The admission stage in front of the workers: FCFS pass-through, or auctioned batches.
 
-``FcfsAdmission`` releases requests in arrival order as soon as the cluster's backlog (requests
-routed but not started by any worker) is below ``max_backlog`` (unbounded by default: today's
-engines). ``AuctionAdmission`` holds the queue, auctions it in batches of up to n (arrival
-order) and releases each batch in auction order as the workers' backlog drains; for ``dfs-bid``
-each request carries its user's VCG payment share.
+Both stages release a request to the router only while the cluster's backlog (requests routed
+but not yet started by any worker) is below ``release_while_backlog_below``:
+
+- ``None`` releases everything at once: the workers' own queues hold the requests, in the order
+  admission released them (``FcfsAdmission``'s default: today's engines).
+- ``1`` (``AuctionAdmission``'s default) releases a request only when no routed request waits
+  unstarted, so the workers start requests exactly in auction order and the queue (not the
+  workers) holds everything that waits: a later arrival with a higher bid can still be auctioned
+  ahead of every request that has not left the queue. It also admits at most one new request
+  per worker iteration (each start frees the slot for the next release), which a saturated
+  queue pays for in TTFT.
+- k > 1 keeps up to k routed requests waiting at the workers: they can start several per
+  iteration, and the queue keeps the rest.
+
+For a queue that is all there at once (``cluster.sim.auction_queue``) ``None`` is the engine's
+behaviour: a batch's order is handed to the worker, which starts its requests in that order as
+memory frees.
+
+``AuctionAdmission`` holds the queue, auctions it in batches of up to n (arrival order) and
+releases each batch in auction order; for ``dfs-bid`` each request carries its user's VCG payment
+share.
 """
 
 from __future__ import annotations
@@ -13,11 +29,31 @@ from abc import ABC, abstractmethod
 from collections import deque
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from auction import Request, get_scheduler, run_auction
 from controller import metrics
 
 if TYPE_CHECKING:
     from cluster.sim.cluster import SimCluster, SimRequest
+
+DEFAULT_AUCTION_RELEASE_WHILE_BACKLOG_BELOW = 1
+
+
+def backlog_limit(value: int | None) -> int | None:
+    """``release_while_backlog_below``, checked: an integer >= 1, or None (no limit)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(
+            "release_while_backlog_below must be an integer >= 1 (or None: no limit), "
+            f"got {value!r}"
+        )
+    return value
+
+
+def batch_seed(seed: int, batch: int) -> int:
+    """A batch's own seed for the neutral ties of the bid-blind schedulers, from (seed, batch):
+    no two batches of a run share a tie order, and a run replays from its seed."""
+    return int(np.random.SeedSequence([seed, batch]).generate_state(1)[0])
 
 
 class Admission(ABC):
@@ -39,10 +75,10 @@ class Admission(ABC):
 
 
 class FcfsAdmission(Admission):
-    def __init__(self, max_backlog: int | None = None) -> None:
-        if max_backlog is not None and max_backlog < 1:
-            raise ValueError(f"max_backlog must be >= 1, got {max_backlog}")
-        self.max_backlog = max_backlog
+    """Arrival order; ``release_while_backlog_below`` (default ``None``: no limit) as above."""
+
+    def __init__(self, release_while_backlog_below: int | None = None) -> None:
+        self.release_while_backlog_below = backlog_limit(release_while_backlog_below)
         self.waiting: deque[SimRequest] = deque()
 
     @property
@@ -53,7 +89,7 @@ class FcfsAdmission(Admission):
         self.waiting.append(request)
 
     def on_progress(self, now: float) -> None:
-        limit = self.max_backlog
+        limit = self.release_while_backlog_below
         while self.waiting and (limit is None or self.cluster.backlog < limit):
             self.cluster.release(self.waiting.popleft())
 
@@ -62,23 +98,33 @@ class AuctionAdmission(Admission):
     """Auctioned batches of up to ``batch_size``, released in auction order.
 
     When the current batch is used up and requests wait, the next ``batch_size`` of them (arrival
-    order) are ordered by ``scheduler``; its requests then leave one at a time whenever fewer than
-    ``max_backlog`` routed requests wait at the workers, so the order of the batch is the order in
-    which the workers see it. Below saturation nothing waits and a batch is a single request:
-    FCFS pass-through.
+    order) are ordered by ``scheduler``; its requests then leave one at a time while the backlog
+    is below ``release_while_backlog_below`` (default 1: the workers start the batch in auction
+    order, one new request per iteration; ``None``: the whole batch at once). Below saturation
+    nothing waits and a batch is a single request: FCFS pass-through. Batch k of the bid-blind
+    schedulers draws its neutral ties from ``batch_seed(seed, k)``.
+
+    ``planned`` lists the request ids in the order the auctions put them, batch after batch.
     """
 
-    def __init__(self, batch_size: int, scheduler: str = "dfs-bid", max_backlog: int = 1) -> None:
+    def __init__(
+        self,
+        batch_size: int,
+        scheduler: str = "dfs-bid",
+        release_while_backlog_below: int | None = DEFAULT_AUCTION_RELEASE_WHILE_BACKLOG_BELOW,
+        *,
+        seed: int = 0,
+    ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if max_backlog < 1:
-            raise ValueError(f"max_backlog must be >= 1, got {max_backlog}")
         get_scheduler(scheduler)  # an unknown name fails here, not mid-run
+        self.release_while_backlog_below = backlog_limit(release_while_backlog_below)
         self.batch_size = batch_size
         self.scheduler = scheduler
-        self.max_backlog = max_backlog
+        self.seed = seed
         self.waiting: deque[SimRequest] = deque()
         self.ordered: deque[tuple[SimRequest, int, float]] = deque()
+        self.planned: list[str] = []
         self.batches = 0
         self.revenue = 0.0
         self._arrivals = 0
@@ -91,7 +137,8 @@ class AuctionAdmission(Admission):
         self.waiting.append(request)
 
     def on_progress(self, now: float) -> None:
-        while self.cluster.backlog < self.max_backlog:
+        limit = self.release_while_backlog_below
+        while limit is None or self.cluster.backlog < limit:
             if not self.ordered:
                 if not self.waiting:
                     return
@@ -106,14 +153,15 @@ class AuctionAdmission(Admission):
             for k, r in enumerate(take)
         ]
         self._arrivals += len(take)
-        result = run_auction(batch, self.scheduler)
+        batch_id = self.batches
+        result = run_auction(batch, self.scheduler, seed=batch_seed(self.seed, batch_id))
         by_id = {r.request_id: r for r in take}
         owned: dict[str, int] = {}
         for r in take:
             owned[r.user] = owned.get(r.user, 0) + 1
-        batch_id = self.batches
         self.batches += 1
         self.revenue += result.revenue
+        self.planned.extend(result.order)
         metrics.AUCTION_WELFARE.set(result.welfare)
         metrics.AUCTION_REVENUE.inc(result.revenue)
         for rid in result.order:

@@ -6,7 +6,9 @@ The knee is where demand meets capacity, C* = X_max · E2E(C=1): below it the pr
 mostly empty, above it every extra client waits in it (Little's law). A grid point "just above
 the knee" is the first point past C*. A KV-capacity point is no run at all: the capacity is
 derived from the model's shape and the GPU's memory (:func:`kv_capacity_tokens`) and compared
-with the published figure (docs/design.md §6).
+with the published figure (docs/design.md §6). The attention cost a profile states,
+``prefill.e_s_per_token_pair``, is derived the same way from its architecture and its GPUs'
+throughput (:func:`attention_s_per_token_pair`).
 """
 
 from __future__ import annotations
@@ -73,6 +75,56 @@ def kv_capacity_tokens(arch: ArchitectureSpec, memory: MemorySpec, block_size: i
     return int(free // arch.kv_bytes_per_token // block_size) * block_size
 
 
+def attention_s_per_token_pair(
+    arch: ArchitectureSpec, gpus: int, peak_flops_per_gpu: float, mfu: float
+) -> float:
+    """Seconds of prefill attention per (query, key) token pair, a profile's
+    ``prefill.e_s_per_token_pair``:
+
+        e = 4 · layers · heads · head_dim / (gpus · peak_flops_per_gpu · mfu)
+
+    (QKᵀ and AV per layer and query head, a multiply-add being 2 FLOPs), over the TP group's
+    attention throughput. The profiles state e with this derivation (docs/design.md §6)."""
+    if gpus < 1 or peak_flops_per_gpu <= 0 or not 0 < mfu <= 1:
+        raise ValueError(
+            f"need gpus >= 1, peak > 0, 0 < mfu <= 1 (got {gpus}, {peak_flops_per_gpu}, {mfu})"
+        )
+    return arch.attention_flops_per_pair / (gpus * peak_flops_per_gpu * mfu)
+
+
+def closed_loop(
+    profile: HardwareProfile,
+    topology: str,
+    concurrency: int,
+    hold: float = HOLD_S,
+    seed: int = 0,
+) -> tuple[SimCluster, ClosedLoop]:
+    """The study's setting, built and not yet run: a closed loop at ``concurrency`` on a fresh
+    cluster with the profile's template workload, ramping over half the warm-up, then ``hold``."""
+    cluster = SimCluster(profile, topology, seed=seed)
+    w = profile.workload
+    source = TemplateSource(
+        w.templates, w.template_tokens, w.input_tokens, w.output_tokens, seed=seed + 1
+    )
+    load = ClosedLoop(
+        cluster, source, [Phase(WARMUP_S, concurrency, ramp=WARMUP_S / 2), Phase(hold, concurrency)]
+    )
+    return cluster, load
+
+
+def drive(
+    cluster: SimCluster, until: float, *, progress: bool | None = None, quiet: bool = True
+) -> None:
+    """Run ``cluster`` to ``until``; a bar over simulated seconds is drawn only when asked
+    (``progress``) or, with ``quiet`` false, on a terminal (cluster.progress)."""
+    steps = math.ceil(until)
+    bar = progress_bar(
+        range(1, steps + 1), progress=progress, quiet=quiet, desc="simulated s", unit="s"
+    )
+    for second in bar:  # whole simulated seconds, so the bar moves; same events, same order
+        cluster.loop.run(min(float(second), until))
+
+
 def run_point(
     profile: HardwareProfile,
     topology: str,
@@ -83,24 +135,9 @@ def run_point(
     progress: bool | None = None,
     quiet: bool = True,
 ) -> Summary:
-    """Closed loop at ``concurrency``: ramp over half the warm-up, measure over ``hold``.
-
-    A bar over simulated seconds is drawn only when asked (``progress``) or, with ``quiet``
-    false, on a terminal (cluster.progress)."""
-    cluster = SimCluster(profile, topology, seed=seed)
-    w = profile.workload
-    source = TemplateSource(
-        w.templates, w.template_tokens, w.input_tokens, w.output_tokens, seed=seed + 1
-    )
-    load = ClosedLoop(
-        cluster, source, [Phase(WARMUP_S, concurrency, ramp=WARMUP_S / 2), Phase(hold, concurrency)]
-    )
-    steps = math.ceil(load.end)
-    bar = progress_bar(
-        range(1, steps + 1), progress=progress, quiet=quiet, desc="simulated s", unit="s"
-    )
-    for second in bar:  # whole simulated seconds, so the bar moves; same events, same order
-        cluster.loop.run(min(float(second), load.end))
+    """Closed loop at ``concurrency`` (:func:`closed_loop`), measured over ``hold``."""
+    cluster, load = closed_loop(profile, topology, concurrency, hold, seed)
+    drive(cluster, load.end, progress=progress, quiet=quiet)
     return summarize(cluster.records, WARMUP_S, load.end)
 
 

@@ -181,7 +181,12 @@ class SimCluster:
             )
         else:
             self.decode[worker] = DecodeWorker(
-                worker, self.profile.decode, self.block_size, seed=seed, sink=self._decode_sink
+                worker,
+                self.profile.decode,
+                self.block_size,
+                seed=seed,
+                sink=self._decode_sink,
+                attention_s_per_token_pair=self.profile.prefill.e_s_per_token_pair,
             )
 
     def stop_worker(self, worker: int, role: Role) -> None:

@@ -49,8 +49,13 @@ class DecodeWorker:
         block_size: int,
         seed: int,
         sink: KvEventSink | None = None,
+        attention_s_per_token_pair: float = 0.0,
     ) -> None:
+        """``attention_s_per_token_pair`` (e): a locally prefilled prompt also pays its
+        attention, e·k·(c + k/2) for k new tokens after c cached ones, as on a prefill worker
+        (the same GPUs and kernels; ``cluster/sim/prefill.py``)."""
         self.worker_id = worker_id
+        self.attention_s_per_token_pair = attention_s_per_token_pair
         self.model = model
         self.block_size = block_size
         self.cache = KvCache(worker_id, max(1, model.kv_capacity_tokens // block_size), sink)
@@ -81,6 +86,7 @@ class DecodeWorker:
     def start_iteration(self, now: float) -> float | None:
         m = self.model
         local = 0
+        attention = 0.0  # Σ k·(c + k/2) over the prompts prefilled in this iteration
         while self.pending and len(self.running) < m.max_batch:
             seq = self.pending[0]
             if not self._reserve(seq, now):
@@ -91,12 +97,18 @@ class DecodeWorker:
             self.running.append(seq)
             self._starting.append(seq)
             self.kv_tokens += seq.prompt_tokens
-            local += seq.local_prefill_tokens
+            k = seq.local_prefill_tokens
+            local += k
+            attention += k * (seq.prompt_tokens - k + k / 2) if seq.prefill_locally else 0.0
         batch = len(self.running)
         if batch == 0:
             return None
         base = m.d0_s + m.d1_s_per_seq * batch + m.d2_s_per_kv_token * self.kv_tokens
-        duration = base * self._jitter() + m.local_prefill_s_per_token * local
+        duration = (
+            base * self._jitter()
+            + m.local_prefill_s_per_token * local
+            + self.attention_s_per_token_pair * attention
+        )
         self._started_at = now
         self.busy_time += duration
         return duration

@@ -194,7 +194,12 @@ class DecodeEngine(WallEngine[DecodeSeq]):
     ) -> None:
         super().__init__(worker_id, clock)
         self.worker = DecodeWorker(
-            worker_id, profile.decode, profile.block_size, seed=seed, sink=kv_sink
+            worker_id,
+            profile.decode,
+            profile.block_size,
+            seed=seed,
+            sink=kv_sink,
+            attention_s_per_token_pair=profile.prefill.e_s_per_token_pair,
         )
         if token_sampler is None:
             # Its own stream, not the worker's jitter stream: token ids never change timings.

@@ -1,9 +1,12 @@
 """A prefill worker: a FCFS queue and chunked-prefill iterations over a block KV cache.
 
 An iteration continues the requests already started, then admits waiting ones, until
-``max_batch_tokens`` new tokens or ``max_batch_requests`` requests; it takes (a + b·tokens +
-c·requests)·ε seconds (ε: ``Jitter``). A request's cached prefix (leading blocks already in this
-worker's cache) is not recomputed; at least its last token is, as an engine needs its logits.
+``max_batch_tokens`` new tokens or ``max_batch_requests`` requests; it takes
+``PrefillModel.iteration_s``·ε seconds (ε: ``Jitter``): a + Σ over its chunks of (b·k +
+e·k·(c + k/2) + c_r), k a chunk's new tokens and c the tokens before it. A request's cached
+prefix (leading blocks already in this worker's cache) is not recomputed; at least its last token
+is, as an engine needs its logits. A request prefilled over several iterations attends, in each,
+to everything before its chunk: the cached prefix and its own earlier chunks.
 
 The worker is driven from outside: ``start_iteration(now)`` plans the next iteration and returns
 its duration (None when idle), ``finish_iteration(now)`` applies it and returns the finished jobs.
@@ -89,8 +92,8 @@ class PrefillWorker:
         if not plan:
             return None
         self._plan = plan
-        tokens = sum(chunk for _, chunk in plan)
-        cost = m.a_s + m.b_s_per_token * tokens + m.c_s_per_request * len(plan)
+        # Tokens before a chunk: the cached prefix plus the chunks already computed.
+        cost = m.iteration_s((chunk, job.prompt_tokens - job.remaining) for job, chunk in plan)
         duration = cost * self._jitter()
         self.busy_time += duration
         return duration

@@ -50,7 +50,7 @@ def test_saturation_is_prefill_bound(name: str, topology: str) -> None:
 
 def test_kv_capacity_formula_on_hand_numbers() -> None:
     """⌊(memory · utilisation − weights − reserves) / (2 · layers · heads · dim · bytes)⌋ blocks."""
-    arch = ArchitectureSpec(layers=2, kv_heads=1, head_dim=256, kv_dtype_bytes=2)  # 2 KiB/token
+    arch = ArchitectureSpec(layers=2, heads=4, kv_heads=1, head_dim=256, kv_dtype_bytes=2)  # 2 KiB
     memory = MemorySpec(
         gpu_memory_gib=10.0,
         utilization=0.5,

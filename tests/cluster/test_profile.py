@@ -171,6 +171,39 @@ def test_the_architecture_must_agree_with_the_kv_bytes(tmp_path: Path) -> None:
         load_profile(write(tmp_path, raw))
 
 
+def test_query_heads_come_in_whole_groups_per_kv_head(tmp_path: Path) -> None:
+    raw = raw_profile("h100-32b")
+    raw["architecture"]["heads"] = 42  # 8 KV heads cannot each serve 5.25 query heads
+    with pytest.raises(
+        ConfigError, match=r"architecture: .*heads 42 is not a multiple of kv_heads 8"
+    ):
+        load_profile(write(tmp_path, raw))
+
+
+def test_every_profile_states_its_attention_cost_and_default_topology(tmp_path: Path) -> None:
+    """No silent zero: a profile without e or without a default topology does not load."""
+    expected = {
+        "b200-llama70b-fp8-tp4": "1P/5D",
+        "b200-nemotron340b-fp8-tp8": "1P/2D",
+        "h100-32b": "0P/1D",
+    }
+    assert {n: load_profile(n).default_topology for n in available_profiles()} == expected
+    for name in available_profiles():
+        assert load_profile(name).prefill.e_s_per_token_pair > 0
+    raw = raw_profile("h100-32b")
+    del raw["prefill"]["e_s_per_token_pair"], raw["default_topology"]
+    with pytest.raises(ConfigError) as err:
+        load_profile(write(tmp_path, raw))
+    assert "prefill.e_s_per_token_pair: Field required" in str(err.value)
+    assert "default_topology: Field required" in str(err.value)
+    raw = raw_profile("h100-32b")
+    raw["default_topology"] = " 0p / 2d "
+    assert load_profile(write(tmp_path, raw)).default_topology == "0P/2D"
+    raw["default_topology"] = "0P/0D"
+    with pytest.raises(ConfigError, match=r"default_topology: .*must have 1 to 32 decode workers"):
+        load_profile(write(tmp_path, raw))
+
+
 def test_a_free_iteration_is_rejected(tmp_path: Path) -> None:
     """Zero prefill cost (or d0 = 0) would never advance simulated time: a hang, not a run."""
     raw = raw_profile("b200-nemotron340b-fp8-tp8")  # a_s is already 0 there

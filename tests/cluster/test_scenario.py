@@ -65,7 +65,7 @@ def thresholds(profile) -> Thresholds:
 @pytest.fixture(scope="module")
 def ramp(profile, thresholds) -> tuple[ScenarioResult, AuctionAdmission, list[TickSample]]:
     """One adaptive run through the ramp with auctioned admission (about 1 s)."""
-    admission = AuctionAdmission(32, "dfs-bid", max_backlog=8)
+    admission = AuctionAdmission(32, "dfs-bid", release_while_backlog_below=8)
     ticks: list[TickSample] = []
     result = run_scenario(
         profile,

@@ -110,7 +110,9 @@ def test_auction_admission_charges_vcg_and_orders_batches() -> None:
 
 def test_fcfs_admission_throttles_on_backlog() -> None:
     profile = load_profile(PROFILE)
-    cluster = SimCluster(profile, "1P/2D", seed=0, admission=FcfsAdmission(max_backlog=2))
+    cluster = SimCluster(
+        profile, "1P/2D", seed=0, admission=FcfsAdmission(release_while_backlog_below=2)
+    )
     source = TemplateSource(seed=0, output_tokens=4)
     cluster.submit_many([source() for _ in range(10)])
     # The idle prefill worker starts the first at once; two more wait there; seven stay queued.
@@ -148,8 +150,8 @@ def test_admission_settings_are_validated() -> None:
         AuctionAdmission(8, "lottery")
     with pytest.raises(ValueError, match="batch_size"):
         AuctionAdmission(0)
-    with pytest.raises(ValueError, match="max_backlog"):
-        FcfsAdmission(max_backlog=0)
+    with pytest.raises(ValueError, match="release_while_backlog_below"):
+        FcfsAdmission(release_while_backlog_below=0)
 
 
 def test_requests_are_validated() -> None:

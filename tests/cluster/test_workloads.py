@@ -1,28 +1,76 @@
 from __future__ import annotations
 
+import collections
+import itertools
+
 import numpy as np
 import pytest
 from scipy import stats
 
 from auction import Request, build_radix_tree
-from cluster.workloads import TemplateSource, ValueModel, make_workload
+from cluster.workloads import OUTPUT_TOKENS, TemplateSource, ValueModel, make_workload
+
+# The shapes of docs/design.md §8 at the experiment's queue size (Q = 1024, seed 0), measured:
+#   workload      shared  mean prompt  distinct tokens
+#   mixshare-50   88.0%       566          69.5k   (4 ~1k articles + 1024 questions of ~64)
+#   mixshare-90   93.0%       968          69.5k
+#   chains        88.0%      3062         377k     (~3k tokens, each step extends the last)
+#   trees-short   87.7%       154          19.5k   (fits the 23k-token cache of h100-32b)
+#   trees-long    90.8%      3854         364k     (does not)
+# Targets: sharing within the study's 60-97%; the lengths of the shapes; short trees' distinct
+# tokens below the cache and long trees' far above it.
+H100_32B_CACHE_TOKENS = 23_000
+SHAPES = [
+    # name, mean prompt tokens (lo, hi), shared (lo, hi), distinct tokens (lo, hi)
+    ("mixshare-50", (500, 650), (0.80, 0.92), (60_000, 80_000)),
+    ("mixshare-90", (900, 1050), (0.90, 0.97), (60_000, 80_000)),
+    ("chains", (2800, 3300), (0.80, 0.92), (300_000, 450_000)),
+    ("trees-short", (140, 170), (0.80, 0.92), (15_000, 0.9 * H100_32B_CACHE_TOKENS)),
+    ("trees-long", (3600, 4200), (0.85, 0.95), (10 * H100_32B_CACHE_TOKENS, 450_000)),
+]
 
 
-@pytest.mark.parametrize(
-    ("name", "mean_tokens", "shared"),
-    [
-        ("mixshare-90", (900, 1300), (0.6, 0.97)),
-        ("chains", (1500, 3200), (0.6, 0.97)),
-        ("trees-short", (100, 200), (0.6, 0.97)),
-        ("trees-long", (3000, 4500), (0.6, 0.97)),
-    ],
-)
-def test_shapes_have_the_lengths_and_sharing_of_the_study(name, mean_tokens, shared) -> None:
-    w = make_workload(name, 256, users=16, seed=1)
-    assert len(w.requests) == 256 and len(w.clusters) == 256
-    mean = w.total_tokens / 256
-    assert mean_tokens[0] <= mean <= mean_tokens[1]
+@pytest.mark.parametrize(("name", "mean_tokens", "shared", "distinct"), SHAPES)
+def test_default_workloads_have_the_shapes_of_the_study(
+    name, mean_tokens, shared, distinct
+) -> None:
+    w = make_workload(name, 1024, seed=0)
+    assert len(w.requests) == 1024 and len(w.clusters) == 1024
+    assert 0.6 <= w.shared_fraction <= 0.97  # the study's range
     assert shared[0] <= w.shared_fraction <= shared[1]
+    assert mean_tokens[0] <= w.mean_prompt_tokens <= mean_tokens[1]
+    assert distinct[0] <= w.distinct_tokens <= distinct[1]
+    assert w.output_tokens == OUTPUT_TOKENS and w.knobs["n"] == 1024
+
+
+def test_mixshare_sweep_spans_the_study_sharing() -> None:
+    sharing = [make_workload(f"mixshare-{p}", 1024, seed=0).shared_fraction for p in (25, 75)]
+    assert 0.6 <= sharing[0] < sharing[1] <= 0.97
+
+
+def test_every_knob_is_a_parameter_and_recorded() -> None:
+    w = make_workload("chains", 40, seed=0, steps=4, system_tokens=10, task_tokens=20,
+                      step_tokens=5, output_tokens=3)  # fmt: skip
+    assert w.knobs == {"steps": 4, "system_tokens": 10, "task_tokens": 20, "step_tokens": 5,
+                       "n": 40, "users": 128, "output_tokens": 3, "values": "iid"}  # fmt: skip
+    # Every step extends the last: 10 trajectories of 4 prompts, each a prefix of the next.
+    clusters = np.asarray(w.clusters)
+    assert len(set(w.clusters)) == 10
+    first = [r.token_array for r, c in zip(w.requests, clusters, strict=True) if c == 0]
+    for a, b in itertools.pairwise(first):
+        assert len(b) > len(a) and b[: len(a)].tolist() == a.tolist()
+    assert all(r.output_tokens == 3 for r in w.sim_requests())
+    t = make_workload("trees-short", 13, seed=0, branching=2, depth=2, question_tokens=8,
+                      thought_tokens=4)  # fmt: skip
+    assert t.knobs["branching"] == 2 and t.knobs["question_tokens"] == 8
+    assert sorted(collections.Counter(t.clusters).values()) == [1, 6, 6]  # 2 + 4 per problem
+    s = make_workload("mixshare-100", 30, seed=0, articles=3, prefix_tokens=50, question_tokens=5)
+    tree = build_radix_tree(s.requests)
+    assert len(tree.children_of(0)) == 3 and s.knobs["articles"] == 3
+    with pytest.raises(ValueError, match="depthh"):
+        make_workload("trees-long", 4, depthh=2)
+    with pytest.raises(ValueError, match="step_tokens must be >= 1"):
+        make_workload("chains", 4, step_tokens=0)
 
 
 def test_generators_are_seeded() -> None:
@@ -59,6 +107,16 @@ def test_correlated_values_move_together_within_a_cluster() -> None:
     assert stats.kstest(high.values, stats.pareto(b=1.5).cdf).pvalue > 0.001
 
 
+def test_perfect_correlation_gives_one_finite_value_per_cluster() -> None:
+    w = make_workload("trees-long", 390, seed=0, values=ValueModel("correlated", 1.0))
+    clusters = np.asarray(w.clusters)
+    assert np.all(np.isfinite(w.values)) and w.values.min() >= 1.0
+    for c in np.unique(clusters):
+        assert np.ptp(w.values[clusters == c]) == pytest.approx(0.0, abs=1e-9)
+    assert ValueModel("correlated", 0.5).label == "correlated(rho=0.5)"
+    assert ValueModel().label == "iid"
+
+
 def test_one_bidding_cluster() -> None:
     w = make_workload("trees-short", 200, seed=0, values=ValueModel("one-cluster"))
     clusters = np.asarray(w.clusters)
@@ -86,6 +144,7 @@ def test_template_source_matches_the_calibration_workload() -> None:
         lambda: make_workload("chains", -1),
         lambda: ValueModel("sorted"),
         lambda: ValueModel("correlated", 1.5),
+        lambda: ValueModel("iid", 0.5),  # ρ belongs to the correlated model only
         lambda: make_workload("chains", 4, users=0),
     ],
 )

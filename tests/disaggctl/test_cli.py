@@ -47,6 +47,24 @@ def test_auction_command_prints_an_order_and_prices(capsys: pytest.CaptureFixtur
     assert report["revenue"] >= sum(report["top_payments"].values()) - 1e-9 > 0
 
 
+def test_auction_command_runs_a_queue_in_batches_on_the_simulator(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["auction", "--workload", "trees-short", "--queue", "96", "--n", "32"]
+    argv += ["--value-model", "correlated", "--rho", "0.5", "--quiet"]
+    assert main(argv) == 0
+    planned = strict_json(capsys.readouterr().out)
+    assert (planned["queue"], planned["n"], planned["batches"]) == (96, 32, 3)
+    assert planned["values"] == "correlated(rho=0.5)" and "cache_hit_rate" not in planned
+    assert main([*argv, "--simulate"]) == 0
+    report = strict_json(capsys.readouterr().out)
+    # The simulated figures come beside the planned ones, which do not change.
+    assert {k: report[k] for k in planned} == planned
+    assert 0 < report["cache_hit_rate"] < 1 and report["mean_ttft_s"] > 0
+    assert -100 <= report["realised_welfare_pct_above_half"] <= 100
+    assert report["simulator"] == {"profile": "h100-32b", "topology": "0P/1D"}
+
+
 def test_sim_run_command_reports_a_closed_loop_point(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sim", "run", "--concurrency", "8", "--seconds", "5"]) == 0
     report = strict_json(capsys.readouterr().out)
@@ -58,6 +76,39 @@ def test_sim_run_normalises_the_topology(capsys: pytest.CaptureFixture[str]) -> 
         main(["sim", "run", "--topology", " 1p/2d ", "--concurrency", "4", "--seconds", "2"]) == 0
     )
     assert strict_json(capsys.readouterr().out)["topology"] == "1P/2D"
+
+
+def test_sim_run_defaults_to_the_profiles_topology_and_reports_poa(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """h100-32b is one aggregated GPU (0P/1D), not the 70B study's 1P/5D; poa_hat and its two
+    factors come per phase and for the hold, from the estimator scenarios and serve mode run."""
+    assert (
+        main(["sim", "run", "--profile", "h100-32b", "--concurrency", "8", "--seconds", "5"]) == 0
+    )
+    report = strict_json(capsys.readouterr().out)
+    assert report["topology"] == "0P/1D" and report["completed"] > 0
+    assert [p["phase"] for p in report["phases"]] == ["warmup", "hold"]
+    hold = report["phases"][-1]
+    assert (hold["prefill_workers"], hold["decode_workers"]) == (0, 1)
+    for key in ("poa_hat", "poa_routing", "poa_capacity"):
+        assert report[key] == hold[key] >= 1.0
+    assert report["poa_routing"] == 1.0  # one worker: nothing to route
+    argv = ["sim", "run", "--profile", "h100-32b", "--topology", "1p/1d"]
+    assert main([*argv, "--concurrency", "2", "--seconds", "2"]) == 0
+    assert strict_json(capsys.readouterr().out)["topology"] == "1P/1D"  # a given one wins
+
+
+def test_sim_run_figures_are_the_calibrations_the_estimator_only_observes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from cluster.sim.calibration import run_point
+    from cluster.sim.profile import load_profile
+
+    assert main(["sim", "run", "--concurrency", "16", "--seconds", "5", "--seed", "3"]) == 0
+    report = strict_json(capsys.readouterr().out)
+    summary = run_point(load_profile("b200-llama70b-fp8-tp4"), "1P/5D", 16, 5.0, 3)
+    assert {k: report[k] for k in summary.as_dict()} == summary.as_dict()
 
 
 def test_sim_run_json_is_strict_when_nothing_was_measured(
@@ -103,6 +154,10 @@ def test_strict_dumps_never_writes_nan() -> None:
         (["auction", "--workload", "nope"], "--workload must be one of mixshare-P"),
         (["auction", "--workload", "mixshare-150"], "--workload must be one of"),
         (["auction", "--top", "-1"], "--top must be >= 0"),
+        (["auction", "--queue", "0"], "--queue must be >= 1, got 0"),
+        (["auction", "--rho", "0.5"], "--rho applies to --value-model correlated only"),
+        (["auction", "--value-model", "correlated", "--rho", "2"], "--rho must be <= 1"),
+        (["auction", "--value-model", "correlated", "--rho", "nan"], "--rho must be a finite"),
         (["demo", "--n", "0"], "--n must be >= 1, got 0"),
         (["demo", "--users", "0"], "--users must be >= 1, got 0"),
     ],
@@ -192,7 +247,8 @@ def test_every_option_of_every_subcommand_has_help_and_shows_its_default() -> No
     run = every["disaggctl sim run"]
     text = run.format_help()
     assert "(default: 64)" in text and f"1 to {MAX_CONCURRENCY}" in text
-    assert "(default: 1P/5D)" in text
+    flat = " ".join(text.split())
+    assert "default: the profile's default_topology" in flat and "h100-32b 0P/1D" in flat
 
 
 def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,358 @@
+"""``adaptive``: the controller against static routing through a load ramp and a spike (§4, §8).
+
+The cases, arms, phases and targets of ``bench/adaptive.py`` (imported, not copied): 70B and 340B
+deployments with one fresh router, four stale router replicas, and the re-split lever; calm → ramp
+through the knee → saturated hold → spike → calm. Static keeps τ = 0, ω = 1; adaptive runs the
+controller with thresholds 5× and 15× a calm baseline measured on the same deployment; re-split
+adds the controller's second lever. Every (case, arm, seed) is one simulation
+(``bench.adaptive.run_arm``); at the first seed its controller timeline is kept for the plot. Per
+phase: TTFT P99, ITL P99, throughput, poa_hat and its factors, pools; per case the saturated hold
+of the compared arm over static's, paired by seed, and ``bench.adaptive.judge``'s verdict on its
+targets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+import sys
+from functools import lru_cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from disaggctl.experiment import adaptive_plots
+from disaggctl.experiment.base import Plan, Settings
+from disaggctl.experiment.fanout import ROOT, Job
+from disaggctl.experiment.report import Section, markdown_table, stat_cell, write_csv
+from disaggctl.experiment.stats import fmt, fmt_mean_se, mean_se, summarise
+
+NAME = "adaptive"
+TITLE = "adaptive: the controller against static routing through a ramp and a spike"
+SECONDS_PER_UNIT = 0.0157  # per simulated second of a run, measured (runner.estimate)
+KEYS = (
+    "poa_hat",
+    "poa_routing",
+    "poa_capacity",
+    "ttft_p99_s",
+    "itl_p99_s",
+    "throughput_rps",
+    "cache_hit_rate",
+    "prefill_workers",
+    "decode_workers",
+)
+RATIO_KEYS = ("ttft_p99_s", "poa_hat", "throughput_rps", "itl_p99_s")
+TICK_FIELDS = (
+    "t",
+    "regime",
+    "tau",
+    "omega",
+    "ttft_p99_window_s",
+    "ttft_p99_smoothed_s",
+    "poa_hat",
+    "prefill_workers",
+    "decode_workers",
+    "queue_depth",
+)
+REGIMES = ("below", "transition", "saturated")
+
+
+def bench() -> ModuleType:
+    """``bench.adaptive`` (``bench/`` is not installed: the project root goes on the path)."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    return importlib.import_module("bench.adaptive")
+
+
+def _phases(quick: bool) -> Any:
+    A = bench()
+    return A.REDUCED_PHASES if quick else A.PHASES
+
+
+def plan(settings: Settings) -> Plan:
+    A = bench()
+    names = list(A.REDUCED_CASES) if settings.quick else [c.name for c in A.CASES]
+    cases = [c for c in A.CASES if c.name in names]
+    phases = _phases(settings.quick)
+    span = sum(p.phase.duration for p in phases)
+    setup = {
+        "cases": [f"{c.name}: {c.profile} {c.topology}, arms {'/'.join(c.arms)}" for c in cases],
+        "phases": [
+            f"{p.name} {p.phase.duration:g} s to C = {p.phase.concurrency}"
+            f"{f' (ramp {p.phase.ramp:g} s)' if p.phase.ramp else ''}"
+            for p in phases
+        ],
+        "stale views": f"{A.STALE}",
+        "thresholds": "θ1, θ2 = 5×, 15× the calm TTFT P99 of the same deployment",
+        "targets (bench.adaptive)": f"stale: TTFT P99 and poa_hat ≤ {A.STALE_RATIO_MAX:g}× "
+        f"static, throughput ≥ {A.STALE_THROUGHPUT_MIN:g}×; re-split: TTFT P99 ≤ "
+        f"{A.RESPLIT_TTFT_MAX:g}×; every adaptive run reaches saturated",
+        "trials (seeds)": list(settings.seeds),
+        "timeline seed": settings.seeds[0],
+    }
+    jobs = []
+    for case in cases:
+        for arm in case.arms:
+            for seed in settings.seeds:
+                kw = {
+                    "case": case.name,
+                    "arm": arm,
+                    "seed": seed,
+                    "quick": settings.quick,
+                    "timeline": seed == settings.seeds[0],
+                }
+                jobs.append(Job(f"{__name__}:run_arm", kw, units=span))
+    return Plan(setup, jobs)
+
+
+def _case(name: str) -> Any:
+    return next(c for c in bench().CASES if c.name == name)
+
+
+@lru_cache(maxsize=16)
+def thresholds(case: str) -> Any:
+    """The case's thresholds, as ``bench.adaptive.main`` calibrates them (deterministic)."""
+    from cluster.sim.profile import load_profile
+    from cluster.sim.scenario import calm_baseline_p99
+    from controller.detector import Thresholds
+
+    c = _case(case)
+    baseline = calm_baseline_p99(load_profile(c.profile), c.topology, views=c.views)
+    return Thresholds.calibrated(baseline, 5, 15)
+
+
+def run_arm(case: str, arm: str, seed: int, quick: bool, timeline: bool = False) -> dict[str, Any]:
+    """``bench.adaptive``'s figures for one (case, arm, seed); with ``timeline``, also the
+    controller's ticks of that very run (``timeline``: one dict per tick)."""
+    A = bench()
+    th = thresholds(case)
+    result = A.arm_scenario(_case(case), arm, seed, _phases(quick), th)
+    out: dict[str, Any] = A.arm_figures(result)
+    out["thresholds_s"] = [th.theta1, th.theta2]
+    if timeline:
+        out["timeline"] = [{k: getattr(s, k) for k in TICK_FIELDS} for s in result.timeline]
+    return out
+
+
+def analyse(plan: Plan, results: list[Any]) -> dict[str, Any]:
+    A = bench()
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    timelines: dict[str, dict[str, Any]] = {}
+    for job, res in zip(plan.jobs, results, strict=True):
+        kw = job.kwargs
+        if "timeline" in res:
+            timelines.setdefault(kw["case"], {})[kw["arm"]] = res.pop("timeline")
+        runs.setdefault((kw["case"], kw["arm"]), []).append({"seed": kw["seed"], **res})
+    cases: dict[str, Any] = {}
+    for case in A.CASES:
+        if (case.name, case.arms[0]) not in runs:
+            continue
+        entry: dict[str, Any] = {
+            "profile": case.profile,
+            "topology": case.topology,
+            "views": dataclasses.asdict(case.views),
+            "arms": list(case.arms),
+            "compare": case.compare,
+            "thresholds_s": runs[(case.name, "static")][0]["thresholds_s"],
+        }
+        for arm in case.arms:
+            arm_runs = runs[(case.name, arm)]
+            phases = []
+            for rows in zip(*[r["phases"] for r in arm_runs], strict=True):
+                phases.append({"phase": rows[0]["phase"], **summarise(rows, KEYS)})
+            entry[arm] = {
+                "phases": phases,
+                "bench_phases": A._mean_rows([r["phases"] for r in arm_runs]),
+                "late_hold_ttft_p99_s": mean_se(r["late_hold_ttft_p99_s"] for r in arm_runs)[0],
+                "regime_switches": [r["regime_switches"] for r in arm_runs],
+                "resplits": [r["resplits"] for r in arm_runs],
+            }
+        entry["paired_hold_ratios"] = _paired(runs, case, A.HOLD)
+        cases[case.name] = entry
+    bench_view = {
+        name: {**e, **{arm: {**e[arm], "phases": e[arm]["bench_phases"]} for arm in e["arms"]}}
+        for name, e in cases.items()
+    }
+    summary = A.summarize_cases(bench_view)
+    verdict = A.judge({"cases": bench_view, "summary": summary})
+    for e in cases.values():
+        for arm in e["arms"]:
+            e[arm].pop("bench_phases")
+    return {"cases": cases, "summary": summary, "verdict": verdict, "timelines": timelines}
+
+
+def _paired(
+    runs: dict[tuple[str, str], list[dict[str, Any]]], case: Any, hold: str
+) -> dict[str, float | None]:
+    """Per key: the compared arm's hold over static's, seed by seed, as mean ± s.e."""
+
+    def hold_row(r: dict[str, Any]) -> dict[str, Any]:
+        return next(p for p in r["phases"] if p["phase"] == hold)
+
+    static = {r["seed"]: hold_row(r) for r in runs[(case.name, "static")]}
+    other = {r["seed"]: hold_row(r) for r in runs[(case.name, case.compare)]}
+    out = {}
+    for key in RATIO_KEYS:
+        ratios = [
+            other[s][key] / static[s][key]
+            for s in static
+            if s in other and other[s][key] is not None and static[s][key]
+        ]
+        out[key], out[f"{key}_se"] = mean_se(ratios)
+    return out
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
+
+
+def describe_timeline(
+    name: str, entry: dict[str, Any], verdict: dict[str, Any], timeline: dict[str, Any]
+) -> str:
+    arm = entry["compare"]
+    ticks = timeline.get(arm, [])
+    parts = []
+    firsts = {}
+    for level, label in enumerate(REGIMES[1:], start=1):
+        t = next((s["t"] for s in ticks if s["regime"] >= level), None)
+        firsts[label] = t
+    when = {k: "no time" if t is None else f"t = {t:.0f} s" for k, t in firsts.items()}
+    parts.append(
+        f"In the plotted seed the {arm} arm reaches transition at {when['transition']} and "
+        f"saturated at {when['saturated']}"
+    )
+    taus = sorted({s["tau"] for s in ticks})
+    if taus:
+        parts.append(f"τ takes the values {', '.join(f'{t:g}' for t in taus)}")
+    pools = [(s["prefill_workers"], s["decode_workers"]) for s in ticks]
+    if pools and len(set(pools)) > 1:
+        parts.append(
+            f"the pools move from {pools[0][0]}P/{pools[0][1]}D to {pools[-1][0]}P/{pools[-1][1]}D"
+        )
+    r = entry["paired_hold_ratios"]
+    text = "; ".join(parts) + ". "
+    text += (
+        f"Over the trials the saturated hold's TTFT P99 of {arm} is "
+        f"{fmt_mean_se(r['ttft_p99_s'], r['ttft_p99_s_se'])}× static's, poa_hat "
+        f"{fmt_mean_se(r['poa_hat'], r['poa_hat_se'])}×, throughput "
+        f"{fmt_mean_se(r['throughput_rps'], r['throughput_rps_se'])}× (paired by seed)."
+    )
+    targets = {k: v for k, v in verdict["targets"].items() if k.startswith(f"{name}:")}
+    missed = [k.split(":", 1)[1] for k, v in targets.items() if not v["met"]]
+    if targets and missed:
+        text += (
+            f" Against what the controller is meant to achieve: the targets on "
+            f"{', '.join(missed)} are missed."
+        )
+    elif targets:
+        text += " Every target of bench.adaptive for this case is met."
+    else:
+        ratio, se = r["ttft_p99_s"], r["ttft_p99_s_se"] or 0.0
+        if ratio is not None and ratio - 2 * se > 1.0:
+            text += (
+                f" No target here, but {arm} makes the hold's TTFT P99 worse than static, "
+                "against what the controller is meant to do."
+            )
+        elif ratio is not None and ratio + 2 * se < 1.0:
+            text += f" No target here; {arm} lowers the hold's TTFT P99."
+        else:
+            text += f" No target here; {arm} and static are within noise of each other."
+    return text
+
+
+def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: Section) -> None:
+    rows, csv_rows = [], []
+    for name, e in data["cases"].items():
+        for arm in e["arms"]:
+            for p in e[arm]["phases"]:
+                csv_rows.append({"case": name, "arm": arm, **p})
+                pools = f"{fmt(p['prefill_workers'], 2)}P/{fmt(p['decode_workers'], 2)}D"
+                rows.append(
+                    (
+                        name,
+                        arm,
+                        p["phase"],
+                        stat_cell(p, "ttft_p99_s"),
+                        stat_cell(p, "itl_p99_s"),
+                        stat_cell(p, "throughput_rps"),
+                        stat_cell(p, "poa_hat"),
+                        stat_cell(p, "poa_capacity"),
+                        pools,
+                    )
+                )
+    write_csv(folder / "adaptive_phases.csv", csv_rows)
+    header = (
+        "case",
+        "arm",
+        "phase",
+        "TTFT P99 s",
+        "ITL P99 s",
+        "req/s",
+        "poa_hat",
+        "poa_capacity",
+        "pools (mean)",
+    )
+    section.text("Per case, arm and phase, mean ± 1 s.e.:\n\n" + markdown_table(header, rows))
+    summary_rows, summary_csv = [], []
+    for name, e in data["cases"].items():
+        r = e["paired_hold_ratios"]
+        targets = {k: v for k, v in data["verdict"]["targets"].items() if k.startswith(f"{name}:")}
+        met = (
+            "–"
+            if not targets
+            else "met"
+            if all(v["met"] for v in targets.values())
+            else "missed: "
+            + ", ".join(k.split(":", 1)[1] for k, v in targets.items() if not v["met"])
+        )
+        late = data["summary"][name]["late_hold_over_static"]["ttft_p99_s"]
+        summary_rows.append(
+            (
+                name,
+                e["compare"],
+                stat_cell(r, "ttft_p99_s"),
+                stat_cell(r, "poa_hat"),
+                stat_cell(r, "throughput_rps"),
+                fmt(late),
+                met,
+            )
+        )
+        summary_csv.append(
+            {
+                "case": name,
+                "arm": e["compare"],
+                **r,
+                "late_hold_ttft_p99_over_static": late,
+                "targets": met,
+            }
+        )
+    write_csv(folder / "adaptive_summary.csv", summary_csv)
+    detected = data["verdict"]["targets"].get("saturated_regime_detected", {})
+    verdict = "met" if data["verdict"]["met"] else "missed"
+    section.text(
+        "Saturated hold, compared arm over static (paired by seed, mean ± 1 s.e.):\n\n"
+        + markdown_table(
+            (
+                "case",
+                "arm",
+                "TTFT P99 ×",
+                "poa_hat ×",
+                "throughput ×",
+                "late-hold TTFT P99 ×",
+                "targets",
+            ),
+            summary_rows,
+        )
+        + f"\n\nEvery adaptive run reaches saturated: {detected.get('measured')}"
+        + (f" (missed: {', '.join(detected.get('missed', []))})" if detected.get("missed") else "")
+        + f". bench.adaptive's verdict over all targets: {verdict}."
+    )
+    for name, e in data["cases"].items():
+        file = f"adaptive_timeline_{_slug(name)}.png"
+        adaptive_plots.plot_timeline(name, e, data["timelines"].get(name, {}), setup, folder / file)
+        section.figure(
+            file,
+            f"{name}: timeline of one seed",
+            describe_timeline(name, e, data["verdict"], data["timelines"].get(name, {})),
+        )

@@ -1,0 +1,89 @@
+"""Mean ± 1 standard error over trials, and the tables built from them.
+
+The standard error is the sample standard deviation (n − 1 in the denominator) over √n. A figure
+that could not be measured in a trial (``None`` or NaN: no request finished in the window) is left
+out of that figure's mean and counted in ``n``; with fewer than two measured trials the error is
+``None`` (unknown, never 0), and with none the mean is ``None`` too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+__all__ = ["fmt", "fmt_mean_se", "mean_se", "summarise"]
+
+
+def _measured(values: Iterable[Any]) -> list[float]:
+    out = []
+    for v in values:
+        if v is None or isinstance(v, bool):
+            continue
+        x = float(v)
+        if math.isfinite(x):
+            out.append(x)
+    return out
+
+
+def mean_se(values: Iterable[Any]) -> tuple[float | None, float | None]:
+    """(mean, standard error) of the finite values; ``None`` where there are too few.
+
+    >>> mean_se([1.0, 2.0, 3.0])
+    (2.0, 0.5773502691896257)
+    >>> mean_se([4.0, None, float("nan")])
+    (4.0, None)
+    >>> mean_se([])
+    (None, None)
+    """
+    xs = _measured(values)
+    if not xs:
+        return None, None
+    mean = math.fsum(xs) / len(xs)
+    if len(xs) < 2:
+        return mean, None
+    var = math.fsum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
+    return mean, math.sqrt(var / len(xs))
+
+
+def summarise(
+    trials: Sequence[Mapping[str, Any]], keys: Sequence[str]
+) -> dict[str, float | int | None]:
+    """``{key: mean, key_se: error}`` for each of ``keys`` over ``trials``, plus ``trials``."""
+    row: dict[str, float | int | None] = {"trials": len(trials)}
+    for key in keys:
+        row[key], row[f"{key}_se"] = mean_se(t.get(key) for t in trials)
+    return row
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    """A number for a table: ``digits`` significant figures in fixed notation (scientific only
+    past 10⁶ or below 10⁻⁴), ``–`` when unknown.
+
+    >>> fmt(0.012345), fmt(1234.5), fmt(2.0), fmt(None), fmt(3e-7)
+    ('0.0123', '1234', '2.00', '–', '3e-07')
+    """
+    if value is None or not math.isfinite(value):
+        return "–"
+    if value == 0:
+        return "0"
+    mag = math.floor(math.log10(abs(value)))
+    if mag >= 6 or mag < -4:
+        return f"{value:.{max(0, digits - 1)}g}"
+    return f"{value:.{max(0, digits - 1 - mag)}f}"
+
+
+def fmt_mean_se(mean: float | None, se: float | None, digits: int = 3) -> str:
+    """``mean ± se``: the mean to ``digits`` significant figures, the error to two; the mean
+    alone when the error is unknown.
+
+    >>> fmt_mean_se(2.0, 0.5773), fmt_mean_se(0.01234, None), fmt_mean_se(0.4, 4e-17)
+    ('2.00 ± 0.58', '0.0123', '0.400 ± 0')
+    """
+    if mean is None or not math.isfinite(mean):
+        return "–"
+    if se is None or not math.isfinite(se):
+        return fmt(mean, digits)
+    if se <= 1e-9 * abs(mean):  # rounding noise of identical trials
+        se = 0.0
+    return f"{fmt(mean, digits)} ± {fmt(se, 2)}"

@@ -1,0 +1,116 @@
+{{/* Names */}}
+{{- define "disaggctl.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "disaggctl.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "disaggctl.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "disaggctl.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "disaggctl.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "disaggctl.labels" -}}
+helm.sh/chart: {{ include "disaggctl.chart" . }}
+{{ include "disaggctl.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* The Ray pods of this release (head and workers): NATS clients, each other's peers. */}}
+{{- define "disaggctl.rayPodLabels" -}}
+{{ include "disaggctl.selectorLabels" . }}
+app.kubernetes.io/component: ray
+{{- end -}}
+
+{{/* TP (GPUs per worker): workers.tp, else the profile's (cluster/sim/profiles/*.yaml). */}}
+{{- define "disaggctl.tp" -}}
+{{- $profiles := dict "b200-llama70b-fp8-tp4" 4 "b200-nemotron340b-fp8-tp8" 8 "h100-32b" 1 -}}
+{{- if .Values.workers.tp -}}
+{{- .Values.workers.tp -}}
+{{- else if hasKey $profiles .Values.config.profile -}}
+{{- get $profiles .Values.config.profile -}}
+{{- else -}}
+{{- fail (printf "workers.tp: required for profile %q (the chart knows the TP of %s)" .Values.config.profile (keys $profiles | sortAlpha | join ", ")) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Worker counts from config.topology ("1P/5D"); role = "prefill" | "decode". */}}
+{{- define "disaggctl.count" -}}
+{{- $n := regexFindAll "[0-9]+" .root.Values.config.topology -1 -}}
+{{- if ne (len $n) 2 -}}
+{{- fail (printf "config.topology: must look like xP/yD, got %q" .root.Values.config.topology) -}}
+{{- end -}}
+{{- if eq .role "prefill" -}}{{ index $n 0 | int }}{{- else -}}{{ index $n 1 | int }}{{- end -}}
+{{- end -}}
+
+{{/* NATS: the URL without credentials, and where the token lives. */}}
+{{- define "disaggctl.natsHost" -}}
+{{- printf "%s-nats.%s.svc" (include "disaggctl.fullname" .) .Release.Namespace -}}
+{{- end -}}
+
+{{- define "disaggctl.natsUrl" -}}
+{{- if .Values.nats.enabled -}}
+{{- printf "nats://%s:4222" (include "disaggctl.natsHost" .) -}}
+{{- else if .Values.nats.external.url -}}
+{{- .Values.nats.external.url -}}
+{{- else -}}
+{{- fail "nats.external.url: required when nats.enabled is false (e.g. nats://nats.example:4222)" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "disaggctl.natsTokenSecretName" -}}
+{{- if .Values.nats.enabled -}}
+{{- default (printf "%s-nats-auth" (include "disaggctl.fullname" .)) .Values.nats.auth.existingSecret -}}
+{{- else -}}
+{{- .Values.nats.external.tokenSecret.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "disaggctl.natsTokenSecretKey" -}}
+{{- if .Values.nats.enabled -}}{{ .Values.nats.auth.secretKey }}{{- else -}}{{ .Values.nats.external.tokenSecret.key }}{{- end -}}
+{{- end -}}
+
+{{/* Paths inside the Ray containers. */}}
+{{- define "disaggctl.configPath" -}}/etc/disaggctl/config/service.yaml{{- end -}}
+{{- define "disaggctl.usersPath" -}}/etc/disaggctl/users/users.yaml{{- end -}}
+{{- define "disaggctl.builderDir" -}}/etc/disaggctl/builder{{- end -}}
+{{- define "disaggctl.ledgerDir" -}}/var/lib/disaggctl/ledger{{- end -}}
+
+{{- define "disaggctl.usersSecretName" -}}
+{{- default (printf "%s-users" (include "disaggctl.fullname" .)) .Values.users.existingSecret -}}
+{{- end -}}
+
+{{- define "disaggctl.hasUsers" -}}
+{{- if or .Values.users.existingSecret .Values.users.list -}}true{{- end -}}
+{{- end -}}
+
+{{/* The service config (ServeConfig fields): values.config plus what the chart decides. No
+     secret: the NATS token is added by the builder from the environment. */}}
+{{- define "disaggctl.serviceConfig" -}}
+{{- $cfg := deepCopy .Values.config -}}
+{{- $_ := set $cfg "nats_url" (include "disaggctl.natsUrl" .) -}}
+{{- $_ := set $cfg "ledger_path" (printf "%s/ledger.sqlite" (include "disaggctl.ledgerDir" .)) -}}
+{{- $_ := set $cfg "accelerator_resource" .Values.accelerator.resource -}}
+{{- $_ := set $cfg "request_gpus" (and .Values.accelerator.gpu (eq .Values.backend "sim")) -}}
+{{- toYaml $cfg -}}
+{{- end -}}
+
+{{- define "disaggctl.image" -}}
+{{- printf "%s:%s" .repository .tag -}}
+{{- end -}}

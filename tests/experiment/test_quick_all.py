@@ -1,0 +1,88 @@
+"""``disaggctl experiment all --quick --no-ray``: the whole reduced run, once per module.
+
+The slow test of this folder: about 95 s on the 2-core development machine (docs/results.md
+states the latest figure); the issue's ceiling is 3 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from disaggctl.cli import main
+from disaggctl.experiment.runner import EXPERIMENTS
+
+pytestmark = pytest.mark.slow
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("experiments")
+    started = time.perf_counter()
+    status = main(["experiment", "all", "--quick", "--no-ray", "--out", str(out), "--quiet"])
+    return {"out": out, "status": status, "seconds": time.perf_counter() - started}
+
+
+def _strict(text: str) -> Any:
+    def refuse(name: str) -> None:
+        raise AssertionError(f"non-standard JSON constant {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_runs_and_writes_every_experiment(run: dict[str, Any]) -> None:
+    assert run["status"] == 0
+    out: Path = run["out"]
+    for name in EXPERIMENTS:
+        folder = out / name
+        payload = _strict((folder / f"{name}.json").read_text())
+        assert payload["experiment"] == name
+        assert payload["setup"] and payload["results"]
+        assert payload["run"]["quick"] is True and payload["run"]["ray"] is False
+        assert (folder / "report.md").read_text().startswith(f"# {name}")
+        assert list(folder.glob("*.csv")) and list(folder.glob("*.png")), name
+
+
+def test_csvs_have_headers_and_rows(run: dict[str, Any]) -> None:
+    for path in run["out"].glob("*/*.csv"):
+        rows = list(csv.reader(path.open()))
+        assert len(rows) >= 2, path
+        header = rows[0]
+        assert all(h and not re.fullmatch(r"[-+.\deE]+", h) for h in header), (path, header)
+        assert all(len(r) == len(header) for r in rows), path
+
+
+def test_pngs_are_pngs(run: dict[str, Any]) -> None:
+    pngs = list(run["out"].glob("*/*.png"))
+    assert len(pngs) >= 2 * len(EXPERIMENTS)
+    for path in pngs:
+        assert path.read_bytes()[:8] == PNG_MAGIC, path
+
+
+def test_combined_report_has_every_section_and_figure(run: dict[str, Any]) -> None:
+    out: Path = run["out"]
+    report = (out / "report.md").read_text()
+    assert "quick (reduced) run" in report
+    for name in EXPERIMENTS:
+        assert f"## {name}:" in report, name
+    links = re.findall(r"!\[([^\]]+)\]\(([^)]+)\)", report)
+    assert len(links) >= 2 * len(EXPERIMENTS)
+    for caption, link in links:
+        assert (out / link).exists(), link
+        # every figure is followed by its computed paragraph
+        assert re.search(rf"\*{re.escape(caption)}\.\* \S", report), caption
+    assert "nan" not in report.lower().split("nanosecond")[0]
+    assert "± 1 s.e." in report
+
+
+def test_quick_stays_under_three_minutes(run: dict[str, Any]) -> None:
+    # Generous for a busy machine; the 2-core figure is in the module docstring.
+    assert run["seconds"] < 240, f"experiment all --quick took {run['seconds']:.0f} s"

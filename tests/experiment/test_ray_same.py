@@ -1,0 +1,48 @@
+"""Ray tasks and ``--no-ray`` give the same numbers: every job is deterministic in its arguments.
+
+A tiny sweep of each kind of job that crosses a process boundary: two closed-loop points (poa)
+and one ``bench.adaptive`` run with its timeline (``bench/`` imported in a Ray worker).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from disaggctl.experiment import adaptive, poa
+from disaggctl.experiment.base import Plan
+from disaggctl.experiment.fanout import Job, run_jobs
+from disaggctl.jsonout import strict_dumps
+
+pytestmark = pytest.mark.integration
+
+
+def _tiny_poa() -> Plan:
+    jobs = [Job("disaggctl.experiment.poa:baseline", {"profile": poa.LLAMA, "topology": "1P/2D"})]
+    for seed in (0, 1):
+        kw = {
+            "profile": poa.LLAMA,
+            "topology": "1P/2D",
+            "concurrency": 8,
+            "seed": seed,
+            "warm_s": 2.0,
+            "hold_s": 4.0,
+            "config": "70B 1P/2D",
+        }
+        jobs.append(Job("disaggctl.experiment.poa:run_point", kw))
+    return Plan({}, jobs)
+
+
+def test_ray_and_in_process_agree(ray_session: None) -> None:
+    plan = _tiny_poa()
+    in_process, _ = run_jobs(plan.jobs, use_ray=False, desc="poa", quiet=True)
+    on_ray, _ = run_jobs(plan.jobs, use_ray=True, desc="poa", quiet=True)
+    assert strict_dumps(poa.analyse(plan, on_ray)) == strict_dumps(poa.analyse(plan, in_process))
+
+    job = Job(
+        "disaggctl.experiment.adaptive:run_arm",
+        {"case": "resplit-1P/5D", "arm": "static", "seed": 0, "quick": True, "timeline": True},
+    )
+    (a,), _ = run_jobs([job], use_ray=False, desc="adaptive", quiet=True)
+    (b,), _ = run_jobs([job], use_ray=True, desc="adaptive", quiet=True)
+    assert a["timeline"] and strict_dumps(a) == strict_dumps(b)
+    assert adaptive.TICK_FIELDS[0] in a["timeline"][0]

@@ -1,0 +1,505 @@
+"""The Helm chart (helm/disaggctl), checked offline (docs/design.md §7): ``helm lint --strict``;
+``helm template`` with the defaults and each example; built-in kinds (and the Ray pod templates)
+against Kubernetes 1.30's schemas with kubernetes-validate; the RayService against KubeRay's CRD
+schema; the rendered manifests against the project itself (ServeConfig, the builder, the metric
+registry, the profiles' TP); and bad values refused with the schema's message."""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from cluster.models import validate_model
+from cluster.ray.auction_actor import AuctionSettingsModel
+from cluster.ray.controller_pools import ResplitSection
+from cluster.ray.controller_settings import ControllerSettings
+from cluster.serve import app_builder
+from cluster.serve.config import ServeConfig
+from cluster.serve.users import UsersFile
+from cluster.sim.profile import available_profiles, load_profile
+from controller.metrics import REGISTRY
+from tests.helm.chart import CHART, EXAMPLES, NAMESPACE, RELEASE, run_helm
+
+CRDS = Path(__file__).resolve().parents[3] / "shared" / "kuberay-crds"
+K8S_VERSION = "1.30.0"
+FULLNAME = f"{RELEASE}-disaggctl"
+B200_EXAMPLES = [e for e in EXAMPLES if e.name.startswith("b200-")]
+# Every rendering checked below: the defaults, each example, and the other branches.
+CASES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "defaults": ((), ()),
+    **{e.stem: ((str(e),), ()) for e in EXAMPLES},
+    "sim-on-gpus": ((), ("accelerator.gpu=true",)),
+    "external-nats": ((), ("nats.enabled=false", "nats.external.url=nats://nats.ops:4222",
+                          "nats.external.tokenSecret.name=nats-client")),
+    "monitoring": ((), ("monitoring.serviceMonitor.enabled=true",
+                        "monitoring.prometheusRule.enabled=true")),
+}  # fmt: skip
+TOKEN = "tok-3f9c2b7e1d0a5c48e6b2"  # a NATS token given in values: must end up in a Secret only
+SECRET_SETS = (f"nats.auth.token={TOKEN}",)
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for d in by_kind(docs, kind) if name is None or d["metadata"]["name"] == name]
+    assert len(found) == 1, f"{len(found)} {kind} named {name}"
+    return found[0]
+
+
+def ray_groups(docs: list[dict[str, Any]]) -> list[tuple[str, int, dict[str, Any], dict[str, str]]]:
+    """(group, replicas, pod template, rayStartParams) of the head (1) and each worker group."""
+    cluster = one(docs, "RayService")["spec"]["rayClusterConfig"]
+    head = cluster["headGroupSpec"]
+    out = [("head", 1, head["template"], head["rayStartParams"])]
+    for g in cluster["workerGroupSpecs"]:
+        out.append((g["groupName"], g["replicas"], g["template"], g["rayStartParams"]))
+    return out
+
+
+def pod_templates(docs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for name, _, template, _ in ray_groups(docs):
+        yield f"RayService/{name}", template
+    for kind in ("StatefulSet", "Deployment", "DaemonSet", "Job"):
+        for d in by_kind(docs, kind):
+            yield f"{kind}/{d['metadata']['name']}", d["spec"]["template"]
+
+
+def service_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    data = one(docs, "ConfigMap", f"{FULLNAME}-config")["data"]["service.yaml"]
+    cfg = yaml.safe_load(data)
+    assert isinstance(cfg, dict)
+    return cfg
+
+
+def serve_app(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    serve = yaml.safe_load(one(docs, "RayService")["spec"]["serveConfigV2"])
+    (app,) = serve["applications"]
+    return app
+
+
+def gpus(container: dict[str, Any]) -> int:
+    limits = container.get("resources", {}).get("limits", {})
+    return int(limits.get("nvidia.com/gpu", 0))
+
+
+def ray_resources(params: dict[str, str]) -> dict[str, float]:
+    """rayStartParams.resources: JSON inside a JSON string, as KubeRay takes it."""
+    raw = params.get("resources")
+    return {} if raw is None else json.loads(json.loads(raw))
+
+
+# ---- helm lint and template ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "values", [None, *EXAMPLES], ids=lambda v: "defaults" if v is None else v.stem
+)
+def test_helm_lint_strict(helm: str, values: Path | None) -> None:
+    args = ["lint", "--strict", str(CHART)] + ([] if values is None else ["-f", str(values)])
+    out = run_helm(helm, *args)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_there_are_the_three_examples() -> None:
+    assert {e.stem for e in EXAMPLES} == {
+        "sim-laptop", "b200-llama70b-1p5d", "b200-nemotron340b-1p2d"
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_template_renders_every_part(render: Any, case: str) -> None:
+    docs = render(*CASES[case])
+    kinds = {d["kind"] for d in docs}
+    assert {"RayService", "ConfigMap", "NetworkPolicy"} <= kinds
+    names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    if case == "external-nats":
+        assert "StatefulSet" not in kinds
+    else:
+        assert ("StatefulSet", f"{FULLNAME}-nats") in names
+        assert ("Secret", f"{FULLNAME}-nats-auth") in names
+    for d in docs:
+        assert d["metadata"].get("labels", {}).get("app.kubernetes.io/instance") == RELEASE, d
+
+
+# ---- Kubernetes and KubeRay schemas ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_builtin_kinds_pass_kubernetes_validate_strict(render: Any, case: str) -> None:
+    docs = render(*CASES[case])
+    builtin = [d for d in docs if d["apiVersion"] in ("v1", "apps/v1", "networking.k8s.io/v1")]
+    assert builtin
+    # The Ray pods too: KubeRay turns each group's template into a Pod.
+    pods = [
+        {"apiVersion": "v1", "kind": "Pod", "spec": t["spec"],
+         "metadata": {**t.get("metadata", {}), "name": n.lower().replace("/", "-")}}
+        for n, t in pod_templates(docs)
+        if n.startswith("RayService/")
+    ]  # fmt: skip
+    for d in builtin + pods:
+        try:
+            kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(f"{d['kind']}/{d['metadata']['name']}: {e.message} at {list(e.path)}")
+    other = {d["kind"] for d in docs} - {d["kind"] for d in builtin}
+    assert other <= {"RayService", "ServiceMonitor", "PrometheusRule"}
+
+
+def strict_schema(schema: Any) -> Any:
+    """The CRD schema with unknown fields refused (what `kubectl apply --validate=strict` does):
+    every object with properties and no additionalProperties / preserve-unknown-fields gets
+    additionalProperties: false."""
+    if isinstance(schema, dict):
+        out = {k: strict_schema(v) for k, v in schema.items()}
+        if ("properties" in out and "additionalProperties" not in out
+                and not out.get("x-kubernetes-preserve-unknown-fields")):  # fmt: skip
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [strict_schema(v) for v in schema]
+    return schema
+
+
+@pytest.fixture(scope="module")
+def rayservice_schema() -> dict[str, Any]:
+    path = CRDS / "ray.io_rayservices.yaml"
+    if not path.is_file():
+        pytest.skip(f"KubeRay CRDs not found at {CRDS} (docs/design.md §7)")
+    crd = yaml.safe_load(path.read_text(encoding="utf-8"))
+    (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    return strict_schema(v1["schema"]["openAPIV3Schema"])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_rayservice_matches_the_kuberay_crd(render: Any, rayservice_schema: Any, case: str) -> None:
+    rs = one(render(*CASES[case]), "RayService")
+    assert rs["apiVersion"] == "ray.io/v1"
+    errors = sorted(jsonschema.Draft7Validator(rayservice_schema).iter_errors(rs), key=str)
+    assert not errors, "\n".join(f"{list(e.absolute_path)}: {e.message}" for e in errors[:10])
+
+
+def test_the_strict_crd_check_catches_a_typo(render: Any, rayservice_schema: Any) -> None:
+    rs = json.loads(json.dumps(one(render(), "RayService")))
+    rs["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["replica"] = 3
+    assert not jsonschema.Draft7Validator(rayservice_schema).is_valid(rs)
+
+
+# ---- the rendered manifests against the project ---------------------------------------------
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_service_config_is_a_valid_serveconfig(render: Any, case: str) -> None:
+    docs = render(*CASES[case])
+    cfg = validate_model(ServeConfig, service_config(docs), f"{case}: service.yaml")
+    assert cfg.nats_url is not None and "@" not in cfg.nats_url  # no credentials in a ConfigMap
+    assert cfg.ledger_path.startswith("/var/lib/disaggctl/ledger/")
+    app = serve_app(docs)
+    assert app["import_path"] == "disaggctl_helm_builder:build"
+    assert app["args"]["config_file"] == "/etc/disaggctl/config/service.yaml"
+
+
+def test_topology_and_tp_size_the_worker_groups(render: Any) -> None:
+    for case in CASES:
+        docs = render(*CASES[case])
+        cfg = validate_model(ServeConfig, service_config(docs), case)
+        tp = load_profile(cfg.profile).tp
+        p, d = (int(x) for x in re.findall(r"\d+", cfg.topology))
+        groups = {g: (n, params) for g, n, _, params in ray_groups(docs)}
+        assert groups["prefill"][0] == p and groups["decode"][0] == d, case
+        for role in ("prefill", "decode"):
+            assert ray_resources(groups[role][1]) == {cfg.accelerator_resource: tp}, (case, role)
+        assert ray_resources(groups["head"][1]) == {}
+
+
+@pytest.mark.parametrize("example", B200_EXAMPLES, ids=lambda e: e.stem)
+def test_b200_gpu_counts_are_topology_times_tp(render: Any, example: Path) -> None:
+    docs = render((str(example),))
+    cfg = validate_model(ServeConfig, service_config(docs), example.name)
+    tp = load_profile(cfg.profile).tp
+    p, d = (int(x) for x in re.findall(r"\d+", cfg.topology))
+    total = 0
+    for group, replicas, template, params in ray_groups(docs):
+        spec = template["spec"]
+        per_pod = sum(gpus(c) for c in spec["containers"])
+        if group == "head":
+            assert per_pod == 0
+            continue
+        assert per_pod == tp, group
+        assert spec["nodeSelector"] and spec["tolerations"], group
+        total += replicas * per_pod
+        # dynamo: the engine container holds the GPUs, so Ray hands none out (placement is by
+        # the B200 custom resource)
+        engine = [c for c in spec["containers"] if c["name"] == f"dynamo-{group}"]
+        assert len(engine) == 1 and gpus(engine[0]) == tp
+        assert params["num-gpus"] == "0"
+    assert total == (p + d) * tp
+    assert {"b200-llama70b-1p5d": 24, "b200-nemotron340b-1p2d": 24}[example.stem] == total
+    assert "ReadWriteMany" in one(docs, "PersistentVolumeClaim")["spec"]["accessModes"]
+
+
+def test_sim_on_gpus_gives_the_ray_containers_the_gpus(render: Any) -> None:
+    docs = render(*CASES["sim-on-gpus"])
+    assert service_config(docs)["request_gpus"] is True
+    for group, _, template, params in ray_groups(docs):
+        (ray,) = template["spec"]["containers"]
+        want = 0 if group == "head" else 4
+        assert gpus(ray) == want and params.get("num-gpus", "0") == str(want), group
+
+
+@pytest.mark.parametrize("example", B200_EXAMPLES, ids=lambda e: e.stem)
+def test_dynamo_engine_commands(render: Any, example: Path) -> None:
+    docs = render((str(example),))
+    tp = load_profile(service_config(docs)["profile"]).tp
+    for group, _, template, _ in ray_groups(docs):
+        engines = [c for c in template["spec"]["containers"] if c["name"].startswith("dynamo-")]
+        if group == "head":
+            assert not engines
+            continue
+        (engine,) = engines
+        assert engine["command"] == ["python", "-m", "dynamo.vllm"]
+        args = engine["args"]
+        assert args[args.index("--disaggregation-mode") + 1] == group
+        assert args[args.index("--tensor-parallel-size") + 1] == str(tp)
+        env = {e["name"]: e for e in engine["env"]}
+        # the token comes from the Secret through $(VAR) expansion, never inline
+        assert env["NATS_SERVER"]["value"].startswith("nats://$(DISAGG_NATS_TOKEN)@")
+        assert "secretKeyRef" in env["DISAGG_NATS_TOKEN"]["valueFrom"]
+
+
+def test_the_chart_knows_every_profiles_tp(render: Any) -> None:
+    for name in available_profiles():
+        docs = render((), (f"config.profile={name}", "config.topology=1P/1D"))
+        (_, _, _, params) = ray_groups(docs)[1]
+        assert ray_resources(params) == {"B200": load_profile(name).tp}, name
+
+
+def _family_names() -> set[str]:
+    names: set[str] = set()
+    for family in REGISTRY.collect():
+        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum", ""),
+                    "gauge": ("",), "summary": ("_count", "_sum", "")}[family.type]  # fmt: skip
+        names |= {family.name + s for s in suffixes}
+    return names
+
+
+def _metrics_in(text: str) -> set[str]:
+    return set(re.findall(r"\bdisagg_[a-z0-9_]+\b", text))
+
+
+def test_dashboard_metrics_exist_and_cover_the_panels(render: Any) -> None:
+    docs = render()
+    board = json.loads(one(docs, "ConfigMap", f"{FULLNAME}-dashboard")["data"]["disaggctl.json"])
+    exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]
+    used = _metrics_in("\n".join(exprs))
+    unknown = used - _family_names()
+    assert not unknown, f"not in controller.metrics.REGISTRY: {sorted(unknown)}"
+    wanted = {
+        "disagg_poa_hat", "disagg_poa_routing", "disagg_poa_capacity", "disagg_regime",
+        "disagg_router_temperature", "disagg_router_overlap_weight", "disagg_pool_workers",
+        "disagg_ttft_seconds_bucket", "disagg_itl_seconds_bucket", "disagg_auction_queue_depth",
+        "disagg_auction_revenue_total",
+    }  # fmt: skip
+    assert wanted <= used, sorted(wanted - used)
+    assert any("histogram_quantile(0.99" in e and "disagg_ttft_seconds_bucket" in e for e in exprs)
+    assert any("histogram_quantile(0.99" in e and "disagg_itl_seconds_bucket" in e for e in exprs)
+    assert all(e.count("(") == e.count(")") for e in exprs)
+
+
+def test_alert_rules(render: Any) -> None:
+    docs = render(*CASES["monitoring"])
+    (group,) = one(docs, "PrometheusRule")["spec"]["groups"]
+    rules = {r["alert"]: r for r in group["rules"]}
+    assert set(rules) == {
+        "DisaggSaturated", "DisaggPoaHigh", "DisaggEventsDropped", "DisaggResplitStuck"
+    }  # fmt: skip
+    for rule in rules.values():
+        unknown = _metrics_in(rule["expr"]) - _family_names()
+        assert not unknown, (rule["alert"], unknown)
+        assert rule["expr"].count("(") == rule["expr"].count(")")
+    assert re.search(r"disagg_regime\{[^}]*\}\) == 2$", rules["DisaggSaturated"]["expr"])
+    assert rules["DisaggSaturated"]["for"] == "5m"
+    assert rules["DisaggPoaHigh"]["expr"].endswith("> 1.5")
+    assert "rate(disagg_events_dropped_total{" in rules["DisaggEventsDropped"]["expr"]
+    assert rules["DisaggEventsDropped"]["expr"].endswith("[5m])) > 0")
+    assert rules["DisaggResplitStuck"]["expr"].endswith(" == 1")
+    assert rules["DisaggResplitStuck"]["for"] == "10m"
+    monitor = one(docs, "ServiceMonitor")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "serve" and endpoint["path"] == "/metrics"
+    serve = one(docs, "RayService")["spec"]["serveService"]
+    assert serve["metadata"]["labels"].items() >= monitor["spec"]["selector"]["matchLabels"].items()
+    assert serve["spec"]["ports"][0]["name"] == "serve"
+
+
+def test_no_secret_outside_secrets(render: Any) -> None:
+    example = CHART / "examples" / "sim-laptop.yaml"
+    docs = render((str(example),), SECRET_SETS)
+    secrets = by_kind(docs, "Secret")
+    values: set[str] = set()
+    for s in secrets:
+        values |= {base64.b64decode(v).decode() for v in s.get("data", {}).values()}
+        values |= set(s.get("stringData", {}).values())
+    assert TOKEN in values
+    users = yaml.safe_load(one(docs, "Secret", f"{FULLNAME}-users")["stringData"]["users.yaml"])
+    validate_model(UsersFile, users, "users.yaml")  # the shape cluster/serve/users.py reads
+    hashes = {u["key_sha256"] for u in users["users"]}
+    for d in docs:
+        if d["kind"] == "Secret":
+            continue
+        text = json.dumps(d)
+        assert TOKEN not in text, f"{d['kind']}/{d['metadata']['name']} holds the NATS token"
+        assert not any(v in text for v in values), f"{d['kind']}/{d['metadata']['name']}"
+        if d["kind"] == "ConfigMap":
+            assert not hashes & set(re.findall(r"[0-9a-f]{64}", text))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_container_runs_non_root_without_privileges(render: Any, case: str) -> None:
+    docs = render(*CASES[case])
+    templates = list(pod_templates(docs))
+    assert len(templates) >= 3
+    for where, template in templates:
+        spec = template["spec"]
+        pod = spec.get("securityContext", {})
+        assert spec.get("automountServiceAccountToken") is False, where
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            sc = {**pod, **c.get("securityContext", {})}
+            name = f"{where}/{c['name']}"
+            assert sc.get("runAsNonRoot") is True and sc.get("runAsUser", 0) > 0, name
+            assert sc.get("allowPrivilegeEscalation") is False, name
+            assert sc.get("capabilities", {}).get("drop") == ["ALL"], name
+            assert not sc.get("privileged"), name
+            # vLLM (dynamo) writes under its install; every other root filesystem is read-only
+            assert sc.get("readOnlyRootFilesystem") is (not c["name"].startswith("dynamo-")), name
+            assert c.get("resources", {}).get("limits") and c["resources"].get("requests"), name
+
+
+def test_network_policies_fence_nats_and_the_ray_pods(render: Any) -> None:
+    docs = render()
+    nats = one(docs, "NetworkPolicy", f"{FULLNAME}-nats")["spec"]
+    client = [r for r in nats["ingress"] if {"port": 4222, "protocol": "TCP"} in r["ports"]]
+    (rule,) = client
+    (peer,) = rule["from"]
+    assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "ray"
+    ray = one(docs, "NetworkPolicy", f"{FULLNAME}-ray")["spec"]
+    assert ray["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "ray"
+    for r in ray["ingress"]:
+        ports = {p["port"] for p in r.get("ports", [])}
+        if "from" not in r:  # open to anyone: only the Serve port
+            assert ports == {8000}
+        assert r.get("ports") or r["from"][0]["podSelector"]["matchLabels"][
+            "app.kubernetes.io/component"] == "ray"  # fmt: skip
+    # every Ray pod carries the labels the policies select
+    for _, _, template, _ in ray_groups(docs):
+        assert template["metadata"]["labels"]["app.kubernetes.io/component"] == "ray"
+
+
+# ---- the chart's Serve builder --------------------------------------------------------------
+
+
+def _builder(docs: list[dict[str, Any]], tmp_path: Path) -> ModuleType:
+    source = one(docs, "ConfigMap", f"{FULLNAME}-builder")["data"]["disaggctl_helm_builder.py"]
+    path = tmp_path / "disaggctl_helm_builder.py"
+    path.write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("disaggctl_helm_builder_under_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_builder_hands_the_projects_builder_a_valid_config(
+    render: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs = render((str(CHART / "examples" / "sim-laptop.yaml"),), SECRET_SETS)
+    builder = _builder(docs, tmp_path)
+    config_file = tmp_path / "service.yaml"
+    config_file.write_text(one(docs, "ConfigMap", f"{FULLNAME}-config")["data"]["service.yaml"])
+    users_file = tmp_path / "users.yaml"
+    users_file.write_text(one(docs, "Secret", f"{FULLNAME}-users")["stringData"]["users.yaml"])
+    args = dict(serve_app(docs)["args"])
+    assert args["users_file"] == "/etc/disaggctl/users/users.yaml"
+    args |= {"config_file": str(config_file), "users_file": str(users_file)}
+    monkeypatch.setenv(builder.TOKEN_ENV, TOKEN)
+    fields = builder.service_args(args)
+    config, users = app_builder.parse_args(fields)  # what cluster.serve.app_builder:build checks
+    assert config.nats_url == f"nats://{TOKEN}@{FULLNAME}-nats.{NAMESPACE}.svc:4222"
+    assert users == str(users_file)
+    # the real builder is what runs: build() delegates to cluster.serve.app_builder.build
+    seen: list[dict[str, Any]] = []
+    monkeypatch.setattr(app_builder, "build", lambda a: seen.append(a) or "app")
+    assert builder.build(args) == "app" and seen == [fields]
+
+
+def test_builder_token_in_url(render: Any, tmp_path: Path) -> None:
+    builder = _builder(render(), tmp_path)
+    assert builder.with_token("nats://h:4222", None) == "nats://h:4222"
+    assert builder.with_token("nats://h:4222", "a/b@c") == "nats://a%2Fb%40c@h:4222"
+    assert builder.with_token("nats://u:p@h:4222", "t") == "nats://u:p@h:4222"
+
+
+# ---- values.schema.json ---------------------------------------------------------------------
+
+
+def _schema() -> dict[str, Any]:
+    return json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
+
+
+def test_schema_mirrors_the_projects_config_models() -> None:
+    props = _schema()["properties"]
+    config = props["config"]["properties"]
+    chart_set = {"nats_url", "ledger_path", "accelerator_resource", "request_gpus"}
+    assert set(config) == set(ServeConfig.model_fields) - chart_set
+    assert set(config["auction"]["properties"]) == set(AuctionSettingsModel.model_fields)
+    controller = config["controller"]["properties"]
+    assert set(controller) == set(ControllerSettings.model_fields)
+    assert set(controller["resplit"]["properties"]) == set(ResplitSection.model_fields)
+
+
+def test_defaults_and_examples_satisfy_the_schema() -> None:
+    validator = jsonschema.Draft7Validator(_schema())
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    validator.validate(defaults)
+    assert _schema()["additionalProperties"] is False
+    for example in EXAMPLES:
+        validator.validate(yaml.safe_load(example.read_text(encoding="utf-8")))
+
+
+BAD_VALUES = {
+    "unknown top-level key": (("colour=blue",), "additional properties 'colour' not allowed"),
+    "wrong type": (("config.speedup=fast",), "at '/config/speedup': got string, want number"),
+    "unknown backend": (("backend=tpu",), "at '/backend': value must be one of 'sim', 'dynamo'"),
+    "bad topology": (("config.topology=five",), "at '/config/topology'"),
+    "unknown config key": (("config.thetaa=1",), "additional properties 'thetaa' not allowed"),
+    "a key, not its hash": (
+        ("users.list[0].name=a", "users.list[0].key_sha256=sk-plain", "users.list[0].budget=1"),
+        "at '/users/list/0/key_sha256'",
+    ),
+    "root": (("podSecurityContext.runAsNonRoot=false",), "at '/podSecurityContext/runAsNonRoot'"),
+    "no NATS at all": (("nats.enabled=false",), "at '/nats/external/url'"),
+    "negative GPUs per worker": (("workers.tp=0",), "at '/workers/tp'"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BAD_VALUES))
+def test_bad_values_are_refused_with_the_schemas_message(helm: str, case: str) -> None:
+    sets, message = BAD_VALUES[case]
+    args = ["template", RELEASE, str(CHART)]
+    for s in sets:
+        args += ["--set", s]
+    out = run_helm(helm, *args)
+    assert out.returncode != 0, f"{case}: accepted"
+    assert message in out.stderr, out.stderr

@@ -15,7 +15,9 @@ estimator, the controller, the auction, the event bus) updates the objects here,
 - ``disagg_regime`` (0/1/2), ``disagg_router_temperature``, ``disagg_router_overlap_weight``,
   ``disagg_routing_cost``, ``disagg_ttft_p99_smoothed_seconds``;
 - ``disagg_ttft_seconds``, ``disagg_itl_seconds`` (histograms);
-- ``disagg_requests_total{status}``, ``disagg_auction_queue_depth``, ``disagg_auction_welfare``,
+- ``disagg_requests_total{status}``, ``disagg_auction_queue_depth``, ``disagg_auction_welfare``
+  (planned, at the auction) and ``disagg_auction_realised_welfare`` (on the realised TTFT order,
+  once every request of the batch has started),
   ``disagg_auction_revenue_total``, ``disagg_events_dropped_total{reason}``,
   ``disagg_capacity_advice_total``;
 - ``disagg_pool_workers{role}`` (gauge), ``disagg_resplits_total`` and
@@ -150,6 +152,11 @@ AUCTION_QUEUE_DEPTH = Gauge(
 )
 AUCTION_WELFARE = Gauge(
     "disagg_auction_welfare", "Welfare of the last auctioned batch", registry=REGISTRY
+)
+AUCTION_REALISED_WELFARE = Gauge(
+    "disagg_auction_realised_welfare",
+    "Welfare of the last batch whose requests all have a first token, on the realised TTFT order",
+    registry=REGISTRY,
 )
 AUCTION_REVENUE = Counter("disagg_auction_revenue", "VCG payments charged", registry=REGISTRY)
 EVENTS_DROPPED = Counter(

@@ -47,6 +47,7 @@ from auction.admission import (
     Release,
 )
 from auction.ledger import MAX_AMOUNT, BudgetExceeded, Ledger, LedgerError, UnknownAccountError
+from auction.realised import RealisedBatch, RealisedWelfare
 from auction.request import Request
 from auction.schedulers import SCHEDULERS
 from cluster.bus import BusError, EventBus
@@ -114,6 +115,7 @@ class _Entry:
     user: str
     bid: float
     hold_id: str | None  # None: anonymous, nothing held
+    arrived: float = 0.0  # admission time, on the actor's loop clock (for the realised TTFT)
     release: Release | None = None
 
 
@@ -156,6 +158,10 @@ class AuctionActor:
         self._holds = 0
         self.revenue = 0.0  # money captured by this actor (disagg_auction_revenue_total)
         self.welfare = 0.0  # Σ over batches of W(σ) = Σ_r b_r·x_r (docs/design.md §1)
+        # The same on the realised TTFT order, over the batches whose requests all started.
+        self.realised = RealisedWelfare()
+        self.realised_welfare = 0.0
+        self.realised_planned_welfare = 0.0  # the planned welfare of those same batches
         self.user_welfare: dict[str, float] = {}  # Σ over batches of V_i
         self._timer: asyncio.TimerHandle | None = None
         self._bus: EventBus | None = None
@@ -252,9 +258,9 @@ class AuctionActor:
             raise QueueFull(f"the admission queue is full ({self._queue.depth} wait)")
         self._holds += 1
         hold_id = None if anonymous else f"{request_id}@{self._instance}.{self._holds}"
-        entry = self._entries[request_id] = _Entry(user, float(bid), hold_id)
-        reserving = held = False
         loop = asyncio.get_running_loop()
+        entry = self._entries[request_id] = _Entry(user, float(bid), hold_id, loop.time())
+        reserving = held = False
         # Registered before the reserve, so that finished() or shutdown() can refuse it anytime.
         waiter: asyncio.Future[Release] = loop.create_future()
         self._waiters[request_id] = waiter
@@ -328,6 +334,14 @@ class AuctionActor:
 
     def _on_batch(self, outcome: BatchOutcome) -> None:
         metrics.AUCTION_WELFARE.set(outcome.welfare)
+        live = [r for r in outcome.order if r in self._entries]
+        self.realised.batch(
+            outcome.number,
+            live,
+            {r: self._entries[r].bid for r in live},
+            {r: self._entries[r].arrived for r in live},
+            outcome.welfare,
+        )
         self.welfare += outcome.welfare
         for user, value in outcome.user_welfare.items():
             self.user_welfare[user] = self.user_welfare.get(user, 0.0) + value
@@ -355,11 +369,19 @@ class AuctionActor:
     async def started(self, request_id: str) -> None:
         """First token: the request's prefill slot is free."""
         self._queue.slot_freed(request_id)
+        self._realised(self.realised.first_token(request_id, asyncio.get_running_loop().time()))
         self._pump()
+
+    def _realised(self, batch: RealisedBatch | None) -> None:
+        if batch is not None:
+            self.realised_welfare += batch.realised
+            self.realised_planned_welfare += batch.planned
+            metrics.AUCTION_REALISED_WELFARE.set(batch.realised)
 
     async def finished(self, request_id: str, answered: bool) -> dict[str, float]:
         """Capture the request's share (answered, auctioned) or release its hold; idempotent.
         A request still queued leaves the queue (its ``admit`` raises AdmissionCancelledError)."""
+        self._realised(self.realised.ended(request_id))
         settled = self._settled.get(request_id)
         if settled is None:
             entry = self._entries.get(request_id)
@@ -415,6 +437,9 @@ class AuctionActor:
             "batches": self._queue.batches,
             "revenue": self.revenue,
             "welfare": self.welfare,
+            # Over the batches that have all started: realised (TTFT order) and planned.
+            "realised_welfare": self.realised_welfare,
+            "realised_planned_welfare": self.realised_planned_welfare,
             "user_welfare": dict(self.user_welfare),
             "released_at_start": self.released_at_start,
             "nats": self._bus_up,

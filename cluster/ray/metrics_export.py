@@ -41,6 +41,7 @@ OWNERS: dict[str, tuple[str, ...]] = {
     "auction": (
         "disagg_auction_queue_depth",
         "disagg_auction_welfare",
+        "disagg_auction_realised_welfare",
         "disagg_auction_revenue",
     ),
     "poa": ("disagg_poa_hat", "disagg_poa_routing", "disagg_poa_capacity", "disagg_poa_impossible"),

@@ -111,10 +111,14 @@ def test_saturated_requests_are_auctioned_in_dfs_bid_order_and_pay_vcg_shares(
         stats = await actor.stats()
         assert stats["revenue"] == pytest.approx(expected.revenue, abs=1e-5)
         assert stats["batches"] == 1 and stats["in_flight"] == 0
+        # Started in the planned order: the realised TTFT order is the planned one.
+        assert stats["realised_welfare"] == pytest.approx(stats["welfare"])
+        assert stats["realised_planned_welfare"] == pytest.approx(stats["welfare"])
         for user, paid in expected.payments.items():
             assert _users(stats)[user] == (pytest.approx(paid, abs=1e-5), 0.0)
         text = await actor.metrics_text()
         assert "disagg_auction_revenue_total" in text and "disagg_auction_welfare" in text
+        assert "disagg_auction_realised_welfare" in text
         assert "disagg_ttft_seconds" not in text  # only the families this actor owns
 
     _run(tmp_path, body, batch_size=4, batch_window_ms=10_000.0)

@@ -34,25 +34,16 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, TypeVar
 
-from pydantic import ConfigDict, Field
-
-from auction.admission import (
-    SETTING_BOUNDS,
-    AdmissionQueue,
-    AuctionSettings,
-    BatchOutcome,
-    QueueFull,
-    Release,
-)
-from auction.ledger import MAX_AMOUNT, BudgetExceeded, Ledger, LedgerError, UnknownAccountError
+from auction.admission import AdmissionQueue, BatchOutcome, QueueFull, Release
+from auction.ledger import BudgetExceeded, Ledger, LedgerError, UnknownAccountError
 from auction.realised import RealisedBatch, RealisedWelfare
 from auction.request import Request
-from auction.schedulers import SCHEDULERS
 from cluster.bus import BusError, EventBus
-from cluster.events import MAX_ID_CHARS, AuctionEvent
-from cluster.models import StrictModel, validate_model
+from cluster.events import AuctionEvent
+from cluster.models import validate_model
+from cluster.ray.auction_settings import AuctionSettingsModel, UserAccount
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
 from cluster.sim.wallclock import Clock
 from controller import metrics
@@ -61,7 +52,6 @@ __all__ = [
     "ANONYMOUS",
     "AdmissionCancelledError",
     "AuctionActor",
-    "AuctionSettingsModel",
     "BudgetExceeded",
     "QueueFull",
     "UnknownAccountError",
@@ -72,38 +62,6 @@ log = logging.getLogger(__name__)
 ANONYMOUS = "anonymous"
 _REMEMBER_FINISHED = 10_000  # finished() answers repeats for this many recent requests
 T = TypeVar("T")
-
-
-_B = SETTING_BOUNDS  # one table of bounds for the dataclass and this edge model
-
-
-class AuctionSettingsModel(StrictModel):
-    """The ``auction:`` section of the service's config (the YAML edge of ``AuctionSettings``)."""
-
-    batch_size: int = Field(default=32, ge=_B["batch_size"][0], le=_B["batch_size"][1])
-    batch_window_ms: float = Field(
-        default=50.0, ge=_B["batch_window_ms"][0], le=_B["batch_window_ms"][1]
-    )
-    queue_threshold: int = Field(
-        default=8, ge=_B["queue_threshold"][0], le=_B["queue_threshold"][1]
-    )
-    max_in_prefill: int = Field(default=64, ge=_B["max_in_prefill"][0], le=_B["max_in_prefill"][1])
-    scheduler: Literal["dfs-bid", "dfs-uniform", "dfs-weight", "bid-sort", "no-sort"] = "dfs-bid"
-    max_queue: int = Field(default=10_000, ge=_B["max_queue"][0], le=_B["max_queue"][1])
-
-    def to_settings(self) -> AuctionSettings:
-        return AuctionSettings(**self.model_dump())
-
-
-# The Literal above names every scheduler the auction knows, and nothing else.
-assert set(get_args(AuctionSettingsModel.model_fields["scheduler"].annotation)) == set(SCHEDULERS)
-
-
-class _User(StrictModel):
-    # Extra keys (a users file's key_sha256) are ignored: only the name and budget matter here.
-    model_config = ConfigDict(**{**StrictModel.model_config, "extra": "ignore"})
-    name: str = Field(min_length=1, max_length=MAX_ID_CHARS)
-    budget: float = Field(ge=0.0, le=MAX_AMOUNT)
 
 
 class AdmissionCancelledError(Exception):
@@ -132,7 +90,7 @@ class AuctionActor:
         epoch_wall: float | None = None,
     ) -> None:
         model = validate_model(AuctionSettingsModel, settings, "auction settings")
-        accounts = [validate_model(_User, u, f"users[{k}]") for k, u in enumerate(users)]
+        accounts = [validate_model(UserAccount, u, f"users[{k}]") for k, u in enumerate(users)]
         self.settings = model.to_settings()
         self.namespace = namespace
         self._nats_url = nats_url
@@ -170,7 +128,7 @@ class AuctionActor:
         self._closed = False
         metrics.AUCTION_QUEUE_DEPTH.set(0)
 
-    def _open_accounts(self, users: list[_User]) -> None:
+    def _open_accounts(self, users: list[UserAccount]) -> None:
         for user in users:
             if user.name == ANONYMOUS:
                 continue

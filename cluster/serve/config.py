@@ -18,7 +18,7 @@ from typing import Annotated
 from pydantic import AfterValidator, Field, field_validator
 
 from cluster.models import StrictModel, load_yaml_model
-from cluster.ray.auction_actor import AuctionSettingsModel
+from cluster.ray.auction_settings import AuctionSettingsModel
 from cluster.ray.controller_actor import ControllerSettings
 from cluster.sim.profile import available_profiles, normalise_topology
 from cluster.sim.wallclock import MAX_SPEEDUP, MIN_SPEEDUP

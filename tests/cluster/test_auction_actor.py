@@ -17,11 +17,8 @@ from auction.admission import QueueFull, split_payments
 from auction.ledger import BudgetExceeded, Ledger, LedgerError, UnknownAccountError
 from cluster.events import AuctionEvent
 from cluster.models import ConfigError, validate_model
-from cluster.ray.auction_actor import (
-    AdmissionCancelledError,
-    AuctionActor,
-    AuctionSettingsModel,
-)
+from cluster.ray.auction_actor import AdmissionCancelledError, AuctionActor
+from cluster.ray.auction_settings import AuctionSettingsModel
 
 USERS = [
     {"name": "alice", "budget": 10.0},

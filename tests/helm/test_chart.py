@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from cluster.models import validate_model
-from cluster.ray.auction_actor import AuctionSettingsModel
+from cluster.ray.auction_settings import AuctionSettingsModel
 from cluster.ray.controller_pools import ResplitSection
 from cluster.ray.controller_settings import ControllerSettings
 from cluster.serve import app_builder

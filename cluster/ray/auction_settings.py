@@ -1,0 +1,47 @@
+"""The auction actor's config shapes (the edge of ``auction.admission.AuctionSettings``) and the
+accounts it opens from the users file."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from pydantic import ConfigDict, Field
+
+from auction.admission import SETTING_BOUNDS, AuctionSettings
+from auction.ledger import MAX_AMOUNT
+from auction.schedulers import SCHEDULERS
+from cluster.events import MAX_ID_CHARS
+from cluster.models import StrictModel
+
+__all__ = ["AuctionSettingsModel", "UserAccount"]
+
+_B = SETTING_BOUNDS  # one table of bounds for the dataclass and this edge model
+
+
+class AuctionSettingsModel(StrictModel):
+    """The ``auction:`` section of the service's config (the YAML edge of ``AuctionSettings``)."""
+
+    batch_size: int = Field(default=32, ge=_B["batch_size"][0], le=_B["batch_size"][1])
+    batch_window_ms: float = Field(
+        default=50.0, ge=_B["batch_window_ms"][0], le=_B["batch_window_ms"][1]
+    )
+    queue_threshold: int = Field(
+        default=8, ge=_B["queue_threshold"][0], le=_B["queue_threshold"][1]
+    )
+    max_in_prefill: int = Field(default=64, ge=_B["max_in_prefill"][0], le=_B["max_in_prefill"][1])
+    scheduler: Literal["dfs-bid", "dfs-uniform", "dfs-weight", "bid-sort", "no-sort"] = "dfs-bid"
+    max_queue: int = Field(default=10_000, ge=_B["max_queue"][0], le=_B["max_queue"][1])
+
+    def to_settings(self) -> AuctionSettings:
+        return AuctionSettings(**self.model_dump())
+
+
+# The Literal above names every scheduler the auction knows, and nothing else.
+assert set(get_args(AuctionSettingsModel.model_fields["scheduler"].annotation)) == set(SCHEDULERS)
+
+
+class UserAccount(StrictModel):
+    # Extra keys (a users file's key_sha256) are ignored: only the name and budget matter here.
+    model_config = ConfigDict(**{**StrictModel.model_config, "extra": "ignore"})
+    name: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    budget: float = Field(ge=0.0, le=MAX_AMOUNT)

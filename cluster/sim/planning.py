@@ -38,13 +38,8 @@ def capacity_advisor(
     arrival_rate: Callable[[], float],
 ) -> Callable[[], PdOutcome]:
     """Advice at the demand measured when called: the best P/D split of the cluster's GPUs."""
-    costs = pool_costs(profile)
-    gpus = topology.gpus(profile.tp)
-
-    def advise() -> PdOutcome:
-        return poa_pd(pd_game(costs, slo, gpus, max(arrival_rate(), 1e-9)))
-
-    return advise
+    planner = GameOnePlanner(profile, topology, slo)
+    return lambda: planner.outcome(arrival_rate())
 
 
 class GameOnePlanner:
@@ -59,8 +54,12 @@ class GameOnePlanner:
         self.slo = slo
         self.rates = slo_capacity(self.costs, slo)
 
+    def outcome(self, arrival_rate: float) -> PdOutcome:
+        """Game 1 at λ: PoA_1, the best split (in GPUs) and the equilibria."""
+        return poa_pd(pd_game(self.costs, self.slo, self.gpus, max(arrival_rate, 1e-9)))
+
     def best_split(self, arrival_rate: float) -> Pools:
-        best = poa_pd(pd_game(self.costs, self.slo, self.gpus, max(arrival_rate, 1e-9))).optimum
+        best = self.outcome(arrival_rate).optimum
         return Pools(best.gpus_p // self.tp, best.gpus_d // self.tp)
 
     def capacity(self, pools: Pools) -> float:

@@ -250,12 +250,26 @@ class EventBus:
     # -- subscribing -------------------------------------------------------------------------
 
     async def subscribe(self, on_event: EventHandler, kinds: Iterable[str] = KINDS) -> None:
-        nc = self._client()
-        for kind in kinds:
-            await nc.subscribe(subject(self.namespace, kind), cb=self._handler(kind, on_event))
+        """Deliver the events of ``kinds`` to ``on_event``, in one publisher's order.
 
-    def _handler(self, kind: str, on_event: EventHandler) -> Callable[[Msg], Any]:
+        One subscription on ``disagg.<ns>.*`` for all of them, filtered here: NATS keeps one
+        publisher's order within a subscription, not across two. So the ingress's ``first_token``
+        always comes before the same request's ``complete``; with a subscription per kind, each
+        with its own delivery task, the two could swap."""
+        wanted = frozenset(kinds)
+        unknown = wanted - set(KINDS)
+        if unknown:
+            raise ValueError(f"unknown event kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
+        if not wanted:
+            return
+        prefix = subject(self.namespace, KINDS[0]).rsplit(".", 1)[0]
+        await self._client().subscribe(f"{prefix}.*", cb=self._handler(wanted, on_event))
+
+    def _handler(self, kinds: frozenset[str], on_event: EventHandler) -> Callable[[Msg], Any]:
         async def handle(msg: Msg) -> None:
+            kind = msg.subject.rsplit(".", 1)[-1]
+            if kind not in kinds:
+                return  # another consumer's kind on the shared wildcard: not ours to count
             event = self.accept(kind, msg.data)
             if event is not None:
                 self._deliver(on_event, event)

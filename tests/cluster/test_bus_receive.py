@@ -18,6 +18,7 @@ AUCTION = AuctionEvent(batch_id=1, t=0.0, n=1, order=("a",))
 @dataclass
 class FakeMsg:
     data: bytes
+    subject: str
 
 
 def _metric(reason: str) -> float:
@@ -26,11 +27,11 @@ def _metric(reason: str) -> float:
 
 
 def _feed(bus: EventBus, kind: str, messages: list[bytes], on_event) -> None:
-    handle = bus._handler(kind, on_event)
+    handle = bus._handler(frozenset({kind}), on_event)
 
     async def main() -> None:
         for data in messages:
-            await handle(FakeMsg(data))  # must return normally, whatever data holds
+            await handle(FakeMsg(data, f"disagg.t.{kind}"))  # must return normally, whatever data holds
 
     asyncio.run(main())
 

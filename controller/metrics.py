@@ -176,3 +176,9 @@ RESPLIT_IN_PROGRESS = Gauge(
     "1 while a P/D re-split is draining or warming up a worker, else 0",
     registry=REGISTRY,
 )
+DYNAMO_AGREEMENT = Counter(
+    "disagg_dynamo_router_agreement",
+    "Requests where our router in shadow chose the worker Dynamo's KvRouter chose, by role",
+    ["role", "agree"],
+    registry=REGISTRY,
+)

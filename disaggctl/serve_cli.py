@@ -21,7 +21,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field
 
@@ -47,6 +47,7 @@ class ServeOptions(StrictModel):
     port: int = Field(default=8000, ge=1, le=65535)
     address: str | None = Field(default=None, max_length=512)
     quiet: bool = False
+    backend: Literal["sim", "dynamo"] | None = None
 
 
 class StatusOptions(StrictModel):
@@ -78,6 +79,12 @@ def add_parser(
         "--address", help="Ray cluster to join, e.g. auto (default: start a local Ray)"
     )
     serve.add_argument("--quiet", action="store_true", help="print only the URLs and the key")
+    serve.add_argument(
+        "--backend",
+        choices=("sim", "dynamo"),
+        help="workers: simulated engines, or Dynamo processes (mocker on CPU, vllm on GPUs; "
+        "needs `make dynamo`) routed by Dynamo's KvRouter (default: the config's, else sim)",
+    )
     serve.set_defaults(func=_serve)
 
     status = sub.add_parser(
@@ -103,12 +110,17 @@ def _demo_users() -> tuple[Any, str]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from cluster.serve.config import load_config
+    from cluster.dynamo.service import make_service
+    from cluster.models import validate_model
+    from cluster.serve.config import ServeConfig, load_config
     from cluster.serve.users import Users
-    from cluster.service import Service
 
     o = from_args(ServeOptions, args)
     config = load_config(o.config)  # a bad file fails here, before anything starts
+    if o.backend is not None:
+        config = validate_model(
+            ServeConfig, {**config.model_dump(), "backend": o.backend}, "--backend"
+        )
     if o.users is not None:
         users, demo_key = Users.load(o.users), None
     else:
@@ -119,10 +131,12 @@ def _serve(args: argparse.Namespace) -> int:
         stop.set()
 
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    service = Service(config, users=users)
+    service = make_service(config, users=users)
     try:
         if not o.quiet:
-            print(f"starting {config.profile} {config.topology} ...", file=sys.stderr)
+            dynamo = config.backend == "dynamo"
+            what = f"Dynamo {config.dynamo.engine}" if dynamo else config.profile
+            print(f"starting {what} {config.topology} ...", file=sys.stderr)
         service.start(host=o.host, port=o.port, address=o.address)
         # Ray installs its own SIGTERM handler when it starts; ours must be the one that runs,
         # so that SIGTERM stops the service cleanly like Ctrl-C does.

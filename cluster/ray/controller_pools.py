@@ -138,7 +138,8 @@ def build_pools(
         router=router,
         launcher=launcher or RayLauncher(spec, detached_service=detached_service),
         publish=publish,
-        warmup_s=profile.role_switch_s / spec.speedup,
+        # A Dynamo worker's warm-up is real: its process started and answered ready() above.
+        warmup_s=0.0 if spec.dynamo is not None else profile.role_switch_s / spec.speedup,
         drain_timeout_s=section.drain_timeout_s,
         call_timeout_s=call_timeout_s,
     )

@@ -37,7 +37,7 @@ EVERY_PROCESS = ("disagg_events_dropped",)
 # merged /metrics never shows a gauge twice; exporting skips what a registry lacks.
 OWNERS: dict[str, tuple[str, ...]] = {
     "ingress": ("disagg_ttft_seconds", "disagg_itl_seconds", "disagg_requests"),
-    "router": ("disagg_routing_cost",),
+    "router": ("disagg_routing_cost", "disagg_dynamo_router_agreement"),
     "auction": (
         "disagg_auction_queue_depth",
         "disagg_auction_welfare",

@@ -98,7 +98,8 @@ def _load_key(role: Role, load: object) -> float:
     if not isinstance(load, dict):
         return float("inf")  # a worker that does not answer is the last one to move
     key = "active_prefill_tokens" if role == "prefill" else "active_decode_blocks"
-    value = load.get(key, 0)
+    # A Dynamo worker reports requests in flight instead (cluster/dynamo/worker_actor.py).
+    value = load.get(key, load.get("inflight") or 0)
     waiting = load.get("waiting", 0)
     if not isinstance(value, int | float) or not isinstance(waiting, int | float):
         return float("inf")
@@ -339,6 +340,14 @@ class RayLauncher:
         await asyncio.wait_for(pg.ready(), READY_TIMEOUT_S)
         handle = start_worker(self.spec, role, worker_id, pg, "detached")
         await asyncio.wait_for(handle.ready.remote(), READY_TIMEOUT_S)
+        if self.spec.dynamo is not None:
+            # A Dynamo worker starts its process here and tells the shadow router its instance
+            # id, now and after every restart of the process (cluster/dynamo/shadow.py).
+            import ray
+
+            router = ray.get_actor(f"{self.spec.namespace}-router", namespace=RAY_NAMESPACE)
+            await asyncio.wait_for(handle.attach.remote(router), READY_TIMEOUT_S)
+            await asyncio.wait_for(handle.start.remote(), READY_TIMEOUT_S)
         return handle
 
     async def stop(self, role: Role, worker_id: int, handle: Any) -> None:

@@ -52,6 +52,23 @@ def worker_class(role: str) -> type:
     raise ValueError(f"role must be 'prefill' or 'decode', got {role!r}")
 
 
+class DynamoWorkerSpec(StrictModel):
+    """Where a service's Dynamo workers run: their settings (``DynamoSettings`` as a dict), the
+    file-discovery folder every Dynamo process of the service shares and the folder of their
+    logs (one file per worker)."""
+
+    settings: dict[str, Any]
+    discovery_dir: str = Field(min_length=1, max_length=4096)
+    log_dir: str = Field(min_length=1, max_length=4096)
+
+
+def _dynamo_worker_class(role: str) -> type:
+    from cluster.dynamo.worker_actor import DynamoWorkerActor
+
+    worker_class(role)  # the same check of the role
+    return DynamoWorkerActor
+
+
 class WorkerSpec(StrictModel):
     """What every worker of one service is started with (from its ``ServeConfig``); a plain
     JSON-able shape so the composer can hand it to the controller actor."""
@@ -67,6 +84,9 @@ class WorkerSpec(StrictModel):
     accelerator_resource: str = "B200"
     request_gpus: bool = False
     max_restarts: int = Field(3, ge=0)
+    # The Dynamo backend (docs/design.md §6): the workers are Dynamo processes, each owned by a
+    # ``cluster.dynamo.worker_actor.DynamoWorkerActor``; None: the simulated engines.
+    dynamo: DynamoWorkerSpec | None = None
 
 
 def new_placement(spec: WorkerSpec, name: str, lifetime: Lifetime) -> Any:
@@ -88,7 +108,7 @@ def start_worker(
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    cls = worker_class(role)
+    cls = worker_class(role) if spec.dynamo is None else _dynamo_worker_class(role)
     tp = float(spec.tp)
     options: dict[str, Any] = {
         "name": worker_name(spec.namespace, role, worker_id),
@@ -103,6 +123,15 @@ def start_worker(
     }
     if lifetime is not None:
         options["lifetime"] = lifetime
+    if spec.dynamo is not None:
+        # The actor's own restart would start a second process beside a live one; the actor
+        # restarts its process itself (its watch loop).
+        options["max_restarts"] = 0
+        d = spec.dynamo
+        return ray.remote(cls).options(**options).remote(
+            role, worker_id, d.settings, nats_url=spec.nats_url, discovery_dir=d.discovery_dir,
+            log_dir=d.log_dir, model_path=spec.model_dir,
+        )  # fmt: skip
     kwargs: dict[str, Any] = {
         "speedup": spec.speedup,
         "epoch_wall": spec.epoch_wall,

@@ -13,10 +13,11 @@ load that saturates the modelled GPUs: at 0.25 the 70B 1P/5D ceiling of 47 req/s
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, field_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
+from cluster.dynamo.settings import DynamoSettings
 from cluster.models import StrictModel, load_yaml_model
 from cluster.ray.auction_settings import AuctionSettingsModel
 from cluster.ray.controller_actor import ControllerSettings
@@ -59,11 +60,30 @@ class ServeConfig(StrictModel):
     worker_max_restarts: int = Field(default=3, ge=0, le=100)
     auction: AuctionSettingsModel = AuctionSettingsModel()
     controller: ControllerSettings = ControllerSettings()
+    # "sim": the simulated engines of ``profile``; "dynamo": real Dynamo worker processes
+    # (``dynamo.mocker`` on CPU, ``dynamo.vllm`` on GPU nodes) routed by Dynamo's KvRouter with
+    # the controller's override, our router in shadow (docs/design.md §6 "Dynamo backend").
+    backend: Literal["sim", "dynamo"] = "sim"
+    dynamo: DynamoSettings = DynamoSettings()
 
     @field_validator("topology")
     @classmethod
     def _topology(cls, value: str) -> str:
         return normalise_topology(value)
+
+    @model_validator(mode="after")
+    def _dynamo_needs_prefill(self) -> ServeConfig:
+        if self.backend == "dynamo" and self.topology.startswith("0P"):
+            raise ValueError(
+                "topology: the dynamo backend serves disaggregated pools, so it needs at least "
+                f"one prefill worker (got {self.topology})"
+            )
+        if self.backend == "dynamo" and self.dynamo.model_name != self.model_name:
+            raise ValueError(
+                f"dynamo.model_name ({self.dynamo.model_name!r}) must equal model_name "
+                f"({self.model_name!r}): the ingress serves the model the workers load"
+            )
+        return self
 
 
 DEFAULT_CONFIG = ServeConfig()

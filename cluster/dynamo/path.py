@@ -1,0 +1,150 @@
+"""The request path on the Dynamo backend (docs/design.md "Serve runtime", §6 "Dynamo backend").
+
+    admit (auction) → policy (shadow router) → choose (Dynamo's KvRouters, with the override)
+    → shadow_route (our breakdown, the route event) → prefill → decode stream → finish
+
+The same path as :class:`cluster.serve.path.ActorRequestPath` — the auction, the ledger, the
+events and the books are its own — with the routing and the engines replaced by Dynamo's. A
+worker that fails before the first token is excluded and the request is chosen once more (one
+retry, then 503); one that fails mid-stream ends the stream with an error and no charge.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from cluster.dynamo.routing import DynamoRoutes, DynamoWorkerFailed
+from cluster.dynamo.settings import DynamoSettings
+from cluster.ray.actor_support import ActorBus
+from cluster.serve.path import _RAY_FAILURES, ActorRequestPath
+from cluster.serve.path_types import PathError, PathEvent, PathRequest, Routed, TokenChunk
+from cluster.serve.worker_handles import Workers, named_worker_resolver
+from cluster.sim.profile import load_profile
+
+__all__ = ["DynamoRequestPath", "make_dynamo_path"]
+
+log = logging.getLogger(__name__)
+
+
+class DynamoRequestPath(ActorRequestPath):
+    """:class:`ActorRequestPath` whose routing and engines are Dynamo's."""
+
+    def __init__(self, *, dynamo: DynamoRoutes, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.dynamo = dynamo
+        self.overrides: dict[str, Any] = {}  # the last override sent, for tests and stats
+
+    async def _serve(self, req: PathRequest, t0: float) -> AsyncIterator[PathEvent]:
+        await self.dynamo.start()
+        tokens = list(req.tokens)
+        excluded: dict[str, list[int]] = {"prefill": [], "decode": []}
+        for attempt in (0, 1):
+            try:
+                policy = await self.router.policy.remote()
+            except _RAY_FAILURES:
+                raise PathError(503, "the router is restarting; retry shortly") from None
+            override: Mapping[str, float] = policy["override"]
+            try:
+                choose = self.dynamo.choose
+                prefill_id = await choose("prefill", tokens, override, excluded["prefill"])
+                decode_id = await choose("decode", tokens, override, excluded["decode"])
+            except DynamoWorkerFailed as exc:
+                raise PathError(503, str(exc)) from None
+            self.overrides = {**override, "policy_version": policy["policy_version"]}
+            try:
+                route = await self.router.shadow_route.remote(
+                    req.request_id, tokens, req.user, prefill_id, decode_id
+                )
+            except _RAY_FAILURES:
+                raise PathError(503, "the router is restarting; retry shortly") from None
+            stream = self._generate(req, tokens, prefill_id, decode_id, override)
+            try:
+                first = await anext(stream)
+            except DynamoWorkerFailed as exc:
+                log.warning("request %s: %s", req.request_id, exc)
+                await stream.aclose()
+                await self._router_note("complete", req.request_id)
+                if attempt == 1:
+                    raise PathError(503, f"{exc}; failed on retry too") from None
+                excluded[exc.role].append(exc.instance)
+                continue
+            except StopAsyncIteration:
+                raise PathError(503, f"decode instance {decode_id:x} produced no token") from None
+            decode_slot, prefill_slot = route["decode_worker"], route["prefill_worker"]
+            yield Routed(
+                decode_worker=decode_slot if decode_slot is not None else -1,
+                prefill_worker=prefill_slot,
+                policy_version=int(policy["policy_version"]),
+                regime=str(policy["regime"]),
+                cached_tokens=int(route["prompt_tokens"]) - int(route["uncached_tokens"]),
+            )
+            ttft = time.time() - t0
+            if decode_slot is not None:
+                await self._first_token(req, decode_slot, prefill_slot, ttft)
+            else:  # an instance just restarted, not yet bound: no events, the books still move
+                await self._started(req)
+            yield first
+            try:
+                async for chunk in stream:
+                    yield chunk
+            except DynamoWorkerFailed as exc:
+                raise PathError(503, f"{exc} mid-stream") from None
+            if decode_slot is not None:
+                await self._publish_complete(req, route, decode_slot, prefill_slot, ttft, t0)
+            return
+
+    async def _started(self, req: PathRequest) -> None:
+        try:
+            await self.auction.started.remote(req.request_id)
+        except Exception as exc:
+            log.warning("request %s: auction.started failed: %s", req.request_id, exc)
+
+    async def _generate(
+        self, req: PathRequest, tokens: list[int], prefill_id: int, decode_id: int,
+        override: Mapping[str, float],
+    ) -> AsyncIterator[TokenChunk]:  # fmt: skip
+        params = await self.dynamo.prefill(tokens, prefill_id, override)
+        await self._router_note("finish_prefill", req.request_id)
+        async for ids in self.dynamo.decode(tokens, decode_id, params, req.max_tokens, override):
+            yield TokenChunk(token_ids=ids)
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        self.dynamo.close()
+
+
+async def make_dynamo_path(
+    *,
+    handles: dict[str, Any],
+    profile: str,
+    nats_url: str,
+    namespace: str,
+    settings: dict[str, Any],
+    discovery_dir: str,
+    model_name: str,
+) -> DynamoRequestPath:
+    """The path an ingress replica builds at start (picklable through ``functools.partial``);
+    ``handles`` as :func:`cluster.serve.path.make_actor_path` takes them, "router" being the
+    shadow router."""
+    bus = ActorBus(nats_url, namespace, name="ingress")
+    bus.start()
+    dynamo = DynamoRoutes(
+        DynamoSettings.model_validate(settings), nats_url=nats_url,
+        discovery_dir=discovery_dir, model_name=model_name,
+    )  # fmt: skip
+    # Joined on the first request, on the loop that serves requests (DynamoRoutes.start).
+    return DynamoRequestPath(
+        dynamo=dynamo,
+        auction=handles["auction"],
+        router=handles["router"],
+        workers=Workers(
+            dict(handles["prefill"]), dict(handles["decode"]), named_worker_resolver(namespace)
+        ),
+        profile=load_profile(profile),
+        speedup=1.0,
+        bus=bus,
+        extra_metrics=tuple(h for h in (handles.get("poa"), handles.get("controller")) if h),
+    )

@@ -1,0 +1,196 @@
+"""Requests through Dynamo's own routers, from Python (docs/design.md §6 "Dynamo backend").
+
+Over HTTP, Dynamo's frontend takes no per-request router settings; from Python it does
+(DESIGN §6): ``KvRouter.best_worker(tokens, router_config_override)`` chooses a worker with the
+controller's tau and omega for this request, and ``generate(..., worker_id=w)`` sends the request
+there while keeping the router's load view. :class:`DynamoRoutes` holds one ``KvRouter`` per
+pool and runs a request the way Dynamo's frontend runs a disaggregated one:
+
+1. ``choose``: the prefill worker and the decode worker, each by its pool's ``KvRouter``;
+2. ``prefill``: the prompt on the prefill worker with ``max_tokens = 1``; its last output carries
+   the ``disaggregated_params`` (the KV handoff);
+3. ``decode``: the request with ``prefill_result = {"disaggregated_params": ...}``, pinned to the
+   decode worker (``routing.backend_instance_id``), streamed.
+
+A worker that is gone (SIGKILLed, not yet out of discovery) fails its call at once; that surfaces
+as :class:`DynamoWorkerFailed` naming the role and instance, and ``choose(..., exclude=...)`` then
+picks among the others, so the ingress retries once elsewhere.
+
+The runtime joins the deployment through the same environment the workers get
+(``cluster.dynamo.settings.dynamo_env``: file discovery, NATS event plane, TCP request plane).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any
+
+from cluster.dynamo.install import require_dynamo
+from cluster.dynamo.settings import DynamoSettings, dynamo_env
+
+__all__ = ["DynamoRoutes", "DynamoWorkerFailed"]
+
+DISCOVERY_WAIT_S = 10.0
+
+
+class DynamoWorkerFailed(Exception):  # noqa: N818  (a state: "the worker failed")
+    """A Dynamo worker could not take or finish this request."""
+
+    def __init__(self, role: str, instance: int, why: str) -> None:
+        super().__init__(f"{role} instance {instance:x}: {why}")
+        self.role, self.instance = role, instance
+
+
+class DynamoRoutes:
+    """The two pools' ``KvRouter`` in this process; ``await start()`` before use."""
+
+    def __init__(
+        self, settings: DynamoSettings, *, nats_url: str, discovery_dir: str, model_name: str
+    ) -> None:
+        require_dynamo()
+        self.settings = settings
+        self.model_name = model_name
+        self._env = dynamo_env(
+            settings, nats_url=nats_url, discovery_dir=discovery_dir, system_port=None
+        )
+        self.runtime: Any = None
+        self.routers: dict[str, Any] = {}
+        self._starting: asyncio.Lock | None = None
+
+    async def start(self) -> DynamoRoutes:
+        """Join the deployment on the running event loop (the one requests are served on:
+        the runtime keeps the loop it was made on); idempotent."""
+        if self.runtime is not None:
+            return self
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self.runtime is None:
+                self._start()
+                await self._discovered(DISCOVERY_WAIT_S)
+        return self
+
+    async def _discovered(self, timeout_s: float) -> None:
+        """A new router learns the workers from discovery in the background: wait (a bounded
+        time) until each pool has one, so the first request is not refused for nothing."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        probe = list(range(1, 1 + self.settings.block_size))
+        for role in self.routers:
+            while not await self._known(role, probe):
+                if asyncio.get_running_loop().time() > deadline:
+                    return  # choose() then reports the empty pool clearly
+                await asyncio.sleep(0.05)
+
+    async def _known(self, role: str, probe: list[int]) -> bool:
+        try:
+            return bool(await self.workers(role, probe))
+        except Exception:
+            return False
+
+    def _start(self) -> None:
+        os.environ.update(self._env)  # the runtime reads its transports from the environment
+        from dynamo.llm import KvRouter, KvRouterConfig
+        from dynamo.runtime import DistributedRuntime
+
+        s = self.settings
+        self.runtime = DistributedRuntime(asyncio.get_running_loop(), "file", "tcp")
+        components = {"prefill": s.prefill_component, "decode": s.decode_component}
+        for role, component in components.items():
+            endpoint = self.runtime.endpoint(f"{s.namespace}.{component}.{s.endpoint}")
+            # Decode workers publish no KV events in disaggregated mode: their router balances
+            # load only (Dynamo's own frontend does the same).
+            config = KvRouterConfig() if role == "prefill" else KvRouterConfig(
+                overlap_score_credit=0.0
+            )
+            self.routers[role] = KvRouter(endpoint, s.block_size, config)
+
+    def close(self) -> None:
+        if self.runtime is not None:
+            self.runtime.shutdown()
+            self.runtime = None
+            self.routers = {}
+
+    # -- the three steps ---------------------------------------------------------------------
+
+    async def workers(self, role: str, tokens: list[int]) -> list[int]:
+        """The instances ``role``'s router knows now (ascending)."""
+        loads = await self.routers[role].get_potential_loads(tokens)
+        return sorted({int(row["worker_id"]) for row in loads})
+
+    async def choose(
+        self, role: str, tokens: list[int], override: Mapping[str, float],
+        exclude: Iterable[int] = (),
+    ) -> int:  # fmt: skip
+        """Dynamo's choice for ``role`` under ``override``; with ``exclude``, the cheapest of
+        the rest by Dynamo's own potential loads (its router takes no exclusion list)."""
+        banned = set(exclude)
+        router = self.routers[role]
+        try:
+            worker, _, _ = await router.best_worker(tokens, dict(override))
+        except Exception as exc:
+            raise DynamoWorkerFailed(role, 0, f"no worker to route to ({exc})") from None
+        if int(worker) not in banned:
+            return int(worker)
+        loads = [
+            row for row in await router.get_potential_loads(tokens)
+            if int(row["worker_id"]) not in banned
+        ]  # fmt: skip
+        if not loads:
+            raise DynamoWorkerFailed(role, int(worker), "every worker of the pool failed")
+        best = min(
+            loads,
+            key=lambda r: (r["potential_prefill_tokens"], r["potential_decode_blocks"],
+                           int(r["worker_id"])),
+        )  # fmt: skip
+        return int(best["worker_id"])
+
+    async def prefill(
+        self, tokens: list[int], instance: int, override: Mapping[str, float]
+    ) -> Any:
+        """Run the prompt on prefill ``instance``; the KV handoff for the decode worker."""
+        params: Any = None
+        try:
+            stream = await self.routers["prefill"].generate(
+                tokens, self.model_name, stop_conditions={"max_tokens": 1},
+                sampling_options={}, output_options={},
+                router_config_override=dict(override), worker_id=instance,
+            )  # fmt: skip
+            async for out in stream:
+                if isinstance(out, dict) and out.get("disaggregated_params") is not None:
+                    params = out["disaggregated_params"]
+        except Exception as exc:
+            raise DynamoWorkerFailed("prefill", instance, _why(exc)) from None
+        if params is None:
+            raise DynamoWorkerFailed("prefill", instance, "returned no disaggregated_params")
+        return params
+
+    async def decode(
+        self, tokens: list[int], instance: int, params: Any, max_tokens: int,
+        override: Mapping[str, float],
+    ) -> AsyncIterator[list[int]]:  # fmt: skip
+        """Stream the output token ids of the request on decode ``instance``."""
+        request = {
+            "token_ids": tokens, "model": self.model_name,
+            "stop_conditions": {"max_tokens": max_tokens, "ignore_eos": True},
+            "sampling_options": {}, "output_options": {}, "eos_token_ids": [],
+            "annotations": [], "router_config_override": dict(override),
+            "prefill_result": {"disaggregated_params": params},
+            "routing": {"backend_instance_id": instance},
+        }  # fmt: skip
+        try:
+            stream = await self.routers["decode"].generate_from_request(request)
+            async for out in stream:
+                ids = out.get("token_ids") if isinstance(out, dict) else None
+                if ids:
+                    yield [int(t) for t in ids]
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise DynamoWorkerFailed("decode", instance, _why(exc)) from None
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text[:300]

@@ -1,0 +1,110 @@
+"""The live service on the Dynamo backend (``disaggctl serve --backend dynamo``; docs/design.md §6).
+
+The same composition as :class:`cluster.service.Service` — NATS, Ray, the auction, PoA and
+controller actors, the OpenAI ingress — with three parts swapped:
+
+- workers: one :class:`cluster.dynamo.worker_actor.DynamoWorkerActor` per slot, each owning one
+  Dynamo process (``dynamo.mocker`` or ``dynamo.vllm``) placed by the same accelerator resources;
+- the router: :class:`cluster.dynamo.shadow.ShadowRouterActor`, fed by Dynamo's KV events, told
+  each worker's instance id (and again after every restart of its process);
+- the request path: :class:`cluster.dynamo.path.DynamoRequestPath`, which routes with Dynamo's
+  ``KvRouter`` and the controller's override.
+
+The Dynamo processes of one service share a fresh file-discovery folder (removed at stop: a stale
+entry would name a dead worker) and keep their logs under ``<ledger folder>/dynamo-logs``.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from cluster.dynamo.install import require_dynamo
+from cluster.dynamo.shadow import ShadowRouterActor
+from cluster.ray.worker_factory import DynamoWorkerSpec, WorkerSpec
+from cluster.serve.config import ServeConfig
+from cluster.serve.users import Users
+from cluster.service import READY_TIMEOUT_S, Service
+
+__all__ = ["DynamoService", "make_service"]
+
+
+def make_service(config: ServeConfig, *, users: Users | None = None) -> Service:
+    """The service ``config.backend`` names."""
+    if config.backend == "dynamo":
+        return DynamoService(config, users=users)
+    return Service(config, users=users)
+
+
+class DynamoService(Service):
+    """:class:`Service` with Dynamo's workers and routers (module docstring)."""
+
+    def __init__(self, config: ServeConfig, *, users: Users | None = None) -> None:
+        if config.backend != "dynamo":
+            raise ValueError("DynamoService serves backend 'dynamo' only")
+        require_dynamo()  # before anything starts: a clear error naming the install command
+        super().__init__(config, users=users)
+        self.discovery_dir: str | None = None
+        self.log_dir = str(Path(config.ledger_path).parent.resolve() / "dynamo-logs")
+        self.instances: dict[str, dict[int, int]] = {"prefill": {}, "decode": {}}
+
+    def worker_spec(self, model_dir: str | None) -> WorkerSpec:
+        if self.discovery_dir is None:
+            self.discovery_dir = tempfile.mkdtemp(prefix="disagg-dyn-")
+        Path(self.log_dir).mkdir(parents=True, exist_ok=True)
+        dynamo = DynamoWorkerSpec(
+            settings=self.config.dynamo.model_dump(),
+            discovery_dir=self.discovery_dir, log_dir=self.log_dir,
+        )  # fmt: skip
+        return super().worker_spec(model_dir).model_copy(update={"dynamo": dynamo})
+
+    def _start_workers(self, model_dir: str | None) -> None:
+        super()._start_workers(model_dir)
+        h = self.handles
+        for role, pool in (("prefill", h.prefill), ("decode", h.decode)):
+            infos = ray.get([a.start.remote() for a in pool.values()], timeout=READY_TIMEOUT_S)
+            for slot, info in zip(pool, infos, strict=True):
+                self.instances[role][slot] = int(info["instance_id"])
+
+    def _router_actor(self) -> tuple[type, dict[str, Any]]:
+        _, kwargs = super()._router_actor()
+        del kwargs["local_prefill_max_tokens"]
+        d = self.config.dynamo
+        kwargs.update(
+            block_size=d.block_size,
+            components={"prefill": d.prefill_component, "decode": d.decode_component},
+            dynamo_namespace=d.namespace,
+            dynamo_endpoint=d.endpoint,
+            instances=self.instances,
+        )
+        return ShadowRouterActor, kwargs
+
+    def _start_control_plane(self) -> None:
+        super()._start_control_plane()
+        h = self.handles
+        workers = [*h.prefill.values(), *h.decode.values()]
+        # From now on each worker re-binds its instance id after a restart of its process.
+        ray.get([w.attach.remote(h.router) for w in workers], timeout=READY_TIMEOUT_S)
+
+    def _path_factory(self) -> Any:
+        from cluster.dynamo.path import make_dynamo_path
+
+        cfg = self.config
+        assert self.nats_url is not None and self.discovery_dir is not None  # set by _start
+        return functools.partial(
+            make_dynamo_path, handles=self._handle_map(), profile=cfg.profile,
+            nats_url=self.nats_url, namespace=cfg.namespace,
+            settings=cfg.dynamo.model_dump(), discovery_dir=self.discovery_dir,
+            model_name=cfg.dynamo.model_name,
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        super().stop()
+        if self.discovery_dir is not None:
+            shutil.rmtree(self.discovery_dir, ignore_errors=True)
+            self.discovery_dir = None

@@ -1,0 +1,234 @@
+"""Our router in shadow beside Dynamo's (docs/design.md §6 "Dynamo backend").
+
+On the Dynamo backend, Dynamo's ``KvRouter`` picks the workers, with the controller's
+(tau, omega) as a per-request ``router_config_override``. This actor keeps the project's router
+(``router.Router``, one per pool, as :class:`cluster.ray.router_actor.RouterActor`) running on
+the same KV events, so that every request still has our per-candidate cost breakdown, which the
+PoA estimator needs:
+
+1. ``policy()``: the override the ingress hands Dynamo for the next request.
+2. ``shadow_route(request_id, tokens, user, prefill_instance, decode_instance)``: after Dynamo
+   chose, our router decides on its own view (no reservation), then reserves the request's load
+   on the worker *Dynamo* chose, so its load view follows what really runs; the route event names
+   Dynamo's worker with our breakdown of every candidate; whether the two picked the same worker
+   is counted (``disagg_dynamo_router_agreement_total{role, agree}``).
+
+Worker ids. Dynamo names a worker by its instance id (a u64 that changes when the process
+restarts); the service names it by its slot (0..P+D−1, stable across restarts and re-splits).
+Events, pools and the estimator speak slots. Each Dynamo worker actor binds its current instance
+id to its slot (``bind_instance``) after every (re)start; KV events are translated to slots on the
+way in, and a KV event from an instance no slot holds is dropped and counted (``unbound``). A
+restarted worker's index entries are cleared on rebinding: its cache died with the process.
+
+Which subject: Dynamo's workers publish KV events on
+``namespace.<ns>.component.<component>.endpoint.<endpoint>.kv-events``, one subject per pool
+(components "prefill" and "backend" by default). In disaggregated mode only prefill workers
+publish them (DESIGN §6): the decode pool's index stays empty, as it does in Dynamo's own router.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from cluster.events import MAX_WORKER_ID, RouteEvent
+from cluster.kv_wire import kv_subject
+from cluster.ray.actor_support import MAX_PROMPT_TOKENS, check_int, check_request_id
+from cluster.ray.router_actor import MAX_USER_CHARS, ROLES, RouterActor
+from controller.metrics import DYNAMO_AGREEMENT, ROUTING_COST
+from router import Decision, Router, block_hashes
+
+__all__ = ["ShadowRouterActor", "dynamo_override"]
+
+
+def dynamo_override(tau: float, omega: float) -> dict[str, float]:
+    """The controller's policy in Dynamo's ``router_config_override`` fields.
+
+    ``overlap_score_weight`` is Dynamo 1.6's name for omega (a deprecated alias of
+    ``prefill_load_scale`` that takes precedence over it), ``router_temperature`` for tau: the
+    same two numbers in the same cost (docs/design.md §2)."""
+    return {"router_temperature": float(tau), "overlap_score_weight": float(omega)}
+
+
+class ShadowRouterActor(RouterActor):
+    """:class:`RouterActor` fed by Dynamo's KV events, choosing nothing itself."""
+
+    def __init__(
+        self, *, prefill_workers: list[int], decode_workers: list[int], block_size: int,
+        components: Mapping[str, str], dynamo_namespace: str = "dynamo",
+        dynamo_endpoint: str = "generate", instances: Mapping[str, Mapping[int, int]] | None = None,
+        tau: float = 0.0, omega: float = 1.0, seed: int = 0, nats_url: str | None,
+        namespace: str = "disagg",
+    ) -> None:  # fmt: skip
+        # Every request of a disaggregated Dynamo deployment is prefilled on a prefill worker.
+        super().__init__(
+            prefill_workers=prefill_workers, decode_workers=decode_workers,
+            block_size=block_size, local_prefill_max_tokens=0, tau=tau, omega=omega, seed=seed,
+            nats_url=nats_url, namespace=namespace,
+        )  # fmt: skip
+        if set(components) != set(ROLES):
+            raise ValueError(f"components must map exactly {ROLES} to Dynamo component names")
+        self.kv_subjects = {
+            role: kv_subject(dynamo_namespace, components[role], dynamo_endpoint) for role in ROLES
+        }
+        self.slot_of: dict[int, tuple[str, int]] = {}  # instance id → (role, slot)
+        self.instance_of: dict[tuple[str, int], int] = {}
+        self.agreement: dict[str, dict[str, int]] = {r: {"same": 0, "different": 0} for r in ROLES}
+        self.unbound = {"kv": 0, "route": 0}
+        for role, bound in (instances or {}).items():
+            for slot, instance in bound.items():
+                self._bind(role, int(slot), instance)
+
+    async def _start(self) -> None:
+        if not self._subscribed:
+            self._subscribed = True
+            for role in ROLES:
+                await self.bus.subscribe_kv(self.kv_subjects[role], self._kv_handler(role))
+            self.bus.start()
+
+    # -- instances ---------------------------------------------------------------------------
+
+    async def bind_instance(self, role: str, slot: int, instance_id: int) -> None:
+        """``slot`` now runs as Dynamo instance ``instance_id`` (a worker actor calls this after
+        every start of its process). A new instance starts with an empty cache."""
+        self._bind(role, slot, instance_id)
+
+    def _bind(self, role: str, slot: int, instance_id: object) -> None:
+        self._role(role)
+        check_int("slot", slot, 0, MAX_WORKER_ID)
+        instance = check_int("instance_id", instance_id, 0, MAX_WORKER_ID)
+        # A slot may bind before it joins its pool: a re-split's new worker binds when it
+        # starts and joins at ``warm`` (cluster/ray/pools.py); its KV events count from then.
+        router = self.routers[role]
+        old = self.instance_of.get((role, slot))
+        if old == instance:
+            return
+        if old is not None:
+            self.slot_of.pop(old, None)
+            if slot in router.workers:
+                router.apply_event({"worker_id": slot, "event_id": 0, "data": "cleared"})
+        self.slot_of[instance] = (role, slot)
+        self.instance_of[(role, slot)] = instance
+
+    async def add_worker(self, role: str, worker_id: int) -> None:
+        self._add(role, worker_id)
+
+    async def remove_worker(self, role: str, worker_id: int) -> None:
+        await super().remove_worker(role, worker_id)
+        instance = self.instance_of.pop((role, worker_id), None)
+        if instance is not None:
+            self.slot_of.pop(instance, None)
+
+    def feed_kv(self, role: str, payload: object) -> bool:
+        """One Dynamo KV payload, its ``worker_id`` (an instance) translated to the slot."""
+        if not isinstance(payload, dict):
+            return super().feed_kv(role, payload)  # the index counts it as malformed
+        bound = self.slot_of.get(payload.get("worker_id"))  # type: ignore[arg-type]
+        if bound is None or bound[0] != role:
+            self.unbound["kv"] += 1
+            return False
+        return super().feed_kv(role, {**payload, "worker_id": bound[1]})
+
+    # -- routing -----------------------------------------------------------------------------
+
+    async def policy(self) -> dict[str, Any]:
+        """The override for Dynamo's router, with the version and regime it belongs to."""
+        await self._start()
+        policy = self.routers["decode"].policy
+        return {
+            "override": dynamo_override(policy.tau, policy.omega),
+            "policy_version": policy.version,
+            "regime": self.regime,
+        }
+
+    async def route(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise RuntimeError("the Dynamo backend routes with Dynamo's KvRouter: call shadow_route")
+
+    async def shadow_route(
+        self, request_id: str, tokens: list[int], user: str, prefill_instance: int | None,
+        decode_instance: int,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Our decision beside Dynamo's: reserve on Dynamo's workers, publish the route event
+        (Dynamo's decode worker, our breakdown), count agreement. Slots are None for an
+        instance no slot holds yet (just restarted): that request gets no route event."""
+        await self._start()
+        check_request_id(request_id)
+        if not isinstance(tokens, list | tuple) or not 0 < len(tokens) <= MAX_PROMPT_TOKENS:
+            raise ValueError(f"tokens must be a list of 1 to {MAX_PROMPT_TOKENS} token ids")
+        if type(user) is not str or len(user) > MAX_USER_CHARS:
+            raise ValueError(f"user must be a str of at most {MAX_USER_CHARS} characters")
+        try:
+            local = block_hashes(tokens, self.block_size)
+        except ValueError as exc:
+            raise ValueError(f"tokens: {exc}") from None
+        decode_slot = self._slot("decode", decode_instance)
+        prefill_slot = None if prefill_instance is None else self._slot("prefill", prefill_instance)
+        out: dict[str, Any] = {
+            "decode_worker": decode_slot, "prefill_worker": prefill_slot,
+            "prompt_tokens": len(tokens), "uncached_tokens": len(tokens),
+            "agree": {}, "regime": self.regime,
+        }  # fmt: skip
+        decision = self._follow("decode", request_id, tokens, local, decode_slot, out)
+        if prefill_slot is not None:
+            pick = self._follow("prefill", request_id, tokens, local, prefill_slot, out)
+            if pick is not None:
+                out["uncached_tokens"] = pick.chosen.uncached_tokens
+        if decision is None:
+            self.unbound["route"] += 1
+            return out
+        ROUTING_COST.set(decision.chosen.cost)
+        self.bus.publish(RouteEvent.from_decision(decision, time.time(), user, self.regime))
+        self.routed += 1
+        out["policy_version"] = decision.policy_version
+        return out
+
+    def _slot(self, role: str, instance: object) -> int | None:
+        check_int(f"{role}_instance", instance, 0, MAX_WORKER_ID)
+        bound = self.slot_of.get(instance)  # type: ignore[arg-type]
+        return bound[1] if bound is not None and bound[0] == role else None
+
+    def _follow(
+        self, role: str, request_id: str, tokens: list[int], local: list[int],
+        chosen: int | None, out: dict[str, Any],
+    ) -> Decision | None:  # fmt: skip
+        """Our ``role`` decision, then Dynamo's ``chosen`` slot reserved and named in it."""
+        router: Router = self.routers[role]
+        if chosen is None or chosen not in router.workers:
+            return None
+        if request_id in router.loads:
+            raise ValueError(f"request {request_id!r} is already in flight")
+        ours = router.decide(request_id, tokens, local_hashes=local, reserve=False)
+        agree = ours.worker == chosen
+        out["agree"][role] = agree
+        self.agreement[role]["same" if agree else "different"] += 1
+        DYNAMO_AGREEMENT.labels(role, "true" if agree else "false").inc()
+        followed = dataclasses.replace(ours, worker=chosen)
+        blocks = -(-len(tokens) // self.block_size)
+        router.loads.reserve(request_id, chosen, followed.chosen.uncached_tokens, blocks)
+        self.routed_to[role][chosen] = self.routed_to[role].get(chosen, 0) + 1
+        return followed
+
+    async def overlaps(self, role: str, tokens: list[int]) -> dict[int, int]:
+        """Blocks of ``tokens`` our ``role`` index holds per worker, keyed by Dynamo instance id
+        (what ``KvRouter.get_overlap_scores`` reports as ``device_blocks``)."""
+        self._role(role)
+        if not isinstance(tokens, list | tuple) or not 0 < len(tokens) <= MAX_PROMPT_TOKENS:
+            raise ValueError(f"tokens must be a list of 1 to {MAX_PROMPT_TOKENS} token ids")
+        by_slot = self.routers[role].index.overlap(list(tokens))
+        return {
+            self.instance_of[(role, slot)]: int(blocks)
+            for slot, blocks in by_slot.items()
+            if (role, slot) in self.instance_of
+        }
+
+    async def stats(self) -> dict[str, Any]:
+        out = await super().stats()
+        out["dynamo"] = {
+            "instances": {f"{r}/{s}": i for (r, s), i in self.instance_of.items()},
+            "agreement": {r: dict(v) for r, v in self.agreement.items()},
+            "unbound": dict(self.unbound),
+            "kv_subjects": dict(self.kv_subjects),
+        }
+        return out

@@ -1,0 +1,248 @@
+"""One Dynamo worker slot (prefill or decode) as an actor: starts, watches and restarts its process.
+
+A plain class; the composer wraps it with ``ray.remote(num_cpus=0)(DynamoWorkerActor)`` (the
+process, not the actor, does the work) and tests call it in-process. Each slot owns one
+``DynamoProcess`` at a time. A process that exits without being asked to is restarted (up to
+``max_restarts``, with exponential backoff from ``restart_backoff_s``); every (re)start registers a
+*new* Dynamo instance id, so after each one the actor tells the attached router
+(``router_handle.bind_instance.remote(role, slot, instance_id)``), which is how routing learns the
+id that KV events and ``KvRouter.best_worker`` will carry from then on. A router call that fails
+is logged, never raised: the worker serves either way.
+
+``shutdown`` and ``drain`` stop the watch task before they stop the process, so an intended stop
+is never mistaken for a crash and restarted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from pathlib import Path
+from typing import Any
+
+from cluster.dynamo.install import require_dynamo
+from cluster.dynamo.process import DynamoProcess, DynamoStartError, parse_metrics
+from cluster.dynamo.settings import (
+    DynamoSettings,
+    Role,
+    dynamo_env,
+    free_system_port,
+    worker_command,
+)
+
+__all__ = ["DynamoWorkerActor", "dynamo_worker_name"]
+
+log = logging.getLogger(__name__)
+
+PORT_ATTEMPTS = 3  # a free port can be taken between our probe and Dynamo's bind: try again
+MAX_BACKOFF_S = 30.0
+STOP_GRACE_S = 10.0
+INFLIGHT_METRIC = "dynamo_component_inflight_requests"
+
+
+def dynamo_worker_name(namespace: str, role: str, slot: int) -> str:
+    """The name of a worker slot's actor (and log file): ``<namespace>-dynamo-<role>-<slot>``."""
+    return f"{namespace}-dynamo-{role}-{slot}"
+
+
+class DynamoWorkerActor:
+    """One worker slot; see the module docstring. Constructing it validates and starts nothing."""
+
+    def __init__(
+        self,
+        role: str,
+        slot: int,
+        settings: dict[str, Any],
+        *,
+        nats_url: str,
+        discovery_dir: str,
+        log_dir: str,
+        model_path: str | None = None,
+    ) -> None:
+        if role not in ("prefill", "decode"):
+            raise ValueError(f"role must be 'prefill' or 'decode', got {role!r}")
+        if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
+            raise ValueError(f"slot must be an int >= 0, got {slot!r}")
+        self.settings = DynamoSettings.model_validate(settings)
+        self.role: Role = role  # type: ignore[assignment]
+        self.slot = slot
+        self.nats_url = nats_url
+        self.discovery_dir = discovery_dir
+        name = dynamo_worker_name(self.settings.namespace, role, slot)
+        self.log_path = Path(log_dir) / f"{name}.log"
+        self.model_path = model_path or self.settings.model_path
+        self.component = self.settings.component(self.role)
+        self.process: DynamoProcess | None = None
+        self.instance_id: int | None = None
+        self.restarts = 0
+        self.failed: str | None = None  # why the watch gave up, once it has
+        self._router: Any = None
+        self._watch: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._lock = asyncio.Lock()
+
+    def attach(self, router_handle: Any) -> None:
+        """The router to tell each new instance id (``bind_instance.remote(role, slot, id)``)."""
+        self._router = router_handle
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> dict[str, Any]:
+        """Start the process, wait until it serves, tell the router; idempotent."""
+        async with self._lock:
+            if self.process is None or not self.process.alive:
+                require_dynamo()
+                self._stopping = False
+                await self._launch()
+            if self._watch is None or self._watch.done():
+                self._watch = asyncio.create_task(self._watch_loop())
+        return self._summary()
+
+    async def _model_path(self) -> str:
+        if self.model_path is None:
+            from cluster.model_dir import default_model_dir
+
+            self.model_path = str(await asyncio.to_thread(default_model_dir))
+        return self.model_path
+
+    async def _launch(self) -> None:
+        """One process up and ready (retrying a taken system port), then bound at the router."""
+        argv = worker_command(self.settings, self.role, await self._model_path())
+        for attempt in range(PORT_ATTEMPTS):
+            port = free_system_port()
+            env = dynamo_env(self.settings, nats_url=self.nats_url,
+                             discovery_dir=self.discovery_dir, system_port=port)
+            process = DynamoProcess(argv, env, self.log_path, port,
+                                    component=self.component, endpoint=self.settings.endpoint)
+            self.process = process
+            await asyncio.to_thread(process.start)
+            try:
+                self.instance_id = await process.wait_ready(self.settings.startup_timeout_s)
+                break
+            except DynamoStartError:
+                if not process.port_taken() or attempt + 1 == PORT_ATTEMPTS:
+                    raise
+                log.warning("%s: system port %d was taken; retrying", self._name, port)
+        await self._bind()
+
+    async def _bind(self) -> None:
+        if self._router is None or self.instance_id is None:
+            return
+        try:
+            result = self._router.bind_instance.remote(self.role, self.slot, self.instance_id)
+            if inspect.isawaitable(result):
+                await asyncio.wait_for(result, timeout=30.0)
+        except Exception:  # the worker serves either way; the router may be restarting
+            log.exception("%s: bind_instance(%s) failed", self._name, self.instance_id)
+
+    async def _watch_loop(self) -> None:
+        """Restart the process whenever it exits unasked, up to ``max_restarts`` times."""
+        while not self._stopping:
+            process = self.process
+            if process is not None and process.alive:
+                await asyncio.sleep(0.1)
+                continue
+            if self.restarts >= self.settings.max_restarts:
+                self.failed = f"exited {self.restarts + 1} times; restarts exhausted"
+                log.error("%s: %s", self._name, self.failed)
+                return
+            rc = process.returncode if process is not None else None
+            delay = min(MAX_BACKOFF_S, self.settings.restart_backoff_s * 2**self.restarts)
+            log.warning("%s: exited (%s); restarting in %.2f s", self._name, rc, delay)
+            self.restarts += 1
+            await asyncio.sleep(delay)
+            async with self._lock:
+                if self._stop_requested():
+                    return
+                try:
+                    await self._launch()
+                except Exception as exc:  # the next round retries; the watch must survive
+                    log.error("%s: restart failed: %s", self._name, exc)
+
+    def _stop_requested(self) -> bool:
+        """``_stopping`` read afresh: another task may have set it while this one awaited."""
+        return self._stopping
+
+    async def _stop_watch(self) -> None:
+        self._stopping = True
+        watch, self._watch = self._watch, None
+        if watch is not None and not watch.done():
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Stop taking work: SIGTERM makes Dynamo deregister at once and finish what is in
+        flight. True if the process exited within ``timeout_s`` (else it keeps running until
+        :meth:`shutdown`)."""
+        await self._stop_watch()
+        process = self.process
+        if process is None or not process.alive:
+            return True
+        process.terminate()
+        return await process.wait_exit(max(timeout_s, 0.0))
+
+    async def shutdown(self) -> None:
+        """Stop the watch first (no restart), then the process; idempotent."""
+        await self._stop_watch()
+        async with self._lock:
+            if self.process is not None:
+                await asyncio.to_thread(self.process.stop, STOP_GRACE_S)
+
+    async def kill_engine(self) -> int:
+        """SIGKILL the Dynamo process (tests, chaos drills); the watch restarts it. Its pid."""
+        process = self.process
+        pid = process.pid if process is not None else None
+        if process is None or pid is None:
+            raise RuntimeError(f"{self._name}: no running process to kill")
+        await asyncio.to_thread(process.kill)
+        return pid
+
+    # -- observation -------------------------------------------------------------------------
+
+    @property
+    def _name(self) -> str:
+        return dynamo_worker_name(self.settings.namespace, self.role, self.slot)
+
+    def _summary(self) -> dict[str, Any]:
+        process = self.process
+        return {
+            "slot": self.slot,
+            "role": self.role,
+            "instance_id": self.instance_id,
+            "pid": process.pid if process is not None else None,
+            "system_port": process.system_port if process is not None else None,
+            "log": str(self.log_path),
+            "restarts": self.restarts,
+        }
+
+    async def ready(self) -> dict[str, Any]:
+        """What :meth:`start` returned, for the composer's readiness wait."""
+        return self._summary()
+
+    async def info(self) -> dict[str, Any]:
+        """The summary plus ``alive``, ``health`` (the /health JSON) and ``failed``."""
+        process = self.process
+        alive = process is not None and process.alive
+        health = await process.health() if process is not None and alive else {}
+        return {**self._summary(), "alive": alive, "health": health, "failed": self.failed}
+
+    async def load(self) -> dict[str, Any]:
+        """Best effort: in-flight requests on the generate endpoint (None when unknown), to
+        pick the least-loaded worker."""
+        text = await self.metrics_text()
+        values = [value for name, labels, value in parse_metrics(text)
+                  if name == INFLIGHT_METRIC
+                  and labels.get("dynamo_endpoint") == self.settings.endpoint]
+        return {"slot": self.slot, "role": self.role, "instance_id": self.instance_id,
+                "inflight": sum(values) if values else None}
+
+    async def metrics_text(self) -> str:
+        """The process's own ``/metrics`` text (its system port), "" while it does not run. The
+        project's Prometheus export does not merge it yet; callers may."""
+        process = self.process
+        if process is None or not process.alive:
+            return ""
+        return await process.metrics_text()

@@ -1,0 +1,184 @@
+"""Unit tests of the Dynamo layer's pure parts: settings, argv, environment, metrics parsing."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from cluster.dynamo import install
+from cluster.dynamo.install import DynamoMissingError, dynamo_available, require_dynamo
+from cluster.dynamo.process import (
+    LOG_TAIL_BYTES,
+    DynamoProcess,
+    instance_id_from_metrics,
+    parse_metrics,
+    read_log_tail,
+)
+from cluster.dynamo.settings import (
+    DynamoSettings,
+    dynamo_env,
+    frontend_command,
+    worker_command,
+)
+from cluster.dynamo.worker_actor import DynamoWorkerActor, dynamo_worker_name
+
+METRICS = """\
+# HELP dynamo_component_inflight_requests Number of requests currently being processed
+# TYPE dynamo_component_inflight_requests gauge
+dynamo_component_inflight_requests{dynamo_component="prefill",dynamo_endpoint="generate",\
+dynamo_namespace="dynamo",worker_id="9c5d66d8a46083ca"} 3
+dynamo_component_inflight_requests{dynamo_component="prefill",dynamo_endpoint="worker_kv_query_\
+source_8d93e76bdaa1e",dynamo_namespace="dynamo",worker_id="9c5d66d8a46083ca"} 0
+dynamo_uptime_seconds 12.5
+broken line without a value {
+"""
+
+
+def test_the_mocker_command_is_exactly_what_design_lists() -> None:
+    s = DynamoSettings()
+    assert worker_command(s, "prefill", "/m") == [
+        sys.executable, "-m", "dynamo.mocker", "--model-path", "/m", "--model-name", "disagg-tiny",
+        "--block-size", "16", "--num-gpu-blocks-override", "512", "--speedup-ratio", "10.0",
+        "--disaggregation-mode", "prefill",
+    ]
+    assert worker_command(s, "decode", "/m")[-2:] == ["--disaggregation-mode", "decode"]
+
+
+def test_the_vllm_command_uses_vllm_flags_and_appends_extra_args() -> None:
+    s = DynamoSettings(engine="vllm", vllm_args=("--tensor-parallel-size", "4"), block_size=32)
+    assert worker_command(s, "decode", "/models/llama") == [
+        sys.executable, "-m", "dynamo.vllm", "--model", "/models/llama",
+        "--served-model-name", "disagg-tiny", "--block-size", "32",
+        "--disaggregation-mode", "decode", "--tensor-parallel-size", "4",
+    ]
+
+
+def test_other_component_names_are_passed_as_an_endpoint() -> None:
+    s = DynamoSettings(namespace="ns1", prefill_component="pre", endpoint="gen")
+    assert worker_command(s, "prefill", "/m")[-2:] == ["--endpoint", "dyn://ns1.pre.gen"]
+    assert worker_command(s, "decode", "/m")[-2:] == ["--endpoint", "dyn://ns1.backend.gen"]
+    assert s.component("prefill") == "pre" and s.component("decode") == "backend"
+
+
+def test_the_frontend_command_binds_loopback() -> None:
+    assert frontend_command(DynamoSettings(), 8123) == [
+        sys.executable, "-m", "dynamo.frontend", "--router-mode", "kv",
+        "--http-host", "127.0.0.1", "--http-port", "8123",
+    ]
+    with pytest.raises(ValueError, match="http_port"):
+        frontend_command(DynamoSettings(), 0)
+    with pytest.raises(ValueError, match="router_mode"):
+        frontend_command(DynamoSettings(), 80, router_mode="; rm")
+
+
+def test_the_environment_is_file_discovery_nats_events_tcp_requests_on_loopback() -> None:
+    env = dynamo_env(DynamoSettings(namespace="n2"), nats_url="nats://127.0.0.1:4222",
+                     discovery_dir="/d", system_port=9090)
+    assert env == {
+        "DYN_NAMESPACE": "n2", "DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": "/d",
+        "DYN_EVENT_PLANE": "nats", "DYN_REQUEST_PLANE": "tcp",
+        "NATS_SERVER": "nats://127.0.0.1:4222", "HF_HUB_OFFLINE": "1",
+        "DYN_TCP_RPC_HOST": "127.0.0.1", "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
+        "DYN_EVENT_PLANE_HOST": "127.0.0.1", "DYN_SYSTEM_HOST": "127.0.0.1",
+        "DYN_SYSTEM_PORT": "9090",
+    }
+    no_port = dynamo_env(DynamoSettings(), nats_url="nats://h:1", discovery_dir="/d",
+                         system_port=None)
+    assert "DYN_SYSTEM_PORT" not in no_port
+    with pytest.raises(ValueError, match="nats_url"):
+        dynamo_env(DynamoSettings(), nats_url="http://x", discovery_dir="/d", system_port=None)
+    with pytest.raises(ValueError, match="system_port"):
+        dynamo_env(DynamoSettings(), nats_url="nats://h:1", discovery_dir="/d", system_port=40000)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("engine", "sglang"),
+        ("namespace", "a.b"),
+        ("namespace", ""),
+        ("prefill_component", "x y"),
+        ("endpoint", "*"),
+        ("block_size", 0),
+        ("block_size", 2048),
+        ("block_size", "16"),
+        ("num_gpu_blocks", 8),
+        ("speedup_ratio", 0.0),
+        ("speedup_ratio", float("nan")),
+        ("speedup_ratio", 1e6),
+        ("vllm_args", tuple(["--x"] * 65)),
+        ("vllm_args", ("a" * 513,)),
+        ("model_name", "../x"),
+        ("startup_timeout_s", -1.0),
+        ("max_restarts", -1),
+        ("restart_backoff_s", float("inf")),
+        ("nope", 1),
+    ],
+)
+def test_bad_settings_are_rejected_naming_the_field(field: str, value: Any) -> None:
+    with pytest.raises(ValidationError) as err:
+        DynamoSettings.model_validate({field: value})
+    assert field in str(err.value)
+
+
+def test_settings_are_frozen_and_roles_are_checked() -> None:
+    s = DynamoSettings()
+    with pytest.raises(ValidationError):
+        s.block_size = 32  # type: ignore[misc]
+    with pytest.raises(ValueError, match="role"):
+        worker_command(s, "encode", "/m")
+
+
+def test_metrics_are_parsed_and_the_instance_id_is_the_hex_worker_id() -> None:
+    samples = parse_metrics(METRICS)
+    assert ("dynamo_uptime_seconds", {}, 12.5) in samples
+    assert len(samples) == 3
+    assert instance_id_from_metrics(METRICS, "prefill") == 11267274923407606730
+    assert instance_id_from_metrics(METRICS, "backend") is None
+    assert instance_id_from_metrics(METRICS, "prefill", endpoint="other") is None
+    assert instance_id_from_metrics("", "prefill") is None
+
+
+def test_the_log_tail_is_bounded_and_uncoloured(tmp_path: Path) -> None:
+    log = tmp_path / "w.log"
+    log.write_bytes(b"x" * (3 * LOG_TAIL_BYTES) + b"\n\x1b[32m INFO\x1b[0m last\n")
+    assert read_log_tail(log, 1) == [" INFO last"]
+    assert all(len(line) <= LOG_TAIL_BYTES for line in read_log_tail(log, 5))
+    assert read_log_tail(tmp_path / "missing.log") == []
+
+
+def test_a_missing_install_names_make_dynamo(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert dynamo_available()
+    monkeypatch.setattr(install.importlib.util, "find_spec", lambda name: None)
+    assert not dynamo_available()
+    with pytest.raises(DynamoMissingError, match="make dynamo") as err:
+        require_dynamo()
+    assert "--no-deps ai-dynamo==1.6.1" in str(err.value)
+    assert "not installed" in str(err.value)
+
+
+def test_the_worker_actor_validates_and_starts_nothing(tmp_path: Path) -> None:
+    common: dict[str, Any] = {"nats_url": "nats://127.0.0.1:1", "discovery_dir": str(tmp_path),
+                              "log_dir": str(tmp_path)}
+    actor = DynamoWorkerActor("decode", 2, {"namespace": "ns"}, **common)
+    assert actor.process is None and actor.log_path == tmp_path / "ns-dynamo-decode-2.log"
+    assert dynamo_worker_name("ns", "decode", 2) == "ns-dynamo-decode-2"
+    with pytest.raises(ValueError, match="role"):
+        DynamoWorkerActor("both", 0, {}, **common)
+    with pytest.raises(ValueError, match="slot"):
+        DynamoWorkerActor("prefill", -1, {}, **common)
+    with pytest.raises(ValidationError, match="block_size"):
+        DynamoWorkerActor("prefill", 0, {"block_size": 0}, **common)
+
+
+def test_a_process_that_is_never_started_stops_quietly(tmp_path: Path) -> None:
+    p = DynamoProcess(["true"], {}, tmp_path / "p.log", None)
+    assert (p.pid, p.alive, p.returncode, p.exited) == (None, False, None, False)
+    p.stop()
+    p.kill()
+    with pytest.raises(ValueError, match="argv"):
+        DynamoProcess([], {}, tmp_path / "p.log", None)

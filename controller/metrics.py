@@ -178,7 +178,8 @@ RESPLIT_IN_PROGRESS = Gauge(
 )
 DYNAMO_AGREEMENT = Counter(
     "disagg_dynamo_router_agreement",
-    "Requests where our router in shadow chose the worker Dynamo's KvRouter chose, by role",
+    "Our router in shadow against Dynamo's KvRouter, by role: same worker, a tie in our cost, "
+    "or different",
     ["role", "agree"],
     registry=REGISTRY,
 )

@@ -69,7 +69,8 @@ class DynamoRequestPath(ActorRequestPath):
                 await self._router_note("complete", req.request_id)
                 if attempt == 1:
                     raise PathError(503, f"{exc}; failed on retry too") from None
-                excluded[exc.role].append(exc.instance)
+                if exc.instance is not None:
+                    excluded[exc.role].append(exc.instance)
                 continue
             except StopAsyncIteration:
                 raise PathError(503, f"decode instance {decode_id:x} produced no token") from None

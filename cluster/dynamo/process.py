@@ -59,13 +59,14 @@ class DynamoStartError(RuntimeError):
     """A Dynamo process exited or did not become ready; the message carries its last log lines."""
 
 
-def read_log_tail(path: str | Path, lines: int = 20) -> list[str]:
-    """The last ``lines`` lines of a log, reading at most :data:`LOG_TAIL_BYTES` of it."""
+def read_log_tail(path: str | Path, lines: int = 20, start: int = 0) -> list[str]:
+    """The last ``lines`` lines of a log after byte ``start``, reading at most
+    :data:`LOG_TAIL_BYTES` of it."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
-            f.seek(max(0, size - LOG_TAIL_BYTES))
+            f.seek(max(start, size - LOG_TAIL_BYTES))
             data = f.read()
     except OSError:
         return []
@@ -139,6 +140,7 @@ class DynamoProcess:
         self.endpoint = endpoint
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._pid: int | None = None
+        self._log_offset = 0  # where this start's lines begin in the (appended) log
         self._lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -150,6 +152,7 @@ class DynamoProcess:
                 return self
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log_path, "ab") as log:  # fail here, not inside the watchdog
+                self._log_offset = log.tell()  # the log is shared by restarts: read ours only
                 log.write(f"--- start {time.strftime('%Y-%m-%dT%H:%M:%S')}: "
                           f"{' '.join(self.argv)}\n".encode())
             command = [sys.executable, "-I", "-S", str(_WATCHDOG), "--owner-pid", str(os.getpid())]
@@ -273,7 +276,8 @@ class DynamoProcess:
     # -- observation -------------------------------------------------------------------------
 
     def log_tail(self, lines: int = 20) -> list[str]:
-        return read_log_tail(self.log_path, lines)
+        """The last lines this start wrote (earlier starts' lines are not shown)."""
+        return read_log_tail(self.log_path, lines, self._log_offset)
 
     def describe(self, what: str) -> str:
         """``what`` happened, with the exit status and the log's last 20 lines."""

@@ -38,8 +38,9 @@ DISCOVERY_WAIT_S = 10.0
 class DynamoWorkerFailed(Exception):  # noqa: N818  (a state: "the worker failed")
     """A Dynamo worker could not take or finish this request."""
 
-    def __init__(self, role: str, instance: int, why: str) -> None:
-        super().__init__(f"{role} instance {instance:x}: {why}")
+    def __init__(self, role: str, instance: int | None, why: str) -> None:
+        where = f"{role} pool" if instance is None else f"{role} instance {instance:x}"
+        super().__init__(f"{where}: {why}")
         self.role, self.instance = role, instance
 
 
@@ -130,7 +131,7 @@ class DynamoRoutes:
         try:
             worker, _, _ = await router.best_worker(tokens, dict(override))
         except Exception as exc:
-            raise DynamoWorkerFailed(role, 0, f"no worker to route to ({exc})") from None
+            raise DynamoWorkerFailed(role, None, f"no worker to route to ({_why(exc)})") from None
         if int(worker) not in banned:
             return int(worker)
         loads = [

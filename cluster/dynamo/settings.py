@@ -63,7 +63,8 @@ class DynamoSettings(StrictModel):
     # The mocker's --speedup-ratio: simulated time runs this much faster than wall time.
     speedup_ratio: float = Field(default=10.0, gt=0.0, le=1000.0)
     # Extra flags for dynamo.vllm (e.g. "--tensor-parallel-size", "4"); ignored by the mocker.
-    vllm_args: tuple[str, ...] = Field(default=(), max_length=MAX_VLLM_ARGS)
+    # A YAML list arrives as a list: accepted here (the items stay strict strings).
+    vllm_args: tuple[str, ...] = Field(default=(), max_length=MAX_VLLM_ARGS, strict=False)
     model_path: str | None = Field(default=None, min_length=1, max_length=4096)
     model_name: str = Field(default="disagg-tiny", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}$")
     startup_timeout_s: float = Field(default=60.0, gt=0.0, le=3600.0)

@@ -11,7 +11,8 @@ PoA estimator needs:
    chose, our router decides on its own view (no reservation), then reserves the request's load
    on the worker *Dynamo* chose, so its load view follows what really runs; the route event names
    Dynamo's worker with our breakdown of every candidate; whether the two picked the same worker
-   is counted (``disagg_dynamo_router_agreement_total{role, agree}``).
+   is counted (``disagg_dynamo_router_agreement_total{role, agree}``, agree "same", "tie" —
+   another worker at our lowest cost — or "different").
 
 Worker ids. Dynamo names a worker by its instance id (a u64 that changes when the process
 restarts); the service names it by its slot (0..P+D−1, stable across restarts and re-splits).
@@ -75,7 +76,9 @@ class ShadowRouterActor(RouterActor):
         }
         self.slot_of: dict[int, tuple[str, int]] = {}  # instance id → (role, slot)
         self.instance_of: dict[tuple[str, int], int] = {}
-        self.agreement: dict[str, dict[str, int]] = {r: {"same": 0, "different": 0} for r in ROLES}
+        self.agreement: dict[str, dict[str, int]] = {
+            r: {"same": 0, "tie": 0, "different": 0} for r in ROLES
+        }
         self.unbound = {"kv": 0, "route": 0}
         for role, bound in (instances or {}).items():
             for slot, instance in bound.items():
@@ -200,19 +203,26 @@ class ShadowRouterActor(RouterActor):
         if request_id in router.loads:
             raise ValueError(f"request {request_id!r} is already in flight")
         ours = router.decide(request_id, tokens, local_hashes=local, reserve=False)
-        agree = ours.worker == chosen
-        out["agree"][role] = agree
-        self.agreement[role]["same" if agree else "different"] += 1
-        DYNAMO_AGREEMENT.labels(role, "true" if agree else "false").inc()
         followed = dataclasses.replace(ours, worker=chosen)
+        # "tie": another worker than ours, at our lowest cost (Dynamo breaks ties at random, we
+        # by fewest cached blocks then id): the same decision in the cost both routers share.
+        if ours.worker == chosen:
+            agree = "same"
+        elif followed.chosen.cost <= min(ours.costs):
+            agree = "tie"
+        else:
+            agree = "different"
+        out["agree"][role] = agree
+        self.agreement[role][agree] += 1
+        DYNAMO_AGREEMENT.labels(role, agree).inc()
         blocks = -(-len(tokens) // self.block_size)
         router.loads.reserve(request_id, chosen, followed.chosen.uncached_tokens, blocks)
         self.routed_to[role][chosen] = self.routed_to[role].get(chosen, 0) + 1
         return followed
 
     async def overlaps(self, role: str, tokens: list[int]) -> dict[int, int]:
-        """Blocks of ``tokens`` our ``role`` index holds per worker, keyed by Dynamo instance id
-        (what ``KvRouter.get_overlap_scores`` reports as ``device_blocks``)."""
+        """Blocks of ``tokens`` our ``role`` index holds per worker that holds any, keyed by
+        Dynamo instance id (what ``KvRouter.get_overlap_scores`` reports as ``device_blocks``)."""
         self._role(role)
         if not isinstance(tokens, list | tuple) or not 0 < len(tokens) <= MAX_PROMPT_TOKENS:
             raise ValueError(f"tokens must be a list of 1 to {MAX_PROMPT_TOKENS} token ids")
@@ -220,7 +230,7 @@ class ShadowRouterActor(RouterActor):
         return {
             self.instance_of[(role, slot)]: int(blocks)
             for slot, blocks in by_slot.items()
-            if (role, slot) in self.instance_of
+            if blocks and (role, slot) in self.instance_of
         }
 
     async def stats(self) -> dict[str, Any]:

@@ -31,7 +31,8 @@ def _feed(bus: EventBus, kind: str, messages: list[bytes], on_event) -> None:
 
     async def main() -> None:
         for data in messages:
-            await handle(FakeMsg(data, f"disagg.t.{kind}"))  # must return normally, whatever data holds
+            # must return normally, whatever data holds
+            await handle(FakeMsg(data, f"disagg.t.{kind}"))
 
     asyncio.run(main())
 

@@ -242,20 +242,118 @@ def test_dynamos_own_frontend_serves_a_chat_through_the_workers(
         try:
             for w in workers:
                 await w.start()
-            frontend.start()
-            await frontend.wait_ready(READY_S)
-            async with httpx.AsyncClient(timeout=30.0, trust_env=False) as client:
-                response = await client.post(f"{frontend.url}/chat/completions", json={
-                    "model": settings.model_name, "max_tokens": 8,
-                    "messages": [{"role": "user", "content": "Hello there."}]})
-            assert response.status_code == 200, response.text
-            return dict(response.json())
+            with frontend:
+                await asyncio.to_thread(frontend.wait_ready_sync, READY_S)
+                await frontend.wait_ready(READY_S)  # the async form, for callers with a loop
+                return await chat()
         finally:
-            frontend.stop()
             for w in workers:
                 await w.shutdown()
+
+    async def chat() -> dict[str, Any]:
+        async with httpx.AsyncClient(timeout=30.0, trust_env=False) as client:
+            response = await client.post(f"{frontend.url}/chat/completions", json={
+                "model": settings.model_name, "max_tokens": 8,
+                "messages": [{"role": "user", "content": "Hello there."}]})
+        assert response.status_code == 200, response.text
+        return dict(response.json())
 
     body = asyncio.run(scenario())
     assert body["choices"][0]["message"]["content"]
     assert body["usage"]["completion_tokens"] >= 1
     assert not frontend.process.alive
+
+
+def test_a_taken_system_port_fails_fast_instead_of_trusting_a_stranger(
+    dynamo_nats_url: str, discovery_dir: str, model_path: str, tmp_path: Path
+) -> None:
+    # Dynamo logs "System status server startup failed" and runs on without a system port; a
+    # /health on that port would be answered by whoever holds it.
+    import socket
+
+    settings = DynamoSettings.model_validate(SETTINGS)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", free_system_port()))
+        holder.listen()
+        port = holder.getsockname()[1]
+        env = dynamo_env(settings, nats_url=dynamo_nats_url, discovery_dir=discovery_dir,
+                         system_port=port)
+        process = DynamoProcess(worker_command(settings, "decode", model_path), env,
+                                tmp_path / "taken.log", port, component="backend")
+        process.start()
+        try:
+            with pytest.raises(DynamoStartError, match=f"system port {port} taken"):
+                asyncio.run(process.wait_ready(READY_S))
+        finally:
+            process.stop()
+    assert process.port_taken() and not process.alive
+
+
+def test_a_process_that_never_gets_ready_is_killed_at_the_deadline(tmp_path: Path) -> None:
+    argv = [sys.executable, "-c", "import time; time.sleep(120)"]
+    process = DynamoProcess(argv, {}, tmp_path / "slow.log", free_system_port(), component="x")
+    process.start()
+    pid = process.pid
+    assert pid is not None and process.watchdog_pid is not None
+    with pytest.raises(DynamoStartError, match="not ready within"):
+        asyncio.run(process.wait_ready(0.3))
+    assert pid_gone(pid) and process.exited
+    assert asyncio.run(process.health()) == {} and asyncio.run(process.metrics_text()) == ""
+
+
+def test_a_worker_out_of_restarts_stays_down_and_a_failing_router_is_only_logged(
+    dynamo_nats_url: str, discovery_dir: str, model_path: str, tmp_path: Path
+) -> None:
+    actor = worker("prefill", 5, dynamo_nats_url, discovery_dir, tmp_path, model_path,
+                   max_restarts=0)
+
+    class BrokenRouter:
+        class bind_instance:  # noqa: N801 - a Ray handle's method attribute
+            @staticmethod
+            async def remote(role: str, slot: int, instance_id: int) -> None:
+                raise ConnectionError("router restarting")
+
+    actor.attach(BrokenRouter())
+
+    async def scenario() -> None:
+        try:
+            info = await actor.start()  # the router's failure does not fail the start
+            assert info["instance_id"] is not None
+            await actor.kill_engine()
+            await until(lambda: actor.failed is not None, READY_S, 0.05, "giving up")
+            state = await actor.info()
+            assert not state["alive"] and state["restarts"] == 0
+            assert "restarts exhausted" in state["failed"]
+            with pytest.raises(RuntimeError, match="no running process"):
+                await actor.kill_engine()
+        finally:
+            await actor.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_retries_on_another_port_when_its_system_port_is_taken(
+    dynamo_nats_url: str, discovery_dir: str, model_path: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import socket
+
+    from cluster.dynamo import worker_actor
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", free_system_port()))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        ports = iter([taken, free_system_port()])
+        monkeypatch.setattr(worker_actor, "free_system_port", lambda: next(ports))
+        actor = worker("decode", 7, dynamo_nats_url, discovery_dir, tmp_path, model_path)
+
+        async def scenario() -> dict[str, Any]:
+            try:
+                return await actor.start()
+            finally:
+                await actor.shutdown()
+
+        info = asyncio.run(scenario())
+    assert info["system_port"] != taken and info["instance_id"] is not None
+    assert Path(actor.log_path).read_text().count("--- start") == 2

@@ -1,0 +1,146 @@
+"""The Dynamo request path in-process (``cluster/dynamo/path.py``, ``routing.py``): real mocker
+pools (1P/2D), Dynamo's ``KvRouter`` in this process, our shadow router and a ledger-less auction
+stand-in as local objects. A request streams through prefill and decode; a dead decode worker is
+routed around; with every decode worker dead the request fails with a clear 503."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster.dynamo.path import DynamoRequestPath
+from cluster.dynamo.routing import DynamoRoutes, DynamoWorkerFailed
+from cluster.dynamo.settings import DynamoSettings, dynamo_env
+from cluster.dynamo.shadow import ShadowRouterActor
+from cluster.dynamo.worker_actor import DynamoWorkerActor
+from cluster.events import RouteEvent
+from cluster.serve.path_types import Admitted, Finished, PathError, PathRequest, Routed, TokenChunk
+from cluster.serve.worker_handles import Workers
+from cluster.sim.profile import load_profile
+
+pytestmark = pytest.mark.integration
+
+SETTINGS = DynamoSettings.model_validate({"num_gpu_blocks": 128, "max_restarts": 0})
+MODEL = SETTINGS.model_name
+_ids = itertools.count()
+
+
+class Handle:
+    """A local object called the way a Ray actor handle is: ``handle.method.remote(...)``."""
+
+    def __init__(self, target: Any) -> None:
+        self._target = target
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._target, name)
+
+        class _Remote:
+            @staticmethod
+            def remote(*args: Any, **kwargs: Any) -> Any:
+                return method(*args, **kwargs)
+
+        return _Remote
+
+
+class Auction:
+    """Admits everything at once, charges nothing; records what the path told it."""
+
+    def __init__(self) -> None:
+        self.first_tokens: list[str] = []
+        self.settled: list[tuple[str, bool]] = []
+
+    async def admit(self, request_id: str, user: str, bid: float, tokens: list[int]) -> dict:
+        return {"position": 0, "payment": 0.0, "batch_id": None, "mode": "fcfs"}
+
+    async def started(self, request_id: str) -> None:
+        self.first_tokens.append(request_id)
+
+    async def finished(self, request_id: str, answered: bool) -> dict[str, float]:
+        self.settled.append((request_id, answered))
+        return {"charged": 0.0}
+
+
+def _request(n_tokens: int = 96, max_tokens: int = 6) -> PathRequest:
+    i = next(_ids)
+    tokens = [1, *range(100 + 7 * i, 100 + 7 * i + n_tokens - 1)]
+    return PathRequest(f"req-{i}", "alice", 1.0, tokens, max_tokens)
+
+
+async def _collect(path: DynamoRequestPath, req: PathRequest) -> list[Any]:
+    return [event async for event in path.run(req)]
+
+
+def test_requests_stream_and_dead_workers_are_routed_around(
+    dynamo_nats_url: str, discovery_dir: str, model_path: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    env = dynamo_env(SETTINGS, nats_url=dynamo_nats_url, discovery_dir=discovery_dir,
+                     system_port=None)  # fmt: skip
+    for key, value in env.items():  # restored after the test: DynamoRoutes sets them too
+        monkeypatch.setenv(key, value)
+
+    def worker(role: str, slot: int) -> DynamoWorkerActor:
+        return DynamoWorkerActor(
+            role, slot, SETTINGS.model_dump(), nats_url=dynamo_nats_url,
+            discovery_dir=discovery_dir, log_dir=str(tmp_path / "logs"), model_path=model_path,
+        )  # fmt: skip
+
+    async def main() -> None:
+        pool = {0: worker("prefill", 0), 1: worker("decode", 1), 2: worker("decode", 2)}
+        infos = await asyncio.gather(*(w.start() for w in pool.values()))
+        ids = {info["slot"]: info["instance_id"] for info in infos}
+        shadow = ShadowRouterActor(
+            prefill_workers=[0], decode_workers=[1, 2], block_size=SETTINGS.block_size,
+            components={"prefill": "prefill", "decode": "backend"}, nats_url=None,
+            instances={"prefill": {0: ids[0]}, "decode": {1: ids[1], 2: ids[2]}},
+        )  # fmt: skip
+        routes: list[RouteEvent] = []
+        shadow.bus.local.append(lambda subject, event: routes.append(event))
+        auction = Auction()
+        path = DynamoRequestPath(
+            dynamo=DynamoRoutes(SETTINGS, nats_url=dynamo_nats_url,
+                                discovery_dir=discovery_dir, model_name=MODEL),
+            auction=Handle(auction), router=Handle(shadow),
+            workers=Workers({}, {}, lambda role, wid: None),
+            profile=load_profile("b200-llama70b-fp8-tp4"), speedup=1.0,
+        )  # fmt: skip
+        try:
+            events = await _collect(path, _request())
+            kinds = [type(e) for e in events]
+            assert kinds[0] is Admitted and kinds[1] is Routed and kinds[-1] is Finished
+            tokens = [t for e in events if isinstance(e, TokenChunk) for t in e.token_ids]
+            assert len(tokens) == 6
+            routed = events[1]
+            assert routed.prefill_worker == 0 and routed.decode_worker in (1, 2)
+            await shadow.bus.flush()
+            assert routes[-1].worker_id == routed.decode_worker
+            assert path.overrides["router_temperature"] == 0.0
+            assert len(auction.first_tokens) == 1 and auction.settled[-1][1] is True
+
+            # One decode worker dead (not restarted: max_restarts 0): answered by the other.
+            await pool[1].kill_engine()
+            for _ in range(4):
+                events = await _collect(path, _request())
+                assert next(e for e in events if isinstance(e, Routed)).decode_worker == 2
+
+            # Every decode worker dead: a clear 503 after one retry, nothing charged.
+            await pool[2].kill_engine()
+            req = _request()
+            with pytest.raises(PathError) as failed:
+                await _collect(path, req)
+            assert failed.value.status == 503 and "decode" in str(failed.value)
+            assert auction.settled[-1] == (req.request_id, False)
+            assert req.request_id not in shadow.routers["decode"].loads  # books closed
+
+            # Dynamo has dropped both from its pool by now, or we exclude them: a clear refusal.
+            with pytest.raises(DynamoWorkerFailed, match="decode pool: no worker|every worker"):
+                await path.dynamo.choose("decode", req.tokens, {}, exclude=[ids[1], ids[2]])
+        finally:
+            await path.aclose()
+            await asyncio.gather(*(w.shutdown() for w in pool.values()))
+
+    asyncio.run(asyncio.wait_for(main(), 180))

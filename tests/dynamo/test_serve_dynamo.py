@@ -1,0 +1,254 @@
+"""The live service on real Dynamo processes (``--backend dynamo``; docs/design.md §6).
+
+One service, 1P/2D ``dynamo.mocker`` pools with a small KV cache (so evictions happen), its own
+NATS, the session's Ray. Through the ingress with the official ``openai`` client:
+
+- requests are answered, and Dynamo's KV events reach our router in shadow: its index's overlaps
+  equal Dynamo's own (``KvRouter.get_overlap_scores``) for the same prompts;
+- every request has a route event with our breakdown, and the shadow agrees with Dynamo;
+- a load ramp saturates the service: the regime switches and the next requests carry the new
+  policy (the response's ``disagg.policy_version`` and ``regime``);
+- a SIGKILLed mocker is restarted with a new instance id, re-bound in the router, and serves;
+  requests sent while it was dead are answered elsewhere or fail with a clear 503;
+- a re-split stops a decode mocker and starts a prefill one on the same slot, then moves back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import ray
+
+from cluster.dynamo.routing import DynamoRoutes
+from cluster.dynamo.service import DynamoService
+from cluster.model_dir import ChatTokenizer, default_model_dir
+from cluster.nats_server import free_port
+from cluster.serve.config import ServeConfig
+from tests.dynamo.conftest import pid_gone
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+]
+
+MODEL = "disagg-tiny"
+BLOCKS = 64  # KV blocks per mocker: eight distinct system prompts overflow it
+SYSTEM = "You are assistant number {k}, careful about harbours, lighthouses and tides. " * 6
+
+
+@pytest.fixture(scope="module")
+def service(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    tmp = tmp_path_factory.mktemp("dynamo-serve")
+    config = ServeConfig.model_validate({
+        "backend": "dynamo",
+        "topology": "1P/2D",
+        "namespace": "dyn-test",
+        "ledger_path": str(tmp / "ledger.sqlite"),
+        "dynamo": {"num_gpu_blocks": BLOCKS, "speedup_ratio": 1.0},
+        # Thresholds of wall TTFT on this 2-core machine: one client at a time is served in
+        # ~0.1 s; 48 at once queue for seconds (measured when written).
+        "controller": {
+            "theta1_s": 0.5, "theta2_s": 1.0, "min_samples": 10, "window_s": 5.0,
+            "resplit": {"enabled": False},
+        },
+    })  # fmt: skip
+    svc = DynamoService(config)
+    try:
+        svc.start(port=free_port())
+        yield svc
+    finally:
+        svc.stop()
+
+
+def _messages(i: int, k: int) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": SYSTEM.format(k=k)},
+        {"role": "user", "content": f"Question {i}: when is the next high tide?"},
+    ]
+
+
+async def _ask(client: openai.AsyncOpenAI, i: int, k: int, max_tokens: int = 8) -> dict[str, Any]:
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=_messages(i, k), max_tokens=max_tokens, stream=True
+    )
+    text, disagg = "", None
+    async for chunk in stream:
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+        disagg = (chunk.model_extra or {}).get("disagg") or disagg
+    return {"text": text, "disagg": disagg}
+
+
+def _client(svc: DynamoService) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{svc.url}/v1", api_key="none", max_retries=0)
+
+
+def _stats(svc: DynamoService) -> dict[str, Any]:
+    return ray.get(svc.handles.router.stats.remote())
+
+
+def test_requests_are_answered_and_overlaps_equal_dynamos(service: DynamoService) -> None:
+    client = openai.OpenAI(base_url=f"{service.url}/v1", api_key="none", max_retries=0)
+    reply = client.chat.completions.create(model=MODEL, messages=_messages(0, 0), max_tokens=8)
+    assert reply.choices[0].message.content and reply.usage.completion_tokens == 8
+
+    async def traffic() -> list[dict[str, Any]]:
+        c = _client(service)
+        return [await _ask(c, i, k=i % 8) for i in range(24)]  # eight prompts: evictions
+
+    answers = asyncio.run(traffic())
+    assert all(a["text"] for a in answers)
+    assert {a["disagg"]["prefill_worker"] for a in answers} == {0}
+    assert {a["disagg"]["decode_worker"] for a in answers} <= {1, 2}
+    kv = _stats(service)["kv_events"]["prefill"]["applied"]
+    assert kv.get("stored", 0) > 0 and kv.get("removed", 0) > 0, kv  # the cache evicted
+
+    tokenizer = ChatTokenizer.from_dir(default_model_dir())
+    prompts = [tokenizer.encode_chat(_messages(99, k)) for k in range(8)]
+
+    async def compare() -> tuple[list[dict[int, int]], list[dict[int, int]]]:
+        routes = DynamoRoutes(
+            service.config.dynamo, nats_url=service.nats_url or "",
+            discovery_dir=service.discovery_dir or "", model_name=MODEL,
+        )  # fmt: skip
+        await routes.start()
+        try:
+            deadline = time.monotonic() + 10.0
+            while True:  # both consume the same events, each at its own pace: let them settle
+                theirs = [await _dynamo_overlaps(routes, p) for p in prompts]
+                ours = [
+                    {w: b for w, b in (await service.handles.router.overlaps.remote(
+                        "prefill", p)).items() if b}
+                    for p in prompts
+                ]  # fmt: skip
+                if ours == theirs or time.monotonic() > deadline:
+                    return ours, theirs
+                await asyncio.sleep(0.2)
+        finally:
+            routes.close()
+
+    ours, theirs = asyncio.run(compare())
+    assert ours == theirs
+    assert any(o for o in ours) and not all(o for o in ours)  # some cached, some evicted
+
+
+async def _dynamo_overlaps(routes: DynamoRoutes, tokens: list[int]) -> dict[int, int]:
+    scores = await routes.routers["prefill"].get_overlap_scores(tokens)
+    return {int(w["worker_id"]): int(w["device_blocks"]) for w in scores["workers"]
+            if w["device_blocks"]}  # fmt: skip
+
+
+def test_every_request_gets_our_breakdown_and_agreement_is_counted(
+    service: DynamoService,
+) -> None:
+    before = _stats(service)["dynamo"]["agreement"]
+
+    async def traffic() -> None:
+        c = _client(service)
+        await asyncio.gather(*(_ask(c, 100 + i, k=i % 3) for i in range(12)))
+
+    asyncio.run(traffic())
+    after = _stats(service)["dynamo"]
+    for role in ("prefill", "decode"):
+        counted = sum(after["agreement"][role].values()) - sum(before[role].values())
+        assert counted == 12, (role, before, after)
+    # One prefill worker: the two routers cannot differ there.
+    assert after["agreement"]["prefill"]["different"] == 0
+    text = httpx.get(f"{service.url}/metrics", timeout=10).text
+    assert 'disagg_dynamo_router_agreement_total{agree="same",role="prefill"}' in text
+
+
+def test_a_ramp_switches_the_regime_and_the_next_requests_carry_the_override(
+    service: DynamoService,
+) -> None:
+    start = _stats(service)["policy"]
+    assert start["regime"] == "below" and start["tau"] == 0.0
+
+    async def ramp() -> list[dict[str, Any]]:
+        c = _client(service)
+        deadline = time.monotonic() + 90.0
+        i = 1000
+        while _stats(service)["policy"]["regime"] != "saturated":
+            assert time.monotonic() < deadline, "the ramp did not saturate the service"
+            await asyncio.gather(*(_ask(c, i + j, k=j % 8, max_tokens=16) for j in range(48)))
+            i += 48
+        return [await _ask(c, 5000 + j, k=j % 8) for j in range(3)]
+
+    after = asyncio.run(ramp())
+    policy = _stats(service)["policy"]
+    assert policy["tau"] > 0 and policy["version"] > start["version"]
+    for answer in after:
+        assert answer["disagg"]["regime"] == "saturated"
+        assert answer["disagg"]["policy_version"] == policy["version"]
+    override = ray.get(service.handles.router.policy.remote())["override"]
+    assert override == {
+        "router_temperature": policy["tau"], "overlap_score_weight": policy["omega"]
+    }
+
+
+def test_a_killed_mocker_is_restarted_and_rebound(service: DynamoService) -> None:
+    worker = service.handles.decode[1]
+    old = ray.get(worker.info.remote())
+    pid = ray.get(worker.kill_engine.remote())
+    assert pid == old["pid"]
+
+    async def during() -> list[Any]:
+        client = _client(service)
+        return await asyncio.gather(
+            *(_ask(client, 7000 + j, k=j % 3) for j in range(6)), return_exceptions=True
+        )
+
+    results = asyncio.run(during())
+    for r in results:  # answered (elsewhere, or by the restarted worker) or a clear 503
+        if isinstance(r, BaseException):
+            assert isinstance(r, openai.APIStatusError) and r.status_code == 503, r
+            assert "decode instance" in str(r.message) or "worker" in str(r.message), r
+        else:
+            assert r["text"]
+    deadline = time.monotonic() + 60.0
+    while True:
+        new = ray.get(worker.info.remote())
+        bound = _stats(service)["dynamo"]["instances"].get("decode/1")
+        renewed = new["instance_id"] != old["instance_id"]
+        if new["alive"] and renewed and bound == new["instance_id"]:
+            break
+        assert time.monotonic() < deadline, (old, new, bound)
+        time.sleep(0.2)
+    assert pid_gone(pid) and new["restarts"] == old["restarts"] + 1
+    assert Path(new["log"]).is_file()
+
+    async def after() -> list[dict[str, Any]]:
+        client = _client(service)
+        return [await _ask(client, 8000 + j, k=j % 3) for j in range(8)]
+
+    assert all(r["text"] for r in asyncio.run(after()))
+
+
+def test_a_resplit_stops_a_decode_mocker_and_starts_a_prefill_one(
+    service: DynamoService,
+) -> None:
+    controller = service.handles.controller
+    moved = ray.get(controller.resplit_now.remote("prefill", "test", 2), timeout=120)
+    assert moved["result"] == "warm", moved
+    assert moved["pools"]["prefill"] == [0, 2] and moved["pools"]["decode"] == [1]
+    stats = _stats(service)
+    assert stats["workers"] == {"prefill": [0, 2], "decode": [1]}
+    assert "prefill/2" in stats["dynamo"]["instances"]
+
+    async def traffic() -> list[dict[str, Any]]:
+        c = _client(service)
+        return await asyncio.gather(*(_ask(c, 9000 + j, k=j % 8) for j in range(16)))
+
+    answers = asyncio.run(traffic())
+    assert all(a["text"] for a in answers)
+    assert {a["disagg"]["decode_worker"] for a in answers} == {1}
+    back = ray.get(controller.resplit_now.remote("decode", "test", 2), timeout=120)
+    assert back["result"] == "warm", back
+    assert _stats(service)["workers"] == {"prefill": [0], "decode": [1, 2]}

@@ -137,7 +137,7 @@ def test_requests_stream_and_dead_workers_are_routed_around(
             assert req.request_id not in shadow.routers["decode"].loads  # books closed
 
             # Dynamo has dropped both from its pool by now, or we exclude them: a clear refusal.
-            with pytest.raises(DynamoWorkerFailed, match="decode pool: no worker|every worker"):
+            with pytest.raises(DynamoWorkerFailed, match=r"decode pool: no worker|every worker"):
                 await path.dynamo.choose("decode", req.tokens, {}, exclude=[ids[1], ids[2]])
         finally:
             await path.aclose()

@@ -187,6 +187,14 @@ def test_a_ramp_switches_the_regime_and_the_next_requests_carry_the_override(
     for answer in after:
         assert answer["disagg"]["regime"] == "saturated"
         assert answer["disagg"]["policy_version"] == policy["version"]
+    # The PoA estimator joins our route events with the ingress's first tokens, as on the
+    # simulated backend: an estimate over the decode slots, every completion attributed.
+    deadline = time.monotonic() + 30.0
+    while (poa := ray.get(service.handles.poa.snapshot.remote()))["poa_hat"] is None:
+        assert time.monotonic() < deadline, poa
+        time.sleep(0.5)
+    assert poa["n"] > 0 and set(poa["workers"]) <= {1, 2} and poa["impossible"] == []
+    assert poa["attribution_rate"] == 1.0
     override = ray.get(service.handles.router.policy.remote())["override"]
     assert override == {
         "router_temperature": policy["tau"], "overlap_score_weight": policy["omega"]

@@ -17,6 +17,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from auction import SCHEDULERS
+from cluster.dynamo.install import DynamoMissingError
 from cluster.progress import progress_bar
 from disaggctl.jsonout import strict_dumps
 from disaggctl.options import (
@@ -245,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except UsageError as exc:  # a bad flag value: like argparse's own errors, status 2
         parser.exit(2, "".join(f"disaggctl: {line}\n" for line in str(exc).splitlines()))
-    except ValueError as exc:
+    except (ValueError, DynamoMissingError) as exc:
         print(f"disaggctl: {exc}", file=sys.stderr)
         return 1
     except BrokenPipeError:

@@ -110,6 +110,7 @@ def _demo_users() -> tuple[Any, str]:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from cluster.dynamo.install import require_dynamo
     from cluster.dynamo.service import make_service
     from cluster.models import validate_model
     from cluster.serve.config import ServeConfig, load_config
@@ -121,6 +122,8 @@ def _serve(args: argparse.Namespace) -> int:
         config = validate_model(
             ServeConfig, {**config.model_dump(), "backend": o.backend}, "--backend"
         )
+    if config.backend == "dynamo":
+        require_dynamo()  # before anything starts: the install command, not a traceback
     if o.users is not None:
         users, demo_key = Users.load(o.users), None
     else:

@@ -219,6 +219,7 @@ def run_ingress(tmp: Path, prompts: Sequence[Any], tokens: Sequence[list[int]],
         bar.update(1)
         return {"levels": levels, "startup_s": round(startup, 2), "routed_to": stats["routed_to"],
                 "agreement": agreement(stats["dynamo"]["agreement"]), "overhead": overhead,
+                "cost_gap": stats["dynamo"]["cost_gap"],
                 "policy": {"before": before, "after": stats["policy"]}}  # fmt: skip
     finally:
         svc.stop()
@@ -325,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
         "points": points,
         "served": {"frontend_per_worker": a["served"], "ingress_routed_to": b["routed_to"]},
         "agreement_tau0": b["agreement"],
+        # Mean cost(Dynamo's pick) − our lowest cost, in our cost's units (blocks), beside the
+        # mean lowest cost: how much the disagreements cost, not only how often they happen.
+        "cost_gap_tau0": b["cost_gap"],
         "policy": b["policy"],
         "router_overhead": b["overhead"],
     }  # fmt: skip

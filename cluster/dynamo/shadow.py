@@ -80,6 +80,9 @@ class ShadowRouterActor(RouterActor):
             r: {"same": 0, "tie": 0, "different": 0} for r in ROLES
         }
         self.unbound = {"kv": 0, "route": 0}
+        self.cost_gap: dict[str, dict[str, float]] = {
+            r: {"sum": 0.0, "lowest": 0.0, "n": 0} for r in ROLES
+        }
         for role, bound in (instances or {}).items():
             for slot, instance in bound.items():
                 self._bind(role, int(slot), instance)
@@ -206,14 +209,21 @@ class ShadowRouterActor(RouterActor):
         followed = dataclasses.replace(ours, worker=chosen)
         # "tie": another worker than ours, at our lowest cost (Dynamo breaks ties at random, we
         # by fewest cached blocks then id): the same decision in the cost both routers share.
+        lowest = min(ours.costs)
         if ours.worker == chosen:
             agree = "same"
-        elif followed.chosen.cost <= min(ours.costs):
+        elif followed.chosen.cost <= lowest:
             agree = "tie"
         else:
             agree = "different"
         out["agree"][role] = agree
         self.agreement[role][agree] += 1
+        # How much worse Dynamo's pick is in our cost: near-equal loads flip picks without
+        # costing anything, so the gap says more than the agreement rate alone.
+        gap = self.cost_gap[role]
+        gap["sum"] += float(followed.chosen.cost - lowest)
+        gap["lowest"] += float(lowest)
+        gap["n"] += 1
         DYNAMO_AGREEMENT.labels(role, agree).inc()
         blocks = -(-len(tokens) // self.block_size)
         router.loads.reserve(request_id, chosen, followed.chosen.uncached_tokens, blocks)
@@ -238,6 +248,14 @@ class ShadowRouterActor(RouterActor):
         out["dynamo"] = {
             "instances": {f"{r}/{s}": i for (r, s), i in self.instance_of.items()},
             "agreement": {r: dict(v) for r, v in self.agreement.items()},
+            # Mean of cost(Dynamo's pick) − our lowest cost, and of our lowest cost (the scale).
+            "cost_gap": {
+                r: {
+                    "mean": g["sum"] / g["n"] if g["n"] else None,
+                    "mean_lowest_cost": g["lowest"] / g["n"] if g["n"] else None,
+                }
+                for r, g in self.cost_gap.items()
+            },
             "unbound": dict(self.unbound),
             "kv_subjects": dict(self.kv_subjects),
         }

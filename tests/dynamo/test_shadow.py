@@ -106,6 +106,9 @@ def test_shadow_route_follows_dynamo_and_counts_agreement() -> None:
         out = await shadow.shadow_route("r3", other[:40], "u", PREFILL, DEC_A)
         assert out["agree"]["decode"] == "same"
         assert shadow.agreement["decode"] == {"same": 1, "tie": 1, "different": 1}
+        gap = (await shadow.stats())["dynamo"]["cost_gap"]
+        assert gap["prefill"]["mean"] == 0.0  # one prefill worker: never a worse pick
+        assert gap["decode"]["mean"] > 0 and gap["decode"]["mean_lowest_cost"] > 0
         with pytest.raises(ValueError, match="already in flight"):
             await shadow.shadow_route("r3", other[:40], "u", PREFILL, DEC_A)
         await shadow.complete("r1")

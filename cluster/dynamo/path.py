@@ -11,6 +11,7 @@ retry, then 503); one that fails mid-stream ends the stream with an error and no
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -38,6 +39,15 @@ class DynamoRequestPath(ActorRequestPath):
         self.overrides: dict[str, Any] = {}  # the last override sent, for tests and stats
 
     async def _serve(self, req: PathRequest, t0: float) -> AsyncIterator[PathEvent]:
+        try:
+            async for event in self._attempts(req, t0):
+                yield event
+        finally:
+            # Whatever ended the request (a client gone mid-prefill included), no reservation
+            # of it stays in Dynamo's load view. Local calls; idempotent.
+            await asyncio.shield(self._release(req.request_id))
+
+    async def _attempts(self, req: PathRequest, t0: float) -> AsyncIterator[PathEvent]:
         await self.dynamo.start()
         tokens = list(req.tokens)
         excluded: dict[str, list[int]] = {"prefill": [], "decode": []}
@@ -47,25 +57,29 @@ class DynamoRequestPath(ActorRequestPath):
             except _RAY_FAILURES:
                 raise PathError(503, "the router is restarting; retry shortly") from None
             override: Mapping[str, float] = policy["override"]
+            rid = req.request_id
             try:
                 choose = self.dynamo.choose
-                prefill_id = await choose("prefill", tokens, override, excluded["prefill"])
-                decode_id = await choose("decode", tokens, override, excluded["decode"])
-            except DynamoWorkerFailed as exc:
-                raise PathError(503, str(exc)) from None
-            self.overrides = {**override, "policy_version": policy["policy_version"]}
-            try:
+                prefill_id = await choose("prefill", tokens, override, excluded["prefill"], rid)
+                decode_id = await choose("decode", tokens, override, excluded["decode"], rid)
+                self.overrides = {**override, "policy_version": policy["policy_version"]}
                 route = await self.router.shadow_route.remote(
-                    req.request_id, tokens, req.user, prefill_id, decode_id
+                    rid, tokens, req.user, prefill_id, decode_id
                 )
-            except _RAY_FAILURES:
-                raise PathError(503, "the router is restarting; retry shortly") from None
+            except BaseException as exc:
+                await self._release(rid)  # no reservation outlives a request that never ran
+                if isinstance(exc, DynamoWorkerFailed):
+                    raise PathError(503, str(exc)) from None
+                if isinstance(exc, _RAY_FAILURES):
+                    raise PathError(503, "the router is restarting; retry shortly") from None
+                raise
             stream = self._generate(req, tokens, prefill_id, decode_id, override)
             try:
                 first = await anext(stream)
             except DynamoWorkerFailed as exc:
                 log.warning("request %s: %s", req.request_id, exc)
                 await stream.aclose()
+                await self._release(rid)
                 await self._router_note("complete", req.request_id)
                 if attempt == 1:
                     raise PathError(503, f"{exc}; failed on retry too") from None
@@ -97,6 +111,10 @@ class DynamoRequestPath(ActorRequestPath):
                 await self._publish_complete(req, route, decode_slot, prefill_slot, ttft, t0)
             return
 
+    async def _release(self, request_id: str) -> None:
+        await self.dynamo.release("prefill", request_id)
+        await self.dynamo.release("decode", request_id)
+
     async def _started(self, req: PathRequest) -> None:
         try:
             await self.auction.started.remote(req.request_id)
@@ -107,9 +125,11 @@ class DynamoRequestPath(ActorRequestPath):
         self, req: PathRequest, tokens: list[int], prefill_id: int, decode_id: int,
         override: Mapping[str, float],
     ) -> AsyncIterator[TokenChunk]:  # fmt: skip
-        params = await self.dynamo.prefill(tokens, prefill_id, override)
-        await self._router_note("finish_prefill", req.request_id)
-        async for ids in self.dynamo.decode(tokens, decode_id, params, req.max_tokens, override):
+        rid = req.request_id
+        params = await self.dynamo.prefill(tokens, prefill_id, override, rid)
+        await self._router_note("finish_prefill", rid)
+        decode = self.dynamo.decode(tokens, decode_id, params, req.max_tokens, override, rid)
+        async for ids in decode:
             yield TokenChunk(token_ids=ids)
 
     async def aclose(self) -> None:

@@ -23,6 +23,7 @@ The runtime joins the deployment through the same environment the workers get
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
@@ -122,18 +123,24 @@ class DynamoRoutes:
 
     async def choose(
         self, role: str, tokens: list[int], override: Mapping[str, float],
-        exclude: Iterable[int] = (),
+        exclude: Iterable[int] = (), request_id: str | None = None,
     ) -> int:  # fmt: skip
         """Dynamo's choice for ``role`` under ``override``; with ``exclude``, the cheapest of
-        the rest by Dynamo's own potential loads (its router takes no exclusion list)."""
+        the rest by Dynamo's own potential loads (its router takes no exclusion list).
+
+        With ``request_id`` the choice is also reserved in Dynamo's load view until
+        :meth:`release` (the engine call then tracks the request itself). A query without it
+        reserves nothing, so concurrent requests chosen before their engine calls start would
+        all see the same loads and herd onto one worker (measured: bench.dynamo)."""
         banned = set(exclude)
         router = self.routers[role]
         try:
-            worker, _, _ = await router.best_worker(tokens, dict(override))
+            worker, _, _ = await router.best_worker(tokens, dict(override), request_id=request_id)
         except Exception as exc:
             raise DynamoWorkerFailed(role, None, f"no worker to route to ({_why(exc)})") from None
         if int(worker) not in banned:
             return int(worker)
+        await self.release(role, request_id)  # reserved on an excluded worker
         loads = [
             row for row in await router.get_potential_loads(tokens)
             if int(row["worker_id"]) not in banned
@@ -147,9 +154,17 @@ class DynamoRoutes:
         )  # fmt: skip
         return int(best["worker_id"])
 
+    async def release(self, role: str, request_id: str | None) -> None:
+        """Drop ``choose``'s reservation of ``request_id`` in ``role``'s router (idempotent)."""
+        if request_id is None or role not in self.routers:
+            return
+        with contextlib.suppress(Exception):  # "not found": released already, or never held
+            await self.routers[role].free(request_id)
+
     async def prefill(
-        self, tokens: list[int], instance: int, override: Mapping[str, float]
-    ) -> Any:
+        self, tokens: list[int], instance: int, override: Mapping[str, float],
+        request_id: str | None = None,
+    ) -> Any:  # fmt: skip
         """Run the prompt on prefill ``instance``; the KV handoff for the decode worker."""
         params: Any = None
         try:
@@ -158,18 +173,21 @@ class DynamoRoutes:
                 sampling_options={}, output_options={},
                 router_config_override=dict(override), worker_id=instance,
             )  # fmt: skip
+            await self.release("prefill", request_id)  # the engine call tracks it from here
             async for out in stream:
                 if isinstance(out, dict) and out.get("disaggregated_params") is not None:
                     params = out["disaggregated_params"]
         except Exception as exc:
             raise DynamoWorkerFailed("prefill", instance, _why(exc)) from None
+        finally:
+            await self.release("prefill", request_id)
         if params is None:
             raise DynamoWorkerFailed("prefill", instance, "returned no disaggregated_params")
         return params
 
     async def decode(
         self, tokens: list[int], instance: int, params: Any, max_tokens: int,
-        override: Mapping[str, float],
+        override: Mapping[str, float], request_id: str | None = None,
     ) -> AsyncIterator[list[int]]:  # fmt: skip
         """Stream the output token ids of the request on decode ``instance``."""
         request = {
@@ -182,6 +200,7 @@ class DynamoRoutes:
         }  # fmt: skip
         try:
             stream = await self.routers["decode"].generate_from_request(request)
+            await self.release("decode", request_id)  # the engine call tracks it from here
             async for out in stream:
                 ids = out.get("token_ids") if isinstance(out, dict) else None
                 if ids:
@@ -190,6 +209,8 @@ class DynamoRoutes:
             raise
         except Exception as exc:
             raise DynamoWorkerFailed("decode", instance, _why(exc)) from None
+        finally:
+            await self.release("decode", request_id)
 
 
 def _why(exc: BaseException) -> str:

@@ -22,6 +22,7 @@ from cluster.ray.workers import DecodeWorkerActor, PrefillWorkerActor
 __all__ = [
     "RAY_NAMESPACE",
     "WorkerSpec",
+    "dynamo_worker_settings",
     "new_placement",
     "start_worker",
     "worker_class",
@@ -89,6 +90,19 @@ class WorkerSpec(StrictModel):
     dynamo: DynamoWorkerSpec | None = None
 
 
+def dynamo_worker_settings(spec: WorkerSpec) -> dict[str, Any]:
+    """A Dynamo worker's settings: the service's, and for vLLM the TP size of its placement
+    (``--tensor-parallel-size``, unless ``vllm_args`` already sets it), so the engine spans
+    exactly the GPUs its bundle holds."""
+    if spec.dynamo is None:
+        raise ValueError("not a Dynamo service: spec.dynamo is None")
+    settings = dict(spec.dynamo.settings)
+    args = tuple(settings.get("vllm_args", ()))
+    if settings.get("engine") == "vllm" and "--tensor-parallel-size" not in args:
+        settings["vllm_args"] = (*args, "--tensor-parallel-size", str(spec.tp))
+    return settings
+
+
 def new_placement(spec: WorkerSpec, name: str, lifetime: Lifetime) -> Any:
     """A placement group of one bundle holding the worker's TP share of the accelerator (a TP
     group never spans nodes); not yet waited for (``pg.ready()``)."""
@@ -129,8 +143,8 @@ def start_worker(
         options["max_restarts"] = 0
         d = spec.dynamo
         return ray.remote(cls).options(**options).remote(
-            role, worker_id, d.settings, nats_url=spec.nats_url, discovery_dir=d.discovery_dir,
-            log_dir=d.log_dir, model_path=spec.model_dir,
+            role, worker_id, dynamo_worker_settings(spec), nats_url=spec.nats_url,
+            discovery_dir=d.discovery_dir, log_dir=d.log_dir, model_path=spec.model_dir,
         )  # fmt: skip
     kwargs: dict[str, Any] = {
         "speedup": spec.speedup,

@@ -120,6 +120,21 @@ def test_requests_stream_and_dead_workers_are_routed_around(
             assert routes[-1].worker_id == routed.decode_worker
             assert path.overrides["router_temperature"] == 0.0
             assert len(auction.first_tokens) == 1 and auction.settled[-1][1] is True
+            # The choice was reserved in Dynamo's view (no herding) and released: nothing of
+            # a finished request stays in either router's load view.
+            for role in ("prefill", "decode"):
+                loads = await path.dynamo.routers[role].get_potential_loads([1, 2, 3])
+                assert [row["active_requests"] for row in loads] == [0] * len(loads), loads
+
+            # Two choices in a row, before either runs: the first is reserved, so the second
+            # goes to the other worker (a query alone would have sent both to the same one).
+            probe = _request().tokens
+            first = await path.dynamo.choose("decode", probe, {}, (), "probe-1")
+            second = await path.dynamo.choose("decode", probe, {}, (), "probe-2")
+            assert {first, second} == {ids[1], ids[2]}
+            for rid in ("probe-1", "probe-2"):
+                await path.dynamo.release("decode", rid)
+            await path.dynamo.release("decode", "probe-1")  # twice: harmless
 
             # One decode worker dead (not restarted: max_restarts 0): answered by the other.
             await pool[1].kill_engine()

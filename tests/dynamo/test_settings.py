@@ -182,3 +182,26 @@ def test_a_process_that_is_never_started_stops_quietly(tmp_path: Path) -> None:
     p.kill()
     with pytest.raises(ValueError, match="argv"):
         DynamoProcess([], {}, tmp_path / "p.log", None)
+
+
+def test_a_vllm_worker_gets_its_placements_tp_unless_the_config_sets_it() -> None:
+    from cluster.ray.worker_factory import DynamoWorkerSpec, WorkerSpec, dynamo_worker_settings
+
+    def spec(settings: dict) -> WorkerSpec:
+        return WorkerSpec(
+            profile="b200-llama70b-fp8-tp4", tp=4, speedup=1.0, epoch_wall=1.0, seed=0,
+            nats_url="nats://127.0.0.1:4222", namespace="n",
+            dynamo=DynamoWorkerSpec(settings=settings, discovery_dir="/d", log_dir="/l"),
+        )
+
+    vllm = dynamo_worker_settings(spec(DynamoSettings(engine="vllm").model_dump()))
+    assert vllm["vllm_args"] == ("--tensor-parallel-size", "4")
+    command = worker_command(DynamoSettings.model_validate(vllm), "prefill", "/m")
+    assert command[-2:] == ["--tensor-parallel-size", "4"]
+    own = DynamoSettings(engine="vllm", vllm_args=("--tensor-parallel-size", "8")).model_dump()
+    assert dynamo_worker_settings(spec(own))["vllm_args"] == ("--tensor-parallel-size", "8")
+    mocker = dynamo_worker_settings(spec(DynamoSettings().model_dump()))
+    assert mocker["vllm_args"] == ()
+    with pytest.raises(ValueError, match="not a Dynamo service"):
+        sim = spec(DynamoSettings().model_dump()).model_copy(update={"dynamo": None})
+        dynamo_worker_settings(sim)

@@ -36,10 +36,10 @@ from typing import Any
 
 from cluster.events import MAX_WORKER_ID, RouteEvent
 from cluster.kv_wire import kv_subject
-from cluster.ray.actor_support import MAX_PROMPT_TOKENS, check_int, check_request_id
-from cluster.ray.router_actor import MAX_USER_CHARS, ROLES, RouterActor
+from cluster.ray.actor_support import MAX_PROMPT_TOKENS, check_int
+from cluster.ray.router_actor import ROLES, RouterActor
 from controller.metrics import DYNAMO_AGREEMENT, ROUTING_COST
-from router import Decision, Router, block_hashes
+from router import Decision, Router
 
 __all__ = ["ShadowRouterActor", "dynamo_override"]
 
@@ -160,15 +160,7 @@ class ShadowRouterActor(RouterActor):
         (Dynamo's decode worker, our breakdown), count agreement. Slots are None for an
         instance no slot holds yet (just restarted): that request gets no route event."""
         await self._start()
-        check_request_id(request_id)
-        if not isinstance(tokens, list | tuple) or not 0 < len(tokens) <= MAX_PROMPT_TOKENS:
-            raise ValueError(f"tokens must be a list of 1 to {MAX_PROMPT_TOKENS} token ids")
-        if type(user) is not str or len(user) > MAX_USER_CHARS:
-            raise ValueError(f"user must be a str of at most {MAX_USER_CHARS} characters")
-        try:
-            local = block_hashes(tokens, self.block_size)
-        except ValueError as exc:
-            raise ValueError(f"tokens: {exc}") from None
+        local = self._checked_request(request_id, tokens, user)
         decode_slot = self._slot("decode", decode_instance)
         prefill_slot = None if prefill_instance is None else self._slot("prefill", prefill_instance)
         out: dict[str, Any] = {

@@ -143,16 +143,8 @@ class RouterActor:
         """Pick the decode worker (and a prefill worker when the decode worker lacks more than
         ``local_prefill_max_tokens``), reserve their load, publish the route event."""
         await self._start()
-        check_request_id(request_id)
-        if not isinstance(tokens, list | tuple) or not 0 < len(tokens) <= MAX_PROMPT_TOKENS:
-            raise ValueError(f"tokens must be a list of 1 to {MAX_PROMPT_TOKENS} token ids")
-        if type(user) is not str or len(user) > MAX_USER_CHARS:
-            raise ValueError(f"user must be a str of at most {MAX_USER_CHARS} characters")
+        local = self._checked_request(request_id, tokens, user)
         banned = self._exclude(exclude)
-        try:
-            local = block_hashes(tokens, self.block_size)
-        except ValueError as exc:
-            raise ValueError(f"tokens: {exc}") from None
         seq = sequence_hashes(local)
         decode = self.routers["decode"]
         decision = self._decide(decode, request_id, tokens, local, banned)
@@ -189,6 +181,18 @@ class RouterActor:
             "omega": decision.omega,
             "regime": self.regime,
         }
+
+    def _checked_request(self, request_id: str, tokens: object, user: object) -> list[int]:
+        """``ValueError`` naming the field for a bad request; the prompt's block hashes."""
+        check_request_id(request_id)
+        if not isinstance(tokens, list | tuple) or not 0 < len(tokens) <= MAX_PROMPT_TOKENS:
+            raise ValueError(f"tokens must be a list of 1 to {MAX_PROMPT_TOKENS} token ids")
+        if type(user) is not str or len(user) > MAX_USER_CHARS:
+            raise ValueError(f"user must be a str of at most {MAX_USER_CHARS} characters")
+        try:
+            return block_hashes(tokens, self.block_size)
+        except ValueError as exc:
+            raise ValueError(f"tokens: {exc}") from None
 
     def _exclude(self, exclude: object) -> frozenset[int]:
         if exclude is None:

@@ -70,6 +70,10 @@ class DynamoSettings(StrictModel):
     startup_timeout_s: float = Field(default=60.0, gt=0.0, le=3600.0)
     max_restarts: int = Field(default=5, ge=0, le=1000)
     restart_backoff_s: float = Field(default=0.5, ge=0.0, le=300.0)
+    # Liveness: a running process whose /health has not said "generate: ready" for this many
+    # checks in a row (one per health_period_s) is hung, and is killed and restarted.
+    health_period_s: float = Field(default=5.0, gt=0.0, le=3600.0)
+    health_failures: int = Field(default=3, ge=1, le=1000)
 
     @field_validator("vllm_args")
     @classmethod

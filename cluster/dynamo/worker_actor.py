@@ -11,6 +11,11 @@ is logged, never raised: the worker serves either way.
 
 ``shutdown`` and ``drain`` stop the watch task before they stop the process, so an intended stop
 is never mistaken for a crash and restarted.
+
+Liveness: a process can be alive and still serve nothing (stopped, deadlocked, its event loop
+stuck). The watch asks its ``/health`` every ``health_period_s``; after ``health_failures``
+answers in a row that are not "generate: ready", it kills the process, which the watch then
+restarts like any exit (``hung_kills`` counts these).
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ class DynamoWorkerActor:
         self.process: DynamoProcess | None = None
         self.instance_id: int | None = None
         self.restarts = 0
+        self.hung_kills = 0  # processes killed for failing their health checks
         self.failed: str | None = None  # why the watch gave up, once it has
         self._router: Any = None
         self._watch: asyncio.Task[None] | None = None
@@ -138,12 +144,25 @@ class DynamoWorkerActor:
             log.exception("%s: bind_instance(%s) failed", self._name, self.instance_id)
 
     async def _watch_loop(self) -> None:
-        """Restart the process whenever it exits unasked, up to ``max_restarts`` times."""
+        """Restart the process whenever it exits unasked (or hangs: module docstring), up to
+        ``max_restarts`` times."""
+        loop = asyncio.get_running_loop()
+        next_check, failures = loop.time() + self.settings.health_period_s, 0
         while not self._stopping:
             process = self.process
             if process is not None and process.alive:
                 await asyncio.sleep(0.1)
+                if loop.time() >= next_check and not self._stopping:
+                    next_check = loop.time() + self.settings.health_period_s
+                    failures = 0 if await self._serving(process) else failures + 1
+                    if failures >= self.settings.health_failures and process.alive:
+                        log.error("%s: /health failed %d times in a row; killing pid %s",
+                                  self._name, failures, process.pid)  # fmt: skip
+                        self.hung_kills += 1
+                        failures = 0
+                        await asyncio.to_thread(process.kill)
                 continue
+            failures = 0
             if self.restarts >= self.settings.max_restarts:
                 self.failed = f"exited {self.restarts + 1} times; restarts exhausted"
                 log.error("%s: %s", self._name, self.failed)
@@ -160,6 +179,12 @@ class DynamoWorkerActor:
                     await self._launch()
                 except Exception as exc:  # the next round retries; the watch must survive
                     log.error("%s: restart failed: %s", self._name, exc)
+
+    @staticmethod
+    async def _serving(process: DynamoProcess) -> bool:
+        health = await process.health()
+        endpoints = health.get("endpoints") if isinstance(health, dict) else None
+        return isinstance(endpoints, dict) and endpoints.get("generate") == "ready"
 
     def _stop_requested(self) -> bool:
         """``_stopping`` read afresh: another task may have set it while this one awaited."""
@@ -216,6 +241,7 @@ class DynamoWorkerActor:
             "system_port": process.system_port if process is not None else None,
             "log": str(self.log_path),
             "restarts": self.restarts,
+            "hung_kills": self.hung_kills,
         }
 
     async def ready(self) -> dict[str, Any]:

@@ -357,3 +357,28 @@ def test_a_worker_retries_on_another_port_when_its_system_port_is_taken(
         info = asyncio.run(scenario())
     assert info["system_port"] != taken and info["instance_id"] is not None
     assert Path(actor.log_path).read_text().count("--- start") == 2
+
+
+def test_a_hung_worker_fails_its_health_checks_and_is_restarted(
+    dynamo_nats_url: str, discovery_dir: str, model_path: str, tmp_path: Path
+) -> None:
+    # SIGSTOP: the process is alive and answers nothing, as a deadlocked engine would.
+    actor = worker("decode", 4, dynamo_nats_url, discovery_dir, tmp_path, model_path,
+                   health_period_s=0.2, health_failures=2)  # fmt: skip
+    router = FakeRouter()
+    actor.attach(router)
+
+    async def scenario() -> None:
+        try:
+            first = await actor.start()
+            await asyncio.sleep(1.0)  # several healthy checks: nothing happens
+            assert (await actor.ready())["hung_kills"] == 0
+            os.kill(first["pid"], signal.SIGSTOP)
+            await until(lambda: len(router.calls) == 2, READY_S, 0.05, "a restart after a hang")
+            second = await actor.ready()
+            assert second["hung_kills"] == 1 and second["restarts"] == 1
+            assert second["instance_id"] != first["instance_id"] and pid_gone(first["pid"])
+        finally:
+            await actor.shutdown()
+
+    asyncio.run(scenario())

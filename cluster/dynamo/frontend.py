@@ -87,19 +87,7 @@ class DynamoFrontend:
 
     def wait_ready_sync(self, timeout_s: float) -> None:
         """:meth:`wait_ready` for callers without an event loop (benchmarks, scripts)."""
-        deadline = time.monotonic() + timeout_s
-        with httpx.Client(timeout=2.0, trust_env=False) as client:
-            while True:
-                self._check_alive()
-                try:
-                    response = client.get(f"{self.url}/models")
-                    if response.status_code == 200 and self._models_listed(response.json()):
-                        return
-                except (httpx.HTTPError, ValueError):
-                    pass
-                if time.monotonic() >= deadline:
-                    raise self._timed_out(timeout_s)
-                time.sleep(0.1)
+        asyncio.run(self.wait_ready(timeout_s))
 
     def stop(self, grace_s: float = 10.0) -> None:
         self.process.stop(grace_s)

@@ -118,9 +118,6 @@ class ShadowRouterActor(RouterActor):
         self.slot_of[instance] = (role, slot)
         self.instance_of[(role, slot)] = instance
 
-    async def add_worker(self, role: str, worker_id: int) -> None:
-        self._add(role, worker_id)
-
     async def remove_worker(self, role: str, worker_id: int) -> None:
         await super().remove_worker(role, worker_id)
         instance = self.instance_of.pop((role, worker_id), None)

@@ -267,7 +267,9 @@ class DynamoWorkerActor:
 
     async def metrics_text(self) -> str:
         """The process's own ``/metrics`` text (its system port), "" while it does not run. The
-        project's Prometheus export does not merge it yet; callers may."""
+        ingress merges it into the service's one ``/metrics`` as it does every worker actor's
+        (``cluster.ray.metrics_export.merge_metrics_texts``): Dynamo's ``dynamo_component_*``
+        families, one series per worker by their ``worker_id`` label."""
         process = self.process
         if process is None or not process.alive:
             return ""

@@ -163,6 +163,14 @@ def test_every_request_gets_our_breakdown_and_agreement_is_counted(
     assert after["agreement"]["prefill"]["different"] == 0
     text = httpx.get(f"{service.url}/metrics", timeout=10).text
     assert 'disagg_dynamo_router_agreement_total{agree="same",role="prefill"}' in text
+    # The workers' own Dynamo metrics, merged into the one /metrics: a series per instance.
+    served = {
+        int(line.split('worker_id="')[1].split('"')[0], 16)
+        for line in text.splitlines()
+        if line.startswith("dynamo_component_requests_total{")
+        and 'dynamo_endpoint="generate"' in line
+    }
+    assert set(after["instances"].values()) <= served, served
 
 
 def test_a_ramp_switches_the_regime_and_the_next_requests_carry_the_override(

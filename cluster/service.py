@@ -298,9 +298,13 @@ class Service:
         """What each ingress replica calls to build its request path (picklable)."""
         from cluster.serve.path import make_actor_path
 
+        cfg = self.config
         return functools.partial(
-            make_actor_path, handles=self._handle_map(), profile=self.config.profile,
-            speedup=self.config.speedup, nats_url=self.nats_url, namespace=self.config.namespace,
+            make_actor_path, handles=self._handle_map(), profile=cfg.profile,
+            speedup=cfg.speedup, nats_url=self.nats_url, namespace=cfg.namespace,
+            block_size=self.profile.block_size,
+            local_prefill_max_tokens=self.profile.decode.local_prefill_max_tokens,
+            seed=cfg.seed, routing=cfg.routing.model_dump(),
         )  # fmt: skip
 
     # -- stop --------------------------------------------------------------------------------

@@ -120,6 +120,20 @@ class LoadTracker:
         self.decode_blocks[slot] += active_decode_blocks - old.active_decode_blocks
         self.requests[slot] += active_requests - old.active_requests
 
+    def reported(self, worker: int) -> LoadView:
+        """The caller-measured part of ``worker``'s load (the last ``report``)."""
+        self._known(worker)
+        return self._reported[worker]
+
+    def reserved(self, worker: int) -> LoadView:
+        """The part of ``worker``'s load that this tracker's own reservations hold."""
+        total, measured = self.view(worker), self._reported[worker]
+        return LoadView(
+            total.active_prefill_tokens - measured.active_prefill_tokens,
+            total.active_decode_blocks - measured.active_decode_blocks,
+            total.active_requests - measured.active_requests,
+        )
+
     def view(self, worker: int) -> LoadView:
         """Total load of ``worker`` (reported + reserved)."""
         slot = self._known(worker)

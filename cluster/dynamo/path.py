@@ -20,7 +20,7 @@ from typing import Any
 from cluster.dynamo.routing import DynamoRoutes, DynamoWorkerFailed
 from cluster.dynamo.settings import DynamoSettings
 from cluster.ray.actor_support import ActorBus
-from cluster.serve.path import _RAY_FAILURES, ActorRequestPath
+from cluster.serve.path import _RAY_FAILURES, ActorRequestPath, complete_event
 from cluster.serve.path_types import PathError, PathEvent, PathRequest, Routed, TokenChunk
 from cluster.serve.worker_handles import Workers, named_worker_resolver
 from cluster.sim.profile import load_profile
@@ -53,6 +53,7 @@ class DynamoRequestPath(ActorRequestPath):
         excluded: dict[str, list[int]] = {"prefill": [], "decode": []}
         for attempt in (0, 1):
             try:
+                self.calls["policy"] += 1
                 policy = await self.router.policy.remote()
             except _RAY_FAILURES:
                 raise PathError(503, "the router is restarting; retry shortly") from None
@@ -63,6 +64,7 @@ class DynamoRequestPath(ActorRequestPath):
                 prefill_id = await choose("prefill", tokens, override, excluded["prefill"], rid)
                 decode_id = await choose("decode", tokens, override, excluded["decode"], rid)
                 self.overrides = {**override, "policy_version": policy["policy_version"]}
+                self.calls["shadow_route"] += 1
                 route = await self.router.shadow_route.remote(
                     rid, tokens, req.user, prefill_id, decode_id
                 )
@@ -98,7 +100,7 @@ class DynamoRequestPath(ActorRequestPath):
             )
             ttft = time.time() - t0
             if decode_slot is not None:
-                await self._first_token(req, decode_slot, prefill_slot, ttft)
+                self._first_token(req, decode_slot, prefill_slot, ttft)
             else:  # an instance just restarted, not yet bound: no events, the books still move
                 await self._started(req)
             yield first
@@ -108,14 +110,36 @@ class DynamoRequestPath(ActorRequestPath):
             except DynamoWorkerFailed as exc:
                 raise PathError(503, f"{exc} mid-stream") from None
             if decode_slot is not None:
-                await self._publish_complete(req, route, decode_slot, prefill_slot, ttft, t0)
+                self._publish_dynamo_complete(req, route, decode_slot, prefill_slot, ttft, t0)
             return
+
+    def _publish_dynamo_complete(
+        self, req: PathRequest, route: Mapping[str, Any], decode_id: int,
+        prefill_id: int | None, ttft: float, t0: float,
+    ) -> None:  # fmt: skip
+        if self.bus is not None:
+            prompt = int(route["prompt_tokens"])
+            cached = prompt - int(route["uncached_tokens"])
+            self.bus.publish(complete_event(req, t0, ttft, decode_id, prefill_id, prompt, cached))
+
+    async def _router_note(self, method: str, request_id: str) -> None:
+        """Bookkeeping on the shadow router (its load view): a router that is restarting has
+        lost that view anyway, so a failure here is logged, never the request's failure."""
+        self.calls[method] += 1
+        try:
+            await getattr(self.router, method).remote(request_id)
+        except Exception as exc:
+            log.warning("request %s: router.%s failed: %s", request_id, method, exc)
+
+    async def _release_route(self, request_id: str) -> None:
+        await self._router_note("complete", request_id)
 
     async def _release(self, request_id: str) -> None:
         await self.dynamo.release("prefill", request_id)
         await self.dynamo.release("decode", request_id)
 
     async def _started(self, req: PathRequest) -> None:
+        self.calls["started"] += 1
         try:
             await self.auction.started.remote(req.request_id)
         except Exception as exc:
@@ -133,7 +157,10 @@ class DynamoRequestPath(ActorRequestPath):
             yield TokenChunk(token_ids=ids)
 
     async def aclose(self) -> None:
-        await super().aclose()
+        for task in list(self._background):
+            task.cancel()
+        if self.bus is not None:
+            await self.bus.close()
         self.dynamo.close()
 
 
@@ -167,5 +194,7 @@ async def make_dynamo_path(
         profile=load_profile(profile),
         speedup=1.0,
         bus=bus,
-        extra_metrics=tuple(h for h in (handles.get("poa"), handles.get("controller")) if h),
+        extra_metrics=tuple(
+            h for h in (handles.get("router"), handles.get("poa"), handles.get("controller")) if h
+        ),
     )

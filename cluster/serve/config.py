@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
+from cluster.dataplane.settings import RoutingSettings
 from cluster.dynamo.settings import DynamoSettings
 from cluster.models import StrictModel, load_yaml_model
 from cluster.ray.auction_settings import AuctionSettingsModel
@@ -60,6 +61,8 @@ class ServeConfig(StrictModel):
     worker_max_restarts: int = Field(default=3, ge=0, le=100)
     auction: AuctionSettingsModel = AuctionSettingsModel()
     controller: ControllerSettings = ControllerSettings()
+    # How each ingress replica's routing view stays current (cluster/dataplane/settings.py).
+    routing: RoutingSettings = RoutingSettings()
     # "sim": the simulated engines of ``profile``; "dynamo": real Dynamo worker processes
     # (``dynamo.mocker`` on CPU, ``dynamo.vllm`` on GPU nodes) routed by Dynamo's KvRouter with
     # the controller's override, our router in shadow (docs/design.md §6 "Dynamo backend").

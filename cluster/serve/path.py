@@ -1,25 +1,31 @@
-"""The request path through the actors (docs/design.md "Serve runtime"):
+"""The request path of the simulated backend (docs/design.md "Data flow (serve mode)"):
 
-    admit (auction) → route (router) → [prefill → KV transfer] → decode stream → finish
+    admit (auction) → route (in-process) → [prefill → KV transfer] → decode stream → finish
 
-Each step is one actor call; the path itself keeps no state beyond the request in hand, so any
-number of ingress replicas can run it side by side. Failures are handled where they happen:
+Routing happens in the ingress replica (``cluster.dataplane.replica.ReplicaRouter``): no actor
+call. The auction's admission and settlement and the workers' prefill and decode are the actor
+calls left; the first-token note to the auction runs in the background, off the TTFT. The path
+keeps no state beyond the request in hand and its replica's routing view, so any number of
+ingress replicas run it side by side. Failures are handled where they happen:
 
 - a worker that dies before the first token is excluded and the request is routed once more
   (one retry, then 503); a decode worker that dies mid-stream ends the stream with an error
   (tokens already sent cannot be taken back), and the request is not charged;
-- the router's and the auction's bookkeeping is always closed (``complete``, ``finished``), on
-  success, error and client disconnect alike, so no slot, reservation or hold leaks;
-- events (first_token, complete) are published best-effort: a NATS outage never fails a request.
+- the routing view's and the auction's bookkeeping is always closed (``complete``,
+  ``finished``), on success, error and client disconnect alike, so no slot, reservation or hold
+  leaks;
+- events (route, first_token, complete) are published best-effort: a NATS outage never fails a
+  request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from ray.exceptions import (
@@ -29,6 +35,9 @@ from ray.exceptions import (
     RayTaskError,
 )
 
+from cluster.dataplane.replica import ReplicaRouter
+from cluster.dataplane.routing import PoolRouting, Route
+from cluster.dataplane.settings import RoutingSettings
 from cluster.events import CompleteEvent, FirstTokenEvent
 from cluster.ray.actor_support import ActorBus
 from cluster.ray.metrics_export import merge_metrics_texts
@@ -84,7 +93,7 @@ class ActorRequestPath:
         self,
         *,
         auction: Any,
-        router: Any,
+        router: ReplicaRouter,
         workers: Workers,
         profile: HardwareProfile,
         speedup: float,
@@ -97,12 +106,17 @@ class ActorRequestPath:
         self.profile = profile
         self.speedup = speedup
         self.bus = bus
-        self.extra_metrics = extra_metrics  # the PoA and controller actors: metrics only
+        self.extra_metrics = extra_metrics  # the router, PoA and controller actors: metrics only
         self._link_bytes_per_s = profile.link.bandwidth_gbps * 1e9 / 8
+        self._background: set[asyncio.Task[None]] = set()
+        # Unary actor calls made for requests, by method (the decode stream is not one): what
+        # bench.ingress divides by its requests (disagg_ingress_actor_calls_total).
+        self.calls: collections.Counter[str] = collections.Counter()
 
     async def run(self, req: PathRequest) -> AsyncIterator[PathEvent]:
         t0 = time.time()
         try:
+            self.calls["admit"] += 1
             admitted = await self.auction.admit.remote(
                 req.request_id, req.user, req.bid, list(req.tokens)
             )
@@ -138,22 +152,20 @@ class ActorRequestPath:
         excluded: list[int] = []
         for attempt in (0, 1):
             try:
-                route = await self.router.route.remote(
-                    req.request_id, list(req.tokens), req.user, excluded
-                )
-            except _RAY_FAILURES:
-                raise PathError(503, "the router is restarting; retry shortly") from None
-            decode_id = int(route["decode_worker"])
-            prefill_id = route.get("prefill_worker")
+                route = self.router.route(req.request_id, req.tokens, req.user, excluded)
+            except ValueError as exc:  # every worker excluded, or a request it cannot route
+                raise PathError(503, f"no worker to route to: {exc}") from None
+            decode_id = route.decode_worker
+            prefill_id = route.prefill_worker
             stream = self._decode(req, route, decode_id, prefill_id is None)
             try:
                 if prefill_id is not None:
-                    await self._prefill(req, route, int(prefill_id))
+                    await self._prefill(req, route, prefill_id)
                 first = await anext(stream)
             except WorkerFailed as exc:
                 log.warning("request %s: %s", req.request_id, exc)
                 await stream.aclose()
-                await self._router_note("complete", req.request_id)
+                self.router.complete(req.request_id)
                 if attempt == 1:
                     raise PathError(503, f"{exc}; failed on retry too") from None
                 excluded.append(exc.worker)
@@ -162,30 +174,31 @@ class ActorRequestPath:
                 raise PathError(503, f"decode worker {decode_id} produced no token") from None
             yield Routed(
                 decode_worker=decode_id,
-                prefill_worker=None if prefill_id is None else int(prefill_id),
-                policy_version=int(route["policy_version"]),
-                regime=str(route["regime"]),
-                cached_tokens=int(route["prompt_tokens"]) - int(route["uncached_tokens"]),
+                prefill_worker=prefill_id,
+                policy_version=route.policy_version,
+                regime=route.regime,
+                cached_tokens=route.cached_tokens,
             )
             ttft = time.time() - t0
-            await self._first_token(req, decode_id, prefill_id, ttft)
+            self._first_token(req, decode_id, prefill_id, ttft)
             yield first
             try:
                 async for chunk in stream:
                     yield chunk
             except WorkerFailed as exc:
                 raise PathError(503, f"{exc} mid-stream") from None
-            await self._publish_complete(req, route, decode_id, prefill_id, ttft, t0)
+            self._publish_complete(req, route, ttft, t0)
             return
 
-    async def _prefill(self, req: PathRequest, route: Mapping[str, Any], worker: int) -> None:
+    async def _prefill(self, req: PathRequest, route: Route, worker: int) -> None:
         handle = await self.workers.get("prefill", worker)
         if handle is None:
             raise WorkerFailed("prefill", worker, "not in the pool")
         try:
+            self.calls["prefill"] += 1
             await handle.prefill.remote(
-                req.request_id, int(route["prompt_tokens"]), route["local_hashes"],
-                route["seq_hashes"],
+                req.request_id, route.prompt_tokens, list(route.local_hashes),
+                list(route.seq_hashes),
             )  # fmt: skip
         except _RAY_FAILURES as exc:
             self.workers.forget("prefill", worker, handle)
@@ -194,23 +207,23 @@ class ActorRequestPath:
             if not _not_taking_work(exc):
                 raise
             raise WorkerFailed("prefill", worker, "takes no new work (draining)") from None
-        await self._router_note("finish_prefill", req.request_id)
+        self.router.finish_prefill(req.request_id)
         # The KV crosses the link: latency + bytes / bandwidth, in the engines' virtual time.
-        missing = int(route["uncached_tokens"])
+        missing = route.uncached_tokens
         virtual_s = self.profile.link.latency_s + (
             missing * self.profile.kv_bytes_per_token / self._link_bytes_per_s
         )
         await asyncio.sleep(virtual_s / self.speedup)
 
     async def _decode(
-        self, req: PathRequest, route: Mapping[str, Any], worker: int, prefill_locally: bool
+        self, req: PathRequest, route: Route, worker: int, prefill_locally: bool
     ) -> AsyncGenerator[TokenChunk, None]:
         handle = await self.workers.get("decode", worker)
         if handle is None:
             raise WorkerFailed("decode", worker, "not in the pool")
         refs = handle.generate.remote(
-            req.request_id, int(route["prompt_tokens"]), route["local_hashes"],
-            route["seq_hashes"], req.max_tokens, prefill_locally,
+            req.request_id, route.prompt_tokens, list(route.local_hashes),
+            list(route.seq_hashes), req.max_tokens, prefill_locally,
         )  # fmt: skip
         try:
             async for ref in refs:
@@ -238,7 +251,7 @@ class ActorRequestPath:
         """Every actor's own metric families, merged (docs/design.md §5: one ``/metrics``).
         An actor that does not answer within a second is left out of this scrape."""
         workers = self.workers.handles()
-        actors = [self.router, self.auction, *self.extra_metrics, *(h for _, _, h in workers)]
+        actors = [self.auction, *self.extra_metrics, *(h for _, _, h in workers)]
         refs = [a.metrics_text.remote() for a in actors]
         done = await asyncio.gather(
             *(asyncio.wait_for(_awaitable(r), METRICS_TIMEOUT_S) for r in refs),
@@ -248,36 +261,34 @@ class ActorRequestPath:
         for (role, worker, handle), result in zip(workers, done[fixed:], strict=True):
             if isinstance(result, RayActorError):  # stopped by a re-split, or dead: look again
                 self.workers.forget(role, worker, handle)
-        return merge_metrics_texts(t for t in done if isinstance(t, str))
+        own = actor_calls_text(self.calls)
+        return merge_metrics_texts([own, *(t for t in done if isinstance(t, str))])
 
     async def aclose(self) -> None:
+        await self.router.aclose()
+        for task in list(self._background):
+            task.cancel()
         if self.bus is not None:
             await self.bus.close()
 
     # -- books and events --------------------------------------------------------------------
 
-    async def _router_note(self, method: str, request_id: str) -> None:
-        """Bookkeeping on the router (its load view): a router that is restarting has lost that
-        view anyway, so a failure here is logged, never the request's failure."""
-        try:
-            await getattr(self.router, method).remote(request_id)
-        except Exception as exc:
-            log.warning("request %s: router.%s failed: %s", request_id, method, exc)
+    async def _release_route(self, request_id: str) -> None:
+        self.router.complete(request_id)
 
     async def _withdraw(self, req: PathRequest) -> None:
         try:
+            self.calls["finished"] += 1
             await self.auction.finished.remote(req.request_id, False)
         except Exception as exc:
             log.error("request %s: withdrawing from the auction failed: %s", req.request_id, exc)
 
     async def _close_books(self, req: PathRequest, answered: bool) -> float:
-        """Release the router's reservation (idempotent) and settle the auction's hold:
+        """Release the routing reservation (idempotent) and settle the auction's hold:
         capture the payment if the request was answered, release it otherwise."""
+        await self._release_route(req.request_id)
         try:
-            await self.router.complete.remote(req.request_id)
-        except Exception as exc:  # the router restarting must not leak the auction's hold
-            log.warning("request %s: router.complete failed: %s", req.request_id, exc)
-        try:
+            self.calls["finished"] += 1
             result = await self.auction.finished.remote(req.request_id, answered)
             return float(result.get("charged", 0.0))
         except Exception as exc:
@@ -285,46 +296,54 @@ class ActorRequestPath:
             log.error("request %s: auction.finished failed: %s", req.request_id, exc)
             return 0.0
 
-    async def _first_token(
-        self, req: PathRequest, decode_id: int, prefill_id: Any, ttft: float
+    def _first_token(
+        self, req: PathRequest, decode_id: int, prefill_id: int | None, ttft: float
     ) -> None:
-        try:
-            await self.auction.started.remote(req.request_id)
-        except Exception as exc:
-            log.warning("request %s: auction.started failed: %s", req.request_id, exc)
+        """The auction learns the prefill slot is free; in the background, so the first token
+        does not wait for it. Should it reach the auction after the request's ``finished``
+        (an async actor may interleave one caller's calls), it changes nothing: both free the
+        same slot, idempotently."""
+        task = asyncio.get_running_loop().create_task(self._note_started(req.request_id))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
         if self.bus is not None:
-            self.bus.start()
             self.bus.publish(
                 FirstTokenEvent(
                     request_id=req.request_id, t=time.time(), worker_id=decode_id,
-                    prefill_worker_id=None if prefill_id is None else int(prefill_id),
-                    ttft_s=ttft,
+                    prefill_worker_id=prefill_id, ttft_s=ttft,
                 )
             )  # fmt: skip
 
-    async def _publish_complete(
-        self,
-        req: PathRequest,
-        route: Mapping[str, Any],
-        decode_id: int,
-        prefill_id: Any,
-        ttft: float,
-        t0: float,
-    ) -> None:
-        if self.bus is None:
-            return
-        e2e = time.time() - t0
-        outputs = max(1, req.max_tokens)
-        self.bus.publish(
-            CompleteEvent(
-                request_id=req.request_id, t=time.time(), worker_id=decode_id,
-                prefill_worker_id=None if prefill_id is None else int(prefill_id),
-                ttft_s=ttft, itl_s=(e2e - ttft) / max(1, outputs - 1), e2e_s=e2e,
-                prompt_tokens=int(route["prompt_tokens"]),
-                cached_tokens=int(route["prompt_tokens"]) - int(route["uncached_tokens"]),
-                output_tokens=outputs, status="ok",
-            )
-        )  # fmt: skip
+    async def _note_started(self, request_id: str) -> None:
+        self.calls["started"] += 1
+        try:
+            await self.auction.started.remote(request_id)
+        except Exception as exc:
+            log.warning("request %s: auction.started failed: %s", request_id, exc)
+
+    def _publish_complete(self, req: PathRequest, route: Route, ttft: float, t0: float) -> None:
+        if self.bus is not None:
+            self.bus.publish(
+                complete_event(
+                    req, t0, ttft, route.decode_worker, route.prefill_worker,
+                    route.prompt_tokens, route.cached_tokens,
+                )
+            )  # fmt: skip
+
+
+def complete_event(
+    req: PathRequest, t0: float, ttft: float, decode_id: int, prefill_id: int | None,
+    prompt_tokens: int, cached_tokens: int,
+) -> CompleteEvent:  # fmt: skip
+    """The ``complete`` event of an answered request that started at wall time ``t0``."""
+    e2e = time.time() - t0
+    outputs = max(1, req.max_tokens)
+    return CompleteEvent(
+        request_id=req.request_id, t=time.time(), worker_id=decode_id,
+        prefill_worker_id=prefill_id, ttft_s=ttft, itl_s=(e2e - ttft) / max(1, outputs - 1),
+        e2e_s=e2e, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens,
+        output_tokens=outputs, status="ok",
+    )  # fmt: skip
 
 
 async def _awaitable(ref: Any) -> Any:
@@ -338,27 +357,50 @@ async def make_actor_path(
     speedup: float,
     nats_url: str | None,
     namespace: str,
+    block_size: int,
+    local_prefill_max_tokens: int,
+    seed: int = 0,
+    routing: dict[str, Any] | None = None,
 ) -> ActorRequestPath:
     """The path an ingress replica builds at start (picklable through ``functools.partial``):
     ``handles``: "router", "auction", "poa", "controller" → a handle each; "prefill", "decode" →
-    {worker id: handle}."""
+    {worker id: handle}. The replica's router starts from the router actor's view."""
     from cluster.sim.profile import load_profile
 
-    bus = ActorBus(nats_url, namespace, name="ingress") if nats_url else None
-    if bus is not None:
-        bus.start()
-
+    bus = ActorBus(nats_url, namespace, name="ingress")
+    settings = RoutingSettings.model_validate(routing or {})
+    pools = PoolRouting(
+        block_size=block_size, local_prefill_max_tokens=local_prefill_max_tokens, seed=seed,
+        prefill_workers=sorted(handles["prefill"]), decode_workers=sorted(handles["decode"]),
+    )  # fmt: skip
+    router = ReplicaRouter(pools, bus, control=handles["router"], settings=settings)
+    await router.start()  # subscribes before the bus connects, then starts it
     return ActorRequestPath(
         auction=handles["auction"],
-        router=handles["router"],
+        router=router,
         workers=Workers(
             dict(handles["prefill"]), dict(handles["decode"]), named_worker_resolver(namespace)
         ),
         profile=load_profile(profile),
         speedup=speedup,
         bus=bus,
-        extra_metrics=tuple(h for h in (handles.get("poa"), handles.get("controller")) if h),
+        extra_metrics=tuple(
+            h for h in (handles.get("router"), handles.get("poa"), handles.get("controller")) if h
+        ),
     )
+
+
+ACTOR_CALLS = "disagg_ingress_actor_calls_total"
+
+
+def actor_calls_text(calls: collections.Counter[str]) -> str:
+    """This replica's unary actor calls on requests' paths, as Prometheus text."""
+    lines = [
+        f"# HELP {ACTOR_CALLS} Unary Ray actor calls this ingress replica made for requests.",
+        f"# TYPE {ACTOR_CALLS} counter",
+    ]
+    lines += [f'{ACTOR_CALLS}{{method="{m}"}} {n}' for m, n in sorted(calls.items())]
+    return "\n".join(lines) + "\n"
 
 
 def ray_cancel(refs: Any) -> None:

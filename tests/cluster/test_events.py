@@ -281,7 +281,7 @@ def test_regime_changes_become_regime_events() -> None:
     change = RegimeChange(12.0, Regime.SATURATED, 0.8, 0.1, 3.5, 4)
     event = RegimeEvent.from_change(change)
     assert event == RegimeEvent(
-        t=12.0, regime="saturated", tau=0.8, omega=0.1, ttft_p99_smoothed_s=3.5
+        t=12.0, regime="saturated", tau=0.8, omega=0.1, ttft_p99_smoothed_s=3.5, policy_version=4
     )
     assert decode("regime", encode(event, "ctl", 1))[0] == event
 

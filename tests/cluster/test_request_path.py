@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 from ray.exceptions import ActorDiedError
 
-from cluster.events import CompleteEvent, FirstTokenEvent
+from cluster.dataplane.replica import ReplicaRouter
+from cluster.dataplane.routing import PoolRouting, Route
+from cluster.events import CompleteEvent, FirstTokenEvent, RouteEvent
 from cluster.serve.path import ActorRequestPath, Workers, _as_path_error, make_actor_path
 from cluster.serve.path_types import (
     Admitted,
@@ -59,23 +61,36 @@ class Auction:
                                    "disagg_auction_welfare 3.0\n")  # fmt: skip
 
 
-class Router:
-    """Routes to decode worker 1 (2 when 1 is excluded), with a prefill worker when asked."""
+class Router(ReplicaRouter):
+    """A replica's real router over decode workers 1 and 2 (and ``prefill`` when given, chosen
+    for any uncached prompt), recording the path's calls; no NATS, no control plane."""
 
-    def __init__(self, prefill: int | None = None, fail: bool = False) -> None:
-        def route(rid: str, tokens: list[int], user: str, exclude: list[int]) -> Any:
-            if fail:
-                return ActorDiedError()
-            worker = 2 if 1 in exclude else 1
-            return {
-                "decode_worker": worker, "prefill_worker": prefill, "prompt_tokens": len(tokens),
-                "uncached_tokens": len(tokens) - 16, "local_hashes": [1], "seq_hashes": [2],
-                "policy_version": 3, "regime": "transition",
-            }  # fmt: skip
+    def __init__(self, prefill: int | None = None) -> None:
+        pools = PoolRouting(
+            block_size=PROFILE.block_size, local_prefill_max_tokens=0,
+            prefill_workers=() if prefill is None else (prefill,), decode_workers=(1, 2),
+        )  # fmt: skip
+        super().__init__(pools, Bus())  # type: ignore[arg-type]
+        self.calls: dict[str, list[tuple[Any, ...]]] = {"route": [], "finish_prefill": [],
+                                                        "complete": []}  # fmt: skip
 
-        self.route = Method(route)
-        self.complete = Method(lambda rid: None)
-        self.finish_prefill = Method(lambda rid: None)
+    def route(self, request_id: str, tokens: Any, user: str, exclude: Any = ()) -> Route:
+        self.calls["route"].append((request_id, list(exclude)))
+        return super().route(request_id, tokens, user, exclude)
+
+    def finish_prefill(self, request_id: str) -> None:
+        self.calls["finish_prefill"].append((request_id,))
+        super().finish_prefill(request_id)
+
+    def complete(self, request_id: str) -> None:
+        self.calls["complete"].append((request_id,))
+        super().complete(request_id)
+
+
+class Control:
+    """The router actor, as the path sees it: metrics only."""
+
+    def __init__(self) -> None:
         self.metrics_text = Method(lambda: "# TYPE disagg_routing_cost gauge\n"
                                    "disagg_routing_cost 1.5\n")  # fmt: skip
 
@@ -133,6 +148,7 @@ def _path(
         profile=PROFILE,
         speedup=1000.0,  # the KV transfer's sleep: microseconds
         bus=bus,  # type: ignore[arg-type]
+        extra_metrics=(Control(),),
     )
 
 
@@ -154,47 +170,58 @@ def test_a_request_is_admitted_routed_streamed_and_charged() -> None:
     assert events[0] == Admitted(position=2, payment=0.5, batch_id="b-0", mode="auction")
     routed = events[1]
     assert isinstance(routed, Routed)
-    assert (routed.decode_worker, routed.prefill_worker, routed.cached_tokens) == (1, None, 16)
+    # An empty index: nothing cached, the tie between 1 and 2 goes to the lower id.
+    assert (routed.decode_worker, routed.prefill_worker, routed.cached_tokens) == (1, None, 0)
+    assert (routed.policy_version, routed.regime) == (0, "below")
     assert [e.token_ids for e in events if isinstance(e, TokenChunk)] == [[100], [101], [102]]
     assert events[-1] == Finished(payment_charged=0.5)
-    assert auction.started.calls == [("r1",)]
+    assert auction.admit.calls and auction.started.calls == [("r1",)]
     assert auction.finished.calls == [("r1", True)]  # answered: the payment is captured
-    assert router.complete.calls == [("r1",)]
+    assert router.calls["complete"] == [("r1",)]
+    assert router.routing.in_flight("decode") == 0  # the reservation went with the request
+    (route,) = router.bus.events  # type: ignore[attr-defined]
+    assert isinstance(route, RouteEvent) and route.worker_id == 1 and route.user == "alice"
     first, done = bus.events
     assert isinstance(first, FirstTokenEvent) and first.worker_id == 1
-    assert isinstance(done, CompleteEvent) and done.cached_tokens == 16 and done.status == "ok"
+    assert isinstance(done, CompleteEvent) and done.cached_tokens == 0 and done.status == "ok"
 
 
 def test_a_remote_prefill_runs_before_decode_and_is_reported() -> None:
     router, prefill = Router(prefill=0), Prefill()
     events = _run(_path(router=router, prefill={0: prefill}))
-    assert prefill.prefill.calls == [("r1", 40, [1], [2])]
-    assert router.finish_prefill.calls == [("r1",)]
+    ((rid, prompt, local, seq),) = prefill.prefill.calls
+    assert (rid, prompt) == ("r1", 40) and len(local) == len(seq) == 40 // PROFILE.block_size
+    assert router.calls["finish_prefill"] == [("r1",)]
     routed = next(e for e in events if isinstance(e, Routed))
     assert routed.prefill_worker == 0
+    assert router.routing.in_flight("prefill") == router.routing.in_flight("decode") == 0
 
 
 def test_a_worker_that_dies_before_the_first_token_is_excluded_and_the_request_retried() -> None:
     router = Router()
     events = _run(_path(router=router, decode={1: Decode(die_after=0), 2: Decode()}))
-    assert [call[3] for call in router.route.calls] == [[1], [1]]  # the same list, extended
+    assert [call[1] for call in router.calls["route"]] == [[], [1]]
     routed = next(e for e in events if isinstance(e, Routed))
     assert routed.decode_worker == 2 and isinstance(events[-1], Finished)
+    assert router.routing.retries == 1 and router.routing.in_flight("decode") == 0
 
 
 def test_two_failures_are_a_503_and_nothing_is_charged() -> None:
-    auction = Auction()
+    auction, router = Auction(), Router()
     dead = {1: Decode(die_after=0), 2: Decode(die_after=0)}
     with pytest.raises(PathError) as err:
-        _run(_path(auction, decode=dead))
+        _run(_path(auction, router, decode=dead))
     assert err.value.status == 503
     assert auction.finished.calls == [("r1", False)]  # the hold is released, not captured
+    assert router.routing.in_flight("decode") == 0
 
 
-def test_a_missing_prefill_worker_is_retried_then_503() -> None:
-    with pytest.raises(PathError) as err:
-        _run(_path(router=Router(prefill=7), prefill={}))
-    assert err.value.status == 503 and "prefill worker 7" in err.value.message
+def test_a_missing_prefill_worker_is_excluded_and_the_decode_worker_prefills() -> None:
+    router = Router(prefill=7)
+    events = _run(_path(router=router, prefill={}))
+    assert [call[1] for call in router.calls["route"]] == [[], [7]]
+    routed = next(e for e in events if isinstance(e, Routed))
+    assert routed.prefill_worker is None and isinstance(events[-1], Finished)
 
 
 def test_a_decode_worker_that_dies_mid_stream_is_a_503_without_a_charge() -> None:
@@ -205,10 +232,7 @@ def test_a_decode_worker_that_dies_mid_stream_is_a_503_without_a_charge() -> Non
     assert auction.finished.calls == [("r1", False)]
 
 
-def test_a_restarting_router_or_auction_is_a_503() -> None:
-    with pytest.raises(PathError) as err:
-        _run(_path(router=Router(fail=True)))
-    assert err.value.status == 503 and "router" in err.value.message
+def test_a_restarting_auction_is_a_503() -> None:
     with pytest.raises(PathError) as err:
         _run(_path(Auction(admit=ActorDiedError())))
     assert err.value.status == 503 and "auction" in err.value.message
@@ -227,7 +251,8 @@ def test_a_client_that_leaves_mid_stream_closes_the_books_uncharged() -> None:
 
     asyncio.run(leave_after_first_token())
     assert auction.finished.calls == [("r1", False)]
-    assert router.complete.calls == [("r1",)]
+    assert router.calls["complete"] == [("r1",)]
+    assert router.routing.in_flight("decode") == 0
 
 
 def test_a_client_that_leaves_while_queued_withdraws_from_the_auction() -> None:
@@ -281,14 +306,22 @@ def test_metrics_are_merged_from_the_actors_and_the_bus_closes() -> None:
 
 
 def test_make_actor_path_builds_from_handles_without_nats() -> None:
-    handles = {"router": Router(), "auction": Auction(), "poa": None, "controller": None,
-               "prefill": {}, "decode": {1: Decode()}}  # fmt: skip
-    path = asyncio.run(
-        make_actor_path(
-            handles=handles, profile=PROFILE.name, speedup=1.0, nats_url=None, namespace="t"
-        )
-    )
-    assert path.bus is None and list(path.workers.decode) == [1]
+    handles = {"router": None, "auction": Auction(), "poa": None, "controller": None,
+               "prefill": {0: Prefill()}, "decode": {1: Decode()}}  # fmt: skip
+
+    async def build() -> ActorRequestPath:
+        path = await make_actor_path(
+            handles=handles, profile=PROFILE.name, speedup=1.0, nats_url=None, namespace="t",
+            block_size=PROFILE.block_size, local_prefill_max_tokens=64,
+        )  # fmt: skip
+        await path.aclose()
+        return path
+
+    path = asyncio.run(build())
+    assert path.bus is not None and path.bus.bus is None  # no NATS: events go nowhere
+    assert list(path.workers.decode) == [1]
+    assert path.router.routing.workers("prefill") == (0,)
+    assert path.router.routing.workers("decode") == (1,)
     assert path.profile.name == PROFILE.name
 
 

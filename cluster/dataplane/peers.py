@@ -1,0 +1,74 @@
+"""The other ingress replicas' loads, as their reports say (docs/design.md "Data flow").
+
+Each replica routes with its own view: its own in-flight requests exactly, plus what the other
+replicas hold. Those arrive as absolute per-worker reports (``cluster.events.LoadEvent``), each
+valid for its ``ttl_s``: a replica that dies stops reporting, and its load leaves every other
+view when its last report expires. A newer report of a replica replaces its older one, so a lost
+report costs nothing but staleness.
+
+``PeerLoads`` is a plain object: the caller passes ``now`` (seconds on any monotonic clock).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from cluster.dataplane.routing import ROLES, Role
+from router import LoadView
+
+__all__ = ["PeerLoads", "PeerReport"]
+
+
+@dataclass(frozen=True, slots=True)
+class PeerReport:
+    """One replica's loads per role and worker, and its cumulative routing counters."""
+
+    replica: str
+    loads: Mapping[Role, Mapping[int, LoadView]]
+    routed: int
+    retries: int
+    routed_to: Mapping[Role, Mapping[int, int]]
+    expires: float
+
+
+class PeerLoads:
+    """The latest unexpired report of every other replica."""
+
+    def __init__(self) -> None:
+        self._reports: dict[str, PeerReport] = {}
+
+    def update(self, report: PeerReport) -> None:
+        self._reports[report.replica] = report
+
+    def expire(self, now: float) -> list[str]:
+        """Forget the reports past their TTL; the replicas they came from."""
+        gone = [r for r, rep in self._reports.items() if rep.expires <= now]
+        for replica in gone:
+            del self._reports[replica]
+        return gone
+
+    def replicas(self) -> tuple[str, ...]:
+        return tuple(sorted(self._reports))
+
+    def totals(self, role: Role) -> dict[int, LoadView]:
+        """Σ over replicas of their loads on each worker of ``role``."""
+        out: dict[int, list[int]] = {}
+        for report in self._reports.values():
+            for worker, view in report.loads.get(role, {}).items():
+                acc = out.setdefault(worker, [0, 0, 0])
+                acc[0] += view.active_prefill_tokens
+                acc[1] += view.active_decode_blocks
+                acc[2] += view.active_requests
+        return {w: LoadView(*acc) for w, acc in out.items()}
+
+    def counters(self) -> tuple[int, int, dict[Role, dict[int, int]]]:
+        """(routed, retries, routed_to) summed over the replicas reporting."""
+        routed = sum(r.routed for r in self._reports.values())
+        retries = sum(r.retries for r in self._reports.values())
+        routed_to: dict[Role, dict[int, int]] = {role: {} for role in ROLES}
+        for report in self._reports.values():
+            for role, counts in report.routed_to.items():
+                for worker, n in counts.items():
+                    routed_to[role][worker] = routed_to[role].get(worker, 0) + n
+        return routed, retries, routed_to

@@ -1,0 +1,251 @@
+"""One ingress replica's router: routing in-process, its view kept current off the request path
+(docs/design.md "Data flow (serve mode)", "Router replicas").
+
+A request is routed by :meth:`ReplicaRouter.route` without leaving the replica: its own
+``PoolRouting`` decides, reserves and publishes the route event. What keeps the view current
+runs beside the requests, never in their way:
+
+- **KV index**: the workers' KV events on NATS (``kv_subject(ns, role)``), as Dynamo's frontend
+  replicas keep theirs;
+- **loads**: this replica's own in-flight requests exactly (its reservations), plus the other
+  replicas' absolute per-worker reports (``load`` events, one every ``report_period_s`` from each
+  replica, each counted for ``report_ttl_s``; ``cluster.dataplane.peers``);
+- **policy and pools**: the controller's ``regime`` events (applied when their policy version
+  is newer), the ``pools`` events of a re-split, and every ``view_sync_s`` the router actor's
+  :class:`~cluster.dataplane.routing.RoutingView` (what catches a replica up after a lost
+  event, and what a new replica starts from).
+
+Without NATS (in-process compositions) the replica routes on what it is told: ``feed_kv``,
+``apply_view``; a lone replica then has no peers and its own reservations are the whole load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from cluster.dataplane.peers import PeerLoads, PeerReport
+from cluster.dataplane.routing import ROLES, PoolRouting, Role, Route, RoutingView
+from cluster.dataplane.settings import RoutingSettings
+from cluster.events import Event, LoadEvent, PoolsEvent, RegimeEvent, RouteEvent, WorkerLoad
+from cluster.kv_wire import kv_subject
+from cluster.ray.actor_support import ActorBus, cancel_all, subscribe_when_connected
+from router import LoadView
+
+__all__ = ["ReplicaRouter"]
+
+log = logging.getLogger(__name__)
+
+VIEW_TIMEOUT_S = 5.0
+
+
+class ReplicaRouter:
+    """The routing view of one ingress replica (module docstring)."""
+
+    def __init__(
+        self,
+        routing: PoolRouting,
+        bus: ActorBus,
+        *,
+        control: Any = None,
+        settings: RoutingSettings | None = None,
+        replica_id: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.routing = routing
+        self.bus = bus
+        self.control = control  # the router actor (its ``view``), or None: told in-process
+        self.settings = settings if settings is not None else RoutingSettings()
+        self.replica_id = replica_id or f"ingress-{uuid.uuid4().hex[:12]}"
+        self.clock = clock
+        self.peers = PeerLoads()
+        self.view_syncs = 0
+        self.view_failures = 0
+        self.reports = 0
+        self._last_key: object = None
+        self._last_report = -math.inf
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Read the control plane's view (so the first request routes with the current policy
+        and pools), subscribe to the bus, start the report and sync loops."""
+        await self.sync_view()
+        for role in ROLES:
+            await self.bus.subscribe_kv(kv_subject(self.bus.namespace, role), self._kv(role))
+        self.bus.start()
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._subscribe(), name="replica-events"),
+            loop.create_task(self._report_loop(), name="replica-load-reports"),
+            loop.create_task(self._sync_loop(), name="replica-view-sync"),
+        ]
+
+    async def aclose(self) -> None:
+        await cancel_all(self._tasks)
+        self._tasks = []
+
+    # -- the request's calls (in-process, no await) ------------------------------------------
+
+    def route(
+        self, request_id: str, tokens: Sequence[int], user: str, exclude: Iterable[int] = ()
+    ) -> Route:
+        route = self.routing.route(request_id, tokens, user, tuple(exclude))
+        event = RouteEvent.from_decision(route.decision, time.time(), user, route.regime)
+        self.bus.publish(event)
+        return route
+
+    def finish_prefill(self, request_id: str) -> None:
+        self.routing.finish_prefill(request_id)
+
+    def complete(self, request_id: str) -> None:
+        self.routing.complete(request_id)
+
+    # -- what keeps the view current ---------------------------------------------------------
+
+    def _kv(self, role: Role) -> Callable[[Any], None]:
+        def handle(payload: Any) -> None:
+            self.routing.feed_kv(role, payload)
+
+        return handle
+
+    def feed_kv(self, role: Role, payload: object) -> bool:
+        return self.routing.feed_kv(role, payload)
+
+    def apply_view(self, view: RoutingView) -> None:
+        self.routing.apply_view(view)
+
+    async def sync_view(self) -> bool:
+        """Read the router actor's view and apply it; False when it did not answer (the
+        replica keeps routing on what it has: the router restarting must not stop requests)."""
+        if self.control is None:
+            return False
+        try:
+            view = await asyncio.wait_for(_awaited(self.control.view.remote()), VIEW_TIMEOUT_S)
+        except Exception as exc:
+            self.view_failures += 1
+            n = self.view_failures
+            if n & (n - 1) == 0:
+                log.warning("routing view sync failed (%d so far): %r", n, exc)
+            return False
+        self.apply_view(view)
+        self.view_syncs += 1
+        return True
+
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, LoadEvent):
+            if event.replica != self.replica_id:
+                self.peers.update(peer_report(event, self.clock()))
+        elif isinstance(event, RegimeEvent):
+            if event.policy_version > self.routing.policy.version:
+                self.routing.set_policy(
+                    event.tau, event.omega, event.policy_version, event.regime
+                )
+        elif isinstance(event, PoolsEvent):
+            self.routing.set_workers(event.prefill_workers, event.decode_workers)
+
+    async def _subscribe(self) -> None:
+        await subscribe_when_connected(self.bus, self.on_event, ("load", "regime", "pools"))
+
+    async def _sync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.view_sync_s)
+            await self.sync_view()
+
+    async def _report_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.report_period_s)
+            try:
+                self.refresh_loads()
+                self.report()
+            except Exception:  # a report is best-effort; the next period tries again
+                log.exception("load report failed")
+
+    def report(self) -> bool:
+        """Publish this replica's load report if it changed since the last one, or as a
+        heartbeat once a third of the TTL has passed (an idle replica stays in the others'
+        views without a message every period); True if published."""
+        event = self.load_event()
+        now = self.clock()
+        key = (event.prefill, event.decode, event.routed, event.retries)
+        if key == self._last_key and now - self._last_report < self.settings.report_ttl_s / 3:
+            return False
+        self.bus.publish(event)
+        self._last_key, self._last_report = key, now
+        self.reports += 1
+        return True
+
+    def refresh_loads(self) -> None:
+        """Drop expired peer reports; the peers' totals become each worker's measured load."""
+        self.peers.expire(self.clock())
+        for role in ROLES:
+            self.routing.report_loads(role, self.peers.totals(role))
+
+    def load_event(self) -> LoadEvent:
+        """This replica's own loads and counters, absolute (the ``load`` event)."""
+        routing = self.routing
+
+        def loads(role: Role) -> tuple[WorkerLoad, ...]:
+            counts = routing.routed_to[role]
+            return tuple(
+                WorkerLoad(
+                    worker_id=w,
+                    prefill_tokens=v.active_prefill_tokens,
+                    decode_blocks=v.active_decode_blocks,
+                    requests=v.active_requests,
+                    routed=counts.get(w, 0),
+                )
+                for w, v in routing.own_loads(role).items()
+            )
+
+        return LoadEvent(
+            replica=self.replica_id, t=time.time(), ttl_s=self.settings.report_ttl_s,
+            prefill=loads("prefill"), decode=loads("decode"), routed=routing.routed,
+            retries=routing.retries,
+        )  # fmt: skip
+
+    def stats(self) -> dict[str, Any]:
+        routing = self.routing
+        policy = routing.policy
+        return {
+            "replica": self.replica_id,
+            "policy": {"tau": policy.tau, "omega": policy.omega, "version": policy.version,
+                       "regime": routing.regime},
+            "workers": {r: list(routing.workers(r)) for r in ROLES},
+            "in_flight": {r: routing.in_flight(r) for r in ROLES},
+            "routed": routing.routed,
+            "retries": routing.retries,
+            "peers": list(self.peers.replicas()),
+            "view_syncs": self.view_syncs,
+        }
+
+
+def peer_report(event: LoadEvent, now: float) -> PeerReport:
+    """A ``load`` event as the view counts it: valid ``ttl_s`` from its arrival (``now``)."""
+
+    def loads(items: tuple[WorkerLoad, ...]) -> dict[int, LoadView]:
+        return {
+            w.worker_id: LoadView(w.prefill_tokens, w.decode_blocks, w.requests) for w in items
+        }
+
+    return PeerReport(
+        replica=event.replica,
+        loads={"prefill": loads(event.prefill), "decode": loads(event.decode)},
+        routed=event.routed,
+        retries=event.retries,
+        routed_to={
+            "prefill": {w.worker_id: w.routed for w in event.prefill},
+            "decode": {w.worker_id: w.routed for w in event.decode},
+        },
+        expires=now + event.ttl_s,
+    )
+
+
+async def _awaited(ref: Any) -> Any:
+    return await ref

@@ -1,0 +1,35 @@
+"""How an ingress replica keeps its routing view current (``routing:`` in the serve config).
+
+- ``report_period_s``: how often each replica publishes its absolute per-worker loads (a
+  ``load`` event). At most 0.1 s by default, so that a burst routed by one replica shows in the
+  others' views within one period: the staleness the controller's temperature is there to absorb.
+- ``report_ttl_s``: how long a report counts after it arrives. It must outlive a few periods (a
+  lost message costs nothing), and is what bounds how long a dead replica's load stays in the
+  others' views.
+- ``view_sync_s``: how often a replica reads the control plane's view (policy and pools) from
+  the router actor, off the request path. The controller's ``regime`` events and the ``pools``
+  events bring changes at once; the sync is what catches a replica up after a lost event.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from cluster.models import StrictModel
+
+__all__ = ["RoutingSettings"]
+
+
+class RoutingSettings(StrictModel):
+    report_period_s: float = Field(default=0.05, gt=0.0, le=10.0)
+    report_ttl_s: float = Field(default=1.0, gt=0.0, le=60.0)
+    view_sync_s: float = Field(default=0.5, gt=0.0, le=60.0)
+
+    @model_validator(mode="after")
+    def _ttl_outlives_periods(self) -> RoutingSettings:
+        if self.report_ttl_s < 2 * self.report_period_s:
+            raise ValueError(
+                f"report_ttl_s ({self.report_ttl_s}) must be at least twice report_period_s "
+                f"({self.report_period_s}): one lost report must not drop a live replica's load"
+            )
+        return self

@@ -324,14 +324,19 @@ def actor_calls(base_url: str) -> dict[str, float] | None:
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
-        text = httpx.get(f"{base_url}/metrics", timeout=10.0).text
+        resp = httpx.get(f"{base_url}/metrics", timeout=10.0)
     except httpx.HTTPError:
         return None
-    for family in text_string_to_metric_families(text):
-        if family.name == "disagg_ingress_actor_calls":
-            return {s.labels["method"]: s.value for s in family.samples
-                    if s.name.endswith("_total")}  # fmt: skip
-    return None if "disagg_ingress" not in text else {}
+    if resp.status_code != 200:  # the bare deployment has no /metrics
+        return None
+    try:
+        for family in text_string_to_metric_families(resp.text):
+            if family.name == "disagg_ingress_actor_calls":
+                return {s.labels["method"]: s.value for s in family.samples
+                        if s.name.endswith("_total")}  # fmt: skip
+    except ValueError:
+        return None
+    return {}  # the family has no sample yet: no call made
 
 
 def run_bare(

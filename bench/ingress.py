@@ -447,6 +447,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="comma-separated (default 1,32,256; --quick: 1,32)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="short points, 1 and 32 clients")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--stream-chunk-s", type=float, default=None,
+                        help="the full path's stream_chunk_s (default: the config's)")  # fmt: skip
     add_output_flags(parser)
     args = parser.parse_args(argv)
     if args.seconds is None:
@@ -472,9 +474,10 @@ def main(argv: list[str] | None = None) -> int:
 
     tmp = tempfile.mkdtemp(prefix="bench-ingress-")
     try:
+        chunk = {} if args.stream_chunk_s is None else {"stream_chunk_s": args.stream_chunk_s}
         config = ServeConfig(
             profile=args.profile, speedup=args.speedup, topology=args.topology, seed=args.seed,
-            ledger_path=str(Path(tmp) / "ledger.sqlite"),
+            ledger_path=str(Path(tmp) / "ledger.sqlite"), **chunk,
         )  # fmt: skip
     except (ConfigError, ValueError) as exc:
         print(f"bench.ingress: {exc}", file=sys.stderr)
@@ -501,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
             "profile": config.profile, "speedup": config.speedup, "topology": config.topology,
             "max_tokens": args.max_tokens, "seconds": args.seconds, "warmup_s": args.warmup,
             "clients": list(args.clients), "prompts": len(prompts),
+            "stream_chunk_s": config.stream_chunk_s,
             "prompt_tokens_mean": round(float(np.mean([len(p) for p in prompts])), 1),
             "cpus": os.cpu_count(),
         },

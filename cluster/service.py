@@ -305,6 +305,7 @@ class Service:
             block_size=self.profile.block_size,
             local_prefill_max_tokens=self.profile.decode.local_prefill_max_tokens,
             seed=cfg.seed, routing=cfg.routing.model_dump(),
+            chunk_interval_s=cfg.stream_chunk_s,
         )  # fmt: skip
 
     # -- stop --------------------------------------------------------------------------------

@@ -254,18 +254,23 @@ class DecodeWorkerActor(_WorkerActor):
     async def generate(
         self, request_id: str, prompt_tokens: int, local_hashes: list[int],
         seq_hashes: list[int], output_tokens: int, prefill_locally: bool,
+        chunk_interval_s: float = 0.0,
     ) -> AsyncGenerator[list[list[Any]], None]:  # fmt: skip
         """Decode ``output_tokens`` tokens; yields chunks ``[[index, token_id, t_virtual], ...]``.
 
-        A chunk holds the tokens produced since the previous one was taken: one token per decode
-        iteration while the consumer keeps up, more when it lags (fewer, larger Ray messages).
-        Under Ray this is a streaming generator. A consumer that goes away (``ray.cancel``,
-        ``aclose``) stops the engine's generator, which withdraws or abandons the sequence.
+        A chunk holds the tokens produced since the previous one was taken. The first token
+        leaves at once (the TTFT); after it, a chunk leaves at most every ``chunk_interval_s``
+        wall seconds, holding every token decoded meanwhile, and the last one as soon as the
+        sequence ends (0: one chunk per decode iteration). Each chunk is one Ray object, the
+        measured cost of a stream (docs/design.md "Data flow"). Under Ray this is a streaming
+        generator. A consumer that goes away (``ray.cancel``, ``aclose``) stops the engine's
+        generator, which withdraws or abandons the sequence.
         """
         args = self._check_prompt(request_id, prompt_tokens, local_hashes, seq_hashes)
         n = check_int("output_tokens", output_tokens, 1, self.tokenizer.context_tokens)
         if type(prefill_locally) is not bool:
             raise ValueError(f"prefill_locally must be a bool, got {prefill_locally!r}")
+        interval = _check_interval(chunk_interval_s)
         tokens = self.engine.generate(*args, n, prefill_locally=prefill_locally)
         ready: list[list[Any]] = []
         more = asyncio.Event()
@@ -287,6 +292,8 @@ class DecodeWorkerActor(_WorkerActor):
                     ready.clear()
                     more.clear()
                     yield chunk
+                    if interval > 0:  # gather what decodes meanwhile; the end cuts it short
+                        await asyncio.wait({task}, timeout=interval)
                 elif task.done():
                     task.result()  # the engine's error (EngineClosed, ValueError), if any
                     return
@@ -294,6 +301,21 @@ class DecodeWorkerActor(_WorkerActor):
             if not task.done():  # the consumer left: the engine drops the sequence
                 task.cancel()
             await asyncio.wait({task})
+
+
+MAX_CHUNK_INTERVAL_S = 1.0
+
+
+def _check_interval(value: object) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0.0 <= value <= MAX_CHUNK_INTERVAL_S
+    ):
+        raise ValueError(
+            f"chunk_interval_s must be a number in [0, {MAX_CHUNK_INTERVAL_S}], got {value!r}"
+        )
+    return float(value)
 
 
 def _row(token: Token) -> list[Any]:

@@ -61,6 +61,13 @@ class ServeConfig(StrictModel):
     worker_max_restarts: int = Field(default=3, ge=0, le=100)
     auction: AuctionSettingsModel = AuctionSettingsModel()
     controller: ControllerSettings = ControllerSettings()
+    # The decode stream's coalescing: after the first token (sent at once), a worker sends what
+    # it decoded at most every this many wall seconds, one Ray object each (0: one per decode
+    # iteration). 50 ms: a stream read by a person then updates 20 times a second, as often
+    # as a screen needs, while each Ray object (and SSE event) carries several decode steps
+    # (8.5 ms each on the 70B profile). cluster/ray/workers.py; docs/design.md "Data flow"
+    # has the measurement (TTFT is not affected: the first token never waits).
+    stream_chunk_s: float = Field(default=0.05, ge=0.0, le=1.0)
     # How each ingress replica's routing view stays current (cluster/dataplane/settings.py).
     routing: RoutingSettings = RoutingSettings()
     # "sim": the simulated engines of ``profile``; "dynamo": real Dynamo worker processes

@@ -99,6 +99,7 @@ class ActorRequestPath:
         speedup: float,
         bus: ActorBus | None = None,
         extra_metrics: tuple[Any, ...] = (),
+        chunk_interval_s: float = 0.0,
     ) -> None:
         self.auction = auction
         self.router = router
@@ -107,6 +108,7 @@ class ActorRequestPath:
         self.speedup = speedup
         self.bus = bus
         self.extra_metrics = extra_metrics  # the router, PoA and controller actors: metrics only
+        self.chunk_interval_s = chunk_interval_s  # the decode stream's coalescing (workers.py)
         self._link_bytes_per_s = profile.link.bandwidth_gbps * 1e9 / 8
         self._background: set[asyncio.Task[None]] = set()
         # Unary actor calls made for requests, by method (the decode stream is not one): what
@@ -223,7 +225,7 @@ class ActorRequestPath:
             raise WorkerFailed("decode", worker, "not in the pool")
         refs = handle.generate.remote(
             req.request_id, route.prompt_tokens, list(route.local_hashes),
-            list(route.seq_hashes), req.max_tokens, prefill_locally,
+            list(route.seq_hashes), req.max_tokens, prefill_locally, self.chunk_interval_s,
         )  # fmt: skip
         try:
             async for ref in refs:
@@ -361,6 +363,7 @@ async def make_actor_path(
     local_prefill_max_tokens: int,
     seed: int = 0,
     routing: dict[str, Any] | None = None,
+    chunk_interval_s: float = 0.0,
 ) -> ActorRequestPath:
     """The path an ingress replica builds at start (picklable through ``functools.partial``):
     ``handles``: "router", "auction", "poa", "controller" → a handle each; "prefill", "decode" →
@@ -387,6 +390,7 @@ async def make_actor_path(
         extra_metrics=tuple(
             h for h in (handles.get("router"), handles.get("poa"), handles.get("controller")) if h
         ),
+        chunk_interval_s=chunk_interval_s,
     )
 
 

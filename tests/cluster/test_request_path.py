@@ -99,7 +99,8 @@ class Decode:
     """Streams ``n`` tokens one chunk each; ``die_after`` chunks, then the actor dies."""
 
     def __init__(self, die_after: int | None = None) -> None:
-        def generate(rid: str, prompt: int, lh: list[int], sh: list[int], n: int, local: bool):
+        def generate(rid: str, prompt: int, lh: list[int], sh: list[int], n: int, local: bool,
+                     interval: float = 0.0):
             return self._stream(n, die_after)
 
         self.generate = Method(generate)

@@ -5,6 +5,7 @@ them through an embedded nats-server."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import time
 import zlib
@@ -218,6 +219,27 @@ def test_generate_streams_every_token_in_order_as_readable_text() -> None:
     _run(body)
 
 
+def test_a_chunk_interval_spaces_the_chunks_and_loses_nothing() -> None:
+    async def body() -> None:
+        worker = _decode(speedup=1.0)  # 8.5 ms decode steps in wall time
+        _, local, seq = _prompt(48)
+        arrivals: list[float] = []
+        chunks: list[list[list[Any]]] = []
+        async for chunk in worker.generate("few", 48, local, seq, 30, True, 0.05):
+            arrivals.append(time.monotonic())
+            chunks.append(chunk)
+        rows = [r for c in chunks for r in c]
+        assert [r[0] for r in rows] == list(range(30))  # nothing lost, in order
+        # After a chunk the worker waits the interval (only the sequence's end cuts it short),
+        # so every gap but the last is at least 50 ms, and 29 tokens of ~8.5 ms need few chunks.
+        gaps = [b - a for a, b in itertools.pairwise(arrivals[:-1])]
+        assert all(gap >= 0.045 for gap in gaps), gaps
+        assert len(chunks) < 30
+        await worker.shutdown()
+
+    _run(body)
+
+
 def test_generate_after_a_transfer_and_the_decode_kv_events_it_causes() -> None:
     async def body() -> None:
         worker = _decode(worker_id=9)
@@ -280,6 +302,9 @@ def test_a_request_cancelled_before_its_first_token_leaves_nothing_behind() -> N
         ({"output_tokens": 2.0}, "output_tokens"),
         ({"prefill_locally": 1}, "prefill_locally"),
         ({"prompt_tokens": -3}, "prompt_tokens"),
+        ({"chunk_interval_s": -0.1}, "chunk_interval_s"),
+        ({"chunk_interval_s": math.nan}, "chunk_interval_s"),
+        ({"chunk_interval_s": True}, "chunk_interval_s"),
     ],
 )
 def test_generate_refuses_bad_arguments_naming_the_field(

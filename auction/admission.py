@@ -3,7 +3,8 @@ queue (docs/design.md §1 and "Serve runtime"). A plain object: the caller passe
 seconds, any monotonic origin) and tells it when prefill slots free; it never reads a clock.
 
 Release rule. At most ``max_in_prefill`` requests are released and still without a first token
-(their prefill "slots"). While the regime is ``below`` and fewer than ``queue_threshold``
+(their prefill "slots"), less the slots lent to ingress replicas that admit FCFS on their own
+(``set_leased``). While the regime is ``below`` and fewer than ``queue_threshold``
 requests queue, requests leave in arrival order as slots free (FCFS: position 0, payment 0, no
 batch). Otherwise the queue is cut into batches: when no batch is pending and a slot is free, the
 oldest ``batch_size`` requests form one as soon as ``batch_size`` have queued or the oldest has
@@ -163,6 +164,7 @@ class AdmissionQueue:
         self._waiting: dict[str, _Queued] = {}  # arrival order (dicts keep insertion order)
         self._ordered: dict[str, Release] = {}  # the pending batch, in auction order
         self._in_prefill: set[str] = set()
+        self.leased = 0  # slots lent to ingress replicas that admit FCFS on their own
         self._arrivals = 0
         self._formed: list[BatchOutcome] = []
 
@@ -177,6 +179,18 @@ class AdmissionQueue:
     def in_prefill(self) -> int:
         """Released requests without a first token (slots taken)."""
         return len(self._in_prefill)
+
+    @property
+    def slots(self) -> int:
+        """The slots this queue releases into: ``max_in_prefill`` less the leased ones."""
+        return self.settings.max_in_prefill - self.leased
+
+    def set_leased(self, slots: int) -> None:
+        """Lend ``slots`` of ``max_in_prefill`` to admission elsewhere (capped at all of them);
+        releases from this queue then stay within the rest."""
+        if type(slots) is not int or slots < 0:
+            raise ValueError(f"leased slots must be an int >= 0, got {slots!r}")
+        self.leased = min(slots, self.settings.max_in_prefill)
 
     @property
     def fcfs(self) -> bool:
@@ -225,7 +239,7 @@ class AdmissionQueue:
     def releasable(self, now: float) -> list[Release]:
         """What may leave now under the release rule, in order; each one takes a slot."""
         out: list[Release] = []
-        while len(self._in_prefill) < self.settings.max_in_prefill:
+        while len(self._in_prefill) < self.slots:
             if self._ordered:
                 release = self._ordered.pop(next(iter(self._ordered)))
             elif not self._waiting:
@@ -250,7 +264,7 @@ class AdmissionQueue:
             self._ordered
             or not self._waiting
             or self.fcfs
-            or self.in_prefill >= self.settings.max_in_prefill
+            or self.in_prefill >= self.slots
         ):
             return None
         return next(iter(self._waiting.values())).arrived + self.settings.batch_window_s

@@ -67,6 +67,8 @@ class ReplicaRouter:
         self.view_syncs = 0
         self.view_failures = 0
         self.reports = 0
+        # Called with each regime the controller announces (the admission gate listens).
+        self.regime_listeners: list[Callable[[str], None]] = []
         self._last_key: object = None
         self._last_report = -math.inf
         self._tasks: list[asyncio.Task[None]] = []
@@ -143,6 +145,8 @@ class ReplicaRouter:
             if event.replica != self.replica_id:
                 self.peers.update(peer_report(event, self.clock()))
         elif isinstance(event, RegimeEvent):
+            for listener in self.regime_listeners:
+                listener(event.regime)
             if event.policy_version > self.routing.policy.version:
                 self.routing.set_policy(
                     event.tau, event.omega, event.policy_version, event.regime

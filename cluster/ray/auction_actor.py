@@ -41,6 +41,7 @@ from auction.ledger import BudgetExceeded, Ledger, LedgerError, UnknownAccountEr
 from auction.realised import RealisedBatch, RealisedWelfare
 from auction.request import Request
 from cluster.bus import BusError, EventBus
+from cluster.dataplane.admission import LEASE_TTL_S, Lease
 from cluster.events import AuctionEvent
 from cluster.models import validate_model
 from cluster.ray.auction_settings import AuctionSettingsModel, UserAccount
@@ -69,6 +70,15 @@ class AdmissionCancelledError(Exception):
 
 
 @dataclass
+class _Held:
+    """A lease this actor granted: its slots are lent until ``expires`` (the loop's clock)."""
+
+    lease_id: str
+    slots: int
+    expires: float
+
+
+@dataclass
 class _Entry:
     user: str
     bid: float
@@ -88,8 +98,14 @@ class AuctionActor:
         namespace: str = "disagg",
         speedup: float = 1.0,
         epoch_wall: float | None = None,
+        lease_ttl_s: float = LEASE_TTL_S,
     ) -> None:
         model = validate_model(AuctionSettingsModel, settings, "auction settings")
+        if not (isinstance(lease_ttl_s, float | int) and 0 < lease_ttl_s <= 600):
+            raise ValueError(f"lease_ttl_s must be in (0, 600], got {lease_ttl_s!r}")
+        self.lease_ttl_s = float(lease_ttl_s)
+        self._leases: dict[str, _Held] = {}  # by replica
+        self._lease_seq = 0
         accounts = [validate_model(UserAccount, u, f"users[{k}]") for k, u in enumerate(users)]
         self.settings = model.to_settings()
         self.namespace = namespace
@@ -199,10 +215,14 @@ class AuctionActor:
     # -- admission -----------------------------------------------------------------------------
 
     async def admit(
-        self, request_id: str, user: str, bid: float, tokens: list[int]
-    ) -> dict[str, Any]:
+        self, request_id: str, user: str, bid: float, tokens: list[int],
+        lease_id: str | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
         """Reserve ``bid``, wait for the release; {"position", "payment", "batch_id", "mode",
-        "queue_depth"} (module docstring for the errors)."""
+        "queue_depth"} (module docstring for the errors). ``lease_id``: the caller's replica
+        ran over its leased share (cluster/dataplane/admission.py); its slots come back now."""
+        if lease_id is not None:
+            self._revoke(lease_id)
         anonymous = user in ("", ANONYMOUS)
         user = ANONYMOUS if anonymous else user
         Request(request_id, user, tokens, bid)  # ValueError for a bad id, bid or prompt, early
@@ -270,6 +290,7 @@ class AuctionActor:
         if self._closed:
             return
         loop = asyncio.get_running_loop()
+        self._expire_leases(loop.time())
         again = True
         while again:
             again = False
@@ -287,6 +308,9 @@ class AuctionActor:
             self._timer.cancel()
             self._timer = None
         deadline = self._queue.next_deadline()
+        if self._queue.depth and self._leases:  # a lease's expiry may be what frees a slot
+            expiry = min(h.expires for h in self._leases.values())
+            deadline = expiry if deadline is None else min(deadline, expiry)
         if deadline is not None:
             self._timer = loop.call_at(max(deadline, loop.time() + 1e-3), self._pump)
 
@@ -378,7 +402,57 @@ class AuctionActor:
 
     async def set_regime(self, regime: str) -> None:
         self._queue.set_regime(regime)
+        if not self._queue.fcfs:  # the replicas learn it at their next renewal
+            for held in self._leases.values():
+                held.slots = 0
+            self._lend()
         self._pump()
+
+    # -- leases (cluster/dataplane/admission.py) -----------------------------------------------
+
+    async def lease(self, replica: str) -> Lease:
+        """Grant or renew ``replica``'s lease: an even share of the release slots while requests
+        pass first come first served and none waits here, else none; the users' available
+        budgets (budget − spent − held)."""
+        if type(replica) is not str or not 0 < len(replica) <= 256:
+            raise ValueError("replica must be a str of 1 to 256 characters")
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        self._expire_leases(now)
+        fcfs = self._queue.fcfs and self._queue.depth == 0 and not self._closed
+        live = len(self._leases) + (replica not in self._leases)
+        slots = self.settings.max_in_prefill // live if fcfs else 0
+        self._lease_seq += 1
+        lease_id = f"{replica}#{self._instance}.{self._lease_seq}"
+        self._leases[replica] = _Held(lease_id, slots, now + self.lease_ttl_s)
+        self._lend()
+        budgets = await self._ledger_call(self._available_budgets)
+        self._pump()
+        return Lease(
+            lease_id, replica, slots, self._queue.regime, fcfs, budgets, self.lease_ttl_s
+        )
+
+    def _available_budgets(self) -> dict[str, float]:
+        return {
+            a.user: max(0.0, a.budget - a.spent - self._ledger.held(a.user))
+            for a in self._ledger.accounts()
+        }
+
+    def _revoke(self, lease_id: object) -> None:
+        for held in self._leases.values():
+            if held.lease_id == lease_id:
+                held.slots = 0
+        self._lend()
+
+    def _expire_leases(self, now: float) -> None:
+        gone = [r for r, h in self._leases.items() if h.expires <= now]
+        for replica in gone:
+            del self._leases[replica]
+        if gone:
+            self._lend()
+
+    def _lend(self) -> None:
+        self._queue.set_leased(sum(h.slots for h in self._leases.values()))
 
     async def stats(self) -> dict[str, Any]:
         def users() -> dict[str, dict[str, float]]:
@@ -391,6 +465,7 @@ class AuctionActor:
             "queue_depth": self._queue.depth,
             "in_flight": len(self._entries),
             "in_prefill": self._queue.in_prefill,
+            "leases": {r: h.slots for r, h in self._leases.items()},
             "regime": self._queue.regime,
             "batches": self._queue.batches,
             "revenue": self.revenue,

@@ -35,6 +35,8 @@ from ray.exceptions import (
     RayTaskError,
 )
 
+from cluster.dataplane.admission import AdmissionGate
+from cluster.dataplane.lease import LeaseKeeper
 from cluster.dataplane.replica import ReplicaRouter
 from cluster.dataplane.routing import PoolRouting, Route
 from cluster.dataplane.settings import RoutingSettings
@@ -100,8 +102,12 @@ class ActorRequestPath:
         bus: ActorBus | None = None,
         extra_metrics: tuple[Any, ...] = (),
         chunk_interval_s: float = 0.0,
+        gate: AdmissionGate | None = None,
     ) -> None:
         self.auction = auction
+        # Local FCFS admission under the auction's lease; None: every request asks the actor.
+        self.gate = gate
+        self.keeper: LeaseKeeper | None = None  # renews the gate's lease (make_actor_path)
         self.router = router
         self.workers = workers
         self.profile = profile
@@ -117,26 +123,11 @@ class ActorRequestPath:
 
     async def run(self, req: PathRequest) -> AsyncIterator[PathEvent]:
         t0 = time.time()
-        try:
-            self.calls["admit"] += 1
-            admitted = await self.auction.admit.remote(
-                req.request_id, req.user, req.bid, list(req.tokens)
-            )
-        except RayTaskError as exc:
-            raise _as_path_error(exc) from None
-        except _RAY_FAILURES:
-            raise PathError(503, "the auction is restarting; retry shortly") from None
-        except (asyncio.CancelledError, GeneratorExit):
-            # The client left while queued. Cancelling our await does not cancel the actor's
-            # task, so withdraw the request explicitly: its queue entry and hold are released.
-            await asyncio.shield(self._withdraw(req))
-            raise
-        yield Admitted(
-            position=int(admitted["position"]),
-            payment=float(admitted["payment"]),
-            batch_id=admitted.get("batch_id"),
-            mode=str(admitted["mode"]),
-        )
+        gate = self.gate
+        if gate is not None and gate.try_admit(req.request_id, req.user, req.bid) is not None:
+            yield Admitted(position=0, payment=0.0, batch_id=None, mode="fcfs")
+        else:
+            yield await self._admit(req)
         answered = False
         charged = 0.0
         try:
@@ -147,6 +138,31 @@ class ActorRequestPath:
             # Shielded: a client disconnect cancels this generator, but the books must close.
             charged = await asyncio.shield(self._close_books(req, answered))
         yield Finished(payment_charged=charged)
+
+    async def _admit(self, req: PathRequest) -> Admitted:
+        """The auction actor's admission: its hold, its queue, its order and price."""
+        gate = self.gate
+        over = gate.lease.lease_id if gate and gate.overflowed and gate.lease else None
+        try:
+            self.calls["admit"] += 1
+            admitted = await self.auction.admit.remote(
+                req.request_id, req.user, req.bid, list(req.tokens), over
+            )
+        except RayTaskError as exc:
+            raise _as_path_error(exc) from None
+        except _RAY_FAILURES:
+            raise PathError(503, "the auction is restarting; retry shortly") from None
+        except (asyncio.CancelledError, GeneratorExit):
+            # The client left while queued. Cancelling our await does not cancel the actor's
+            # task, so withdraw the request explicitly: its queue entry and hold are released.
+            await asyncio.shield(self._withdraw(req))
+            raise
+        return Admitted(
+            position=int(admitted["position"]),
+            payment=float(admitted["payment"]),
+            batch_id=admitted.get("batch_id"),
+            mode=str(admitted["mode"]),
+        )
 
     # -- the steps ---------------------------------------------------------------------------
 
@@ -267,6 +283,8 @@ class ActorRequestPath:
         return merge_metrics_texts([own, *(t for t in done if isinstance(t, str))])
 
     async def aclose(self) -> None:
+        if self.keeper is not None:
+            await self.keeper.aclose()
         await self.router.aclose()
         for task in list(self._background):
             task.cancel()
@@ -289,6 +307,9 @@ class ActorRequestPath:
         """Release the routing reservation (idempotent) and settle the auction's hold:
         capture the payment if the request was answered, release it otherwise."""
         await self._release_route(req.request_id)
+        if self.gate is not None and self.gate.is_local(req.request_id):
+            self.gate.finished(req.request_id)  # admitted here, FCFS: nothing held, nothing due
+            return 0.0
         try:
             self.calls["finished"] += 1
             result = await self.auction.finished.remote(req.request_id, answered)
@@ -305,9 +326,12 @@ class ActorRequestPath:
         does not wait for it. Should it reach the auction after the request's ``finished``
         (an async actor may interleave one caller's calls), it changes nothing: both free the
         same slot, idempotently."""
-        task = asyncio.get_running_loop().create_task(self._note_started(req.request_id))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        if self.gate is not None and self.gate.is_local(req.request_id):
+            self.gate.started(req.request_id)
+        else:
+            task = asyncio.get_running_loop().create_task(self._note_started(req.request_id))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
         if self.bus is not None:
             self.bus.publish(
                 FirstTokenEvent(
@@ -378,7 +402,11 @@ async def make_actor_path(
     )  # fmt: skip
     router = ReplicaRouter(pools, bus, control=handles["router"], settings=settings)
     await router.start()  # subscribes before the bus connects, then starts it
-    return ActorRequestPath(
+    gate = AdmissionGate()
+    router.regime_listeners.append(gate.on_regime)
+    keeper = LeaseKeeper(gate, handles["auction"], router.replica_id)
+    await keeper.start()
+    path = ActorRequestPath(
         auction=handles["auction"],
         router=router,
         workers=Workers(
@@ -391,7 +419,10 @@ async def make_actor_path(
             h for h in (handles.get("router"), handles.get("poa"), handles.get("controller")) if h
         ),
         chunk_interval_s=chunk_interval_s,
+        gate=gate,
     )
+    path.keeper = keeper
+    return path
 
 
 ACTOR_CALLS = "disagg_ingress_actor_calls_total"

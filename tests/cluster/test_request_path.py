@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from ray.exceptions import ActorDiedError
 
+from cluster.dataplane.admission import AdmissionGate, Lease
 from cluster.dataplane.replica import ReplicaRouter
 from cluster.dataplane.routing import PoolRouting, Route
 from cluster.events import CompleteEvent, FirstTokenEvent, RouteEvent
@@ -141,6 +142,7 @@ def _path(
     decode: dict[int, Any] | None = None,
     prefill: dict[int, Any] | None = None,
     bus: Bus | None = None,
+    gate: AdmissionGate | None = None,
 ) -> ActorRequestPath:
     return ActorRequestPath(
         auction=auction or Auction(),
@@ -150,6 +152,7 @@ def _path(
         speedup=1000.0,  # the KV transfer's sleep: microseconds
         bus=bus,  # type: ignore[arg-type]
         extra_metrics=(Control(),),
+        gate=gate,
     )
 
 
@@ -185,6 +188,32 @@ def test_a_request_is_admitted_routed_streamed_and_charged() -> None:
     first, done = bus.events
     assert isinstance(first, FirstTokenEvent) and first.worker_id == 1
     assert isinstance(done, CompleteEvent) and done.cached_tokens == 0 and done.status == "ok"
+
+
+def _gate(slots: int) -> AdmissionGate:
+    gate = AdmissionGate()
+    gate.grant(Lease("L1", "replica", slots, "below", True, {"alice": 5.0}))
+    return gate
+
+
+def test_below_saturation_a_leased_replica_admits_with_no_actor_call() -> None:
+    auction, gate = Auction(), _gate(slots=1)
+    path = _path(auction, gate=gate)
+    events = _run(path)
+    assert events[0] == Admitted(position=0, payment=0.0, batch_id=None, mode="fcfs")
+    assert events[-1] == Finished(payment_charged=0.0)
+    assert auction.admit.calls == auction.started.calls == auction.finished.calls == []
+    assert sum(path.calls.values()) == 0
+    assert gate.in_flight == gate.in_prefill == 0 and gate.admitted == 1
+
+
+def test_a_replica_over_its_share_asks_the_auction_and_gives_its_slots_back() -> None:
+    auction, gate = Auction(), _gate(slots=0)
+    events = _run(_path(auction, gate=gate))
+    assert events[0] == Admitted(position=2, payment=0.5, batch_id="b-0", mode="auction")
+    ((*_, lease_id),) = auction.admit.calls
+    assert lease_id == "L1"  # the actor revokes that lease's slots
+    assert auction.finished.calls == [("r1", True)]
 
 
 def test_a_remote_prefill_runs_before_decode_and_is_reported() -> None:

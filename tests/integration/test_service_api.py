@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from typing import Any
 
 import httpx
@@ -24,6 +25,7 @@ from prometheus_client import generate_latest
 
 from auction import MAX_BID
 from auction.ledger import MAX_AMOUNT, Ledger
+from cluster.dataplane.admission import LEASE_TTL_S
 from tests.integration.live_service import (
     HTTP_TIMEOUT_S,
     KEYS,
@@ -273,6 +275,9 @@ def test_bidders_pay_vcg_prices_and_the_ledger_agrees(live_service: LiveService)
 
     charged = {"alice": 0.0, "bob": 0.0}
     ray.get(auction.set_regime.remote("saturated"), timeout=TIMEOUT_S)
+    # Told here, not by the controller's regime event, the replica learns it from its next
+    # lease (a renewal every third of the lease's TTL): until then it admits FCFS itself.
+    time.sleep(LEASE_TTL_S / 3 + 0.5)
     try:
         # Two requests sent together reach the auction within its batch window (150 ms) unless
         # the machine stalls; then they form two batches of one: send the pair again.

@@ -13,7 +13,8 @@ its own) is left to notice the death by itself. Then:
 
 1. the ledger file, opened cold (its replay checks every running balance and hold), holds
    exactly the money the clients saw: each request answered to the client has its hold captured
-   for the payment in its body (``disagg.payment``; auctioned) or released (FCFS, payment 0);
+   for the payment in its body (``disagg.payment``; auctioned) or released (FCFS, payment 0),
+   or, admitted FCFS by its ingress replica under the auction's lease, no hold at all;
    a request refused at admission (402) or never sent has no hold; a request refused after
    admission has no capture. The one ambiguity is a request in flight at the kill: the server
    captures when the answer completes, before it writes the body's last bytes, so a request
@@ -446,7 +447,9 @@ def check_books(view: dict[str, Any], sent: list[Sent], *, after_restart: bool) 
         hold = holds.get(hid) if hid else None
         if r.outcome == "answered":
             if hold is None:
-                problems.append(f"answered request {r.k} ({r.request_id}) has no hold")
+                # Admitted FCFS under its replica's lease: no hold, no ledger write, no charge.
+                if r.mode != "fcfs" or (r.payment or 0.0) != 0.0:
+                    problems.append(f"answered request {r.k} ({r.request_id}) has no hold")
             elif r.mode == "auction":
                 c = captures.get(hid)
                 if hold.state != "captured" or c is None:

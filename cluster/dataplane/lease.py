@@ -1,0 +1,70 @@
+"""Keeping a replica's admission lease (cluster/dataplane/admission.py) by heartbeat.
+
+The replica asks the auction actor for its lease at start and then every third of the lease's
+TTL. A renewal that fails (the auction restarting) leaves the gate with what it had until that
+expires; the gate then admits nothing locally and every request goes to the actor, which answers
+503 while it is down, as it did before leases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from cluster.dataplane.admission import AdmissionGate, Lease
+
+__all__ = ["LeaseKeeper"]
+
+log = logging.getLogger(__name__)
+
+CALL_TIMEOUT_S = 2.0
+
+
+class LeaseKeeper:
+    """Renews ``gate``'s lease from the auction actor ``auction`` for replica ``replica``."""
+
+    def __init__(self, gate: AdmissionGate, auction: Any, replica: str) -> None:
+        self.gate, self.auction, self.replica = gate, auction, replica
+        self.renewals = 0
+        self.failures = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def renew(self) -> bool:
+        try:
+            lease = await asyncio.wait_for(_awaited(self.auction.lease.remote(self.replica)),
+                                           CALL_TIMEOUT_S)  # fmt: skip
+        except Exception as exc:
+            self.failures += 1
+            n = self.failures
+            if n & (n - 1) == 0:
+                log.warning("lease renewal failed (%d so far): %r", n, exc)
+            return False
+        if not isinstance(lease, Lease):
+            raise TypeError(f"the auction answered {type(lease).__name__}, not a Lease")
+        self.gate.grant(lease)
+        self.renewals += 1
+        return True
+
+    async def start(self) -> None:
+        """The first lease (awaited, so the replica admits locally from its first request),
+        then the heartbeat."""
+        await self.renew()
+        self._task = asyncio.get_running_loop().create_task(self._beat(), name="lease")
+
+    async def _beat(self) -> None:
+        while True:
+            lease = self.gate.lease
+            ttl = lease.ttl_s if lease is not None else 3.0
+            await asyncio.sleep(ttl / 3)
+            await self.renew()
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait({self._task})
+            self._task = None
+
+
+async def _awaited(ref: Any) -> Any:
+    return await ref

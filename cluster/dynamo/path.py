@@ -14,9 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from cluster.dataplane.admission import AdmissionGate
+from cluster.dataplane.lease import LeaseKeeper
 from cluster.dynamo.routing import DynamoRoutes, DynamoWorkerFailed
 from cluster.dynamo.settings import DynamoSettings
 from cluster.ray.actor_support import ActorBus
@@ -139,6 +142,9 @@ class DynamoRequestPath(ActorRequestPath):
         await self.dynamo.release("decode", request_id)
 
     async def _started(self, req: PathRequest) -> None:
+        if self.gate is not None and self.gate.is_local(req.request_id):
+            self.gate.started(req.request_id)
+            return
         self.calls["started"] += 1
         try:
             await self.auction.started.remote(req.request_id)
@@ -157,6 +163,8 @@ class DynamoRequestPath(ActorRequestPath):
             yield TokenChunk(token_ids=ids)
 
     async def aclose(self) -> None:
+        if self.keeper is not None:
+            await self.keeper.aclose()
         for task in list(self._background):
             task.cancel()
         if self.bus is not None:
@@ -179,12 +187,15 @@ async def make_dynamo_path(
     shadow router."""
     bus = ActorBus(nats_url, namespace, name="ingress")
     bus.start()
+    gate = AdmissionGate()
+    keeper = LeaseKeeper(gate, handles["auction"], f"ingress-{uuid.uuid4().hex[:12]}")
+    await keeper.start()
     dynamo = DynamoRoutes(
         DynamoSettings.model_validate(settings), nats_url=nats_url,
         discovery_dir=discovery_dir, model_name=model_name,
     )  # fmt: skip
     # Joined on the first request, on the loop that serves requests (DynamoRoutes.start).
-    return DynamoRequestPath(
+    path = DynamoRequestPath(
         dynamo=dynamo,
         auction=handles["auction"],
         router=handles["router"],
@@ -197,4 +208,7 @@ async def make_dynamo_path(
         extra_metrics=tuple(
             h for h in (handles.get("router"), handles.get("poa"), handles.get("controller")) if h
         ),
+        gate=gate,
     )
+    path.keeper = keeper
+    return path

@@ -53,7 +53,9 @@ class Auction:
         self.first_tokens: list[str] = []
         self.settled: list[tuple[str, bool]] = []
 
-    async def admit(self, request_id: str, user: str, bid: float, tokens: list[int]) -> dict:
+    async def admit(
+        self, request_id: str, user: str, bid: float, tokens: list[int], lease: str | None = None
+    ) -> dict:
         return {"position": 0, "payment": 0.0, "batch_id": None, "mode": "fcfs"}
 
     async def started(self, request_id: str) -> None:

@@ -1,7 +1,8 @@
 """The request path on the Dynamo backend (docs/design.md "Serve runtime", §6 "Dynamo backend").
 
-    admit (auction) → policy (shadow router) → choose (Dynamo's KvRouters, with the override)
-    → shadow_route (our breakdown, the route event) → prefill → decode stream → finish
+    admit (the replica's lease, or the auction) → choose (Dynamo's KvRouters, with the
+    override of the policy this replica syncs) → shadow_route (our breakdown, the route event)
+    → prefill → decode stream → finish (the shadow router's bookkeeping in the background)
 
 The same path as :class:`cluster.serve.path.ActorRequestPath` — the auction, the ledger, the
 events and the books are its own — with the routing and the engines replaced by Dynamo's. A
@@ -14,14 +15,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from cluster.dataplane.admission import AdmissionGate
 from cluster.dataplane.lease import LeaseKeeper
+from cluster.dataplane.replica import ReplicaRouter
+from cluster.dataplane.routing import PoolRouting
 from cluster.dynamo.routing import DynamoRoutes, DynamoWorkerFailed
 from cluster.dynamo.settings import DynamoSettings
+from cluster.dynamo.shadow import dynamo_override
 from cluster.ray.actor_support import ActorBus
 from cluster.serve.path import _RAY_FAILURES, ActorRequestPath, complete_event
 from cluster.serve.path_types import PathError, PathEvent, PathRequest, Routed, TokenChunk
@@ -36,9 +39,10 @@ log = logging.getLogger(__name__)
 class DynamoRequestPath(ActorRequestPath):
     """:class:`ActorRequestPath` whose routing and engines are Dynamo's."""
 
-    def __init__(self, *, dynamo: DynamoRoutes, **kwargs: Any) -> None:
+    def __init__(self, *, dynamo: DynamoRoutes, view: ReplicaRouter, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.dynamo = dynamo
+        self.view = view  # the policy this replica routes with (synced, never asked per request)
         self.overrides: dict[str, Any] = {}  # the last override sent, for tests and stats
 
     async def _serve(self, req: PathRequest, t0: float) -> AsyncIterator[PathEvent]:
@@ -55,11 +59,7 @@ class DynamoRequestPath(ActorRequestPath):
         tokens = list(req.tokens)
         excluded: dict[str, list[int]] = {"prefill": [], "decode": []}
         for attempt in (0, 1):
-            try:
-                self.calls["policy"] += 1
-                policy = await self.router.policy.remote()
-            except _RAY_FAILURES:
-                raise PathError(503, "the router is restarting; retry shortly") from None
+            policy = self._policy()
             override: Mapping[str, float] = policy["override"]
             rid = req.request_id
             try:
@@ -135,7 +135,24 @@ class DynamoRequestPath(ActorRequestPath):
             log.warning("request %s: router.%s failed: %s", request_id, method, exc)
 
     async def _release_route(self, request_id: str) -> None:
-        await self._router_note("complete", request_id)
+        self._background_note("complete", request_id)
+
+    def _background_note(self, method: str, request_id: str) -> None:
+        # One caller's calls reach the actor in order as submitted; a complete that overtook
+        # its finish_prefill would leave nothing behind either (both are idempotent).
+        task = asyncio.get_running_loop().create_task(self._router_note(method, request_id))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _policy(self) -> dict[str, Any]:
+        """The controller's policy as this replica's view has it (regime events and the shadow
+        router's view, synced off the request path), in Dynamo's override fields."""
+        policy = self.view.routing.policy
+        return {
+            "override": dynamo_override(policy.tau, policy.omega),
+            "policy_version": policy.version,
+            "regime": self.view.routing.regime,
+        }
 
     async def _release(self, request_id: str) -> None:
         await self.dynamo.release("prefill", request_id)
@@ -157,7 +174,7 @@ class DynamoRequestPath(ActorRequestPath):
     ) -> AsyncIterator[TokenChunk]:  # fmt: skip
         rid = req.request_id
         params = await self.dynamo.prefill(tokens, prefill_id, override, rid)
-        await self._router_note("finish_prefill", rid)
+        self._background_note("finish_prefill", rid)  # bookkeeping: not in the TTFT's way
         decode = self.dynamo.decode(tokens, decode_id, params, req.max_tokens, override, rid)
         async for ids in decode:
             yield TokenChunk(token_ids=ids)
@@ -165,6 +182,7 @@ class DynamoRequestPath(ActorRequestPath):
     async def aclose(self) -> None:
         if self.keeper is not None:
             await self.keeper.aclose()
+        await self.view.aclose()
         for task in list(self._background):
             task.cancel()
         if self.bus is not None:
@@ -186,9 +204,15 @@ async def make_dynamo_path(
     ``handles`` as :func:`cluster.serve.path.make_actor_path` takes them, "router" being the
     shadow router."""
     bus = ActorBus(nats_url, namespace, name="ingress")
-    bus.start()
+    pools = PoolRouting(
+        block_size=1, local_prefill_max_tokens=0, prefill_workers=sorted(handles["prefill"]),
+        decode_workers=sorted(handles["decode"]),
+    )  # fmt: skip
+    view = ReplicaRouter(pools, bus, control=handles["router"])
+    await view.start()  # the shadow router's view first; starts the bus
     gate = AdmissionGate()
-    keeper = LeaseKeeper(gate, handles["auction"], f"ingress-{uuid.uuid4().hex[:12]}")
+    view.regime_listeners.append(gate.on_regime)
+    keeper = LeaseKeeper(gate, handles["auction"], view.replica_id)
     await keeper.start()
     dynamo = DynamoRoutes(
         DynamoSettings.model_validate(settings), nats_url=nats_url,
@@ -197,6 +221,7 @@ async def make_dynamo_path(
     # Joined on the first request, on the loop that serves requests (DynamoRoutes.start).
     path = DynamoRequestPath(
         dynamo=dynamo,
+        view=view,
         auction=handles["auction"],
         router=handles["router"],
         workers=Workers(

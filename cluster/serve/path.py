@@ -282,6 +282,11 @@ class ActorRequestPath:
         own = actor_calls_text(self.calls)
         return merge_metrics_texts([own, *(t for t in done if isinstance(t, str))])
 
+    async def settle(self) -> None:
+        """Wait for the bookkeeping calls this path runs in the background (tests, shutdown)."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
     async def aclose(self) -> None:
         if self.keeper is not None:
             await self.keeper.aclose()

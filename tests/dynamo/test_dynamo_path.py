@@ -12,12 +12,15 @@ from typing import Any
 
 import pytest
 
+from cluster.dataplane.replica import ReplicaRouter
+from cluster.dataplane.routing import PoolRouting
 from cluster.dynamo.path import DynamoRequestPath
 from cluster.dynamo.routing import DynamoRoutes, DynamoWorkerFailed
 from cluster.dynamo.settings import DynamoSettings, dynamo_env
 from cluster.dynamo.shadow import ShadowRouterActor
 from cluster.dynamo.worker_actor import DynamoWorkerActor
 from cluster.events import RouteEvent
+from cluster.ray.actor_support import ActorBus
 from cluster.serve.path_types import Admitted, Finished, PathError, PathRequest, Routed, TokenChunk
 from cluster.serve.worker_handles import Workers
 from cluster.sim.profile import load_profile
@@ -73,7 +76,11 @@ def _request(n_tokens: int = 96, max_tokens: int = 6) -> PathRequest:
 
 
 async def _collect(path: DynamoRequestPath, req: PathRequest) -> list[Any]:
-    return [event async for event in path.run(req)]
+    """The request's events; then its background bookkeeping (router notes), settled."""
+    try:
+        return [event async for event in path.run(req)]
+    finally:
+        await path.settle()
 
 
 def test_requests_stream_and_dead_workers_are_routed_around(
@@ -103,7 +110,14 @@ def test_requests_stream_and_dead_workers_are_routed_around(
         routes: list[RouteEvent] = []
         shadow.bus.local.append(lambda subject, event: routes.append(event))
         auction = Auction()
+        view = ReplicaRouter(
+            PoolRouting(block_size=1, local_prefill_max_tokens=0, prefill_workers=[0],
+                        decode_workers=[1, 2]),
+            ActorBus(None, "t", name="ingress"), control=Handle(shadow),
+        )  # fmt: skip
+        assert await view.sync_view()  # the shadow router's policy, as a replica starts
         path = DynamoRequestPath(
+            view=view,
             dynamo=DynamoRoutes(SETTINGS, nats_url=dynamo_nats_url,
                                 discovery_dir=discovery_dir, model_name=MODEL),
             auction=Handle(auction), router=Handle(shadow),

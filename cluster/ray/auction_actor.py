@@ -433,10 +433,7 @@ class AuctionActor:
         )
 
     def _available_budgets(self) -> dict[str, float]:
-        return {
-            a.user: max(0.0, a.budget - a.spent - self._ledger.held(a.user))
-            for a in self._ledger.accounts()
-        }
+        return {a.user: self._ledger.available(a.user) for a in self._ledger.accounts()}
 
     def _revoke(self, lease_id: object) -> None:
         for held in self._leases.values():

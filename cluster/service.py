@@ -296,7 +296,7 @@ class Service:
 
     def _path_factory(self) -> Any:
         """What each ingress replica calls to build its request path (picklable)."""
-        from cluster.serve.path import make_actor_path
+        from cluster.serve.replica_path import make_actor_path
 
         cfg = self.config
         return functools.partial(

@@ -26,7 +26,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["ANONYMOUS_USERS", "LEASE_TTL_S", "AdmissionGate", "Lease", "LocalAdmission"]
+__all__ = [
+    "ANONYMOUS_USERS", "LEASE_TTL_S", "AdmissionGate", "Lease", "LeaseBook", "LocalAdmission",
+]
 
 ANONYMOUS_USERS = frozenset({"", "anonymous"})
 # A replica renews every third of this: a live replica keeps its share through two lost
@@ -131,3 +133,67 @@ class AdmissionGate:
     @property
     def in_flight(self) -> int:
         return len(self._local)
+
+
+@dataclass
+class _Held:
+    lease_id: str
+    slots: int
+    expires: float
+
+
+class LeaseBook:
+    """The auction's side of the leases: which replica holds how many slots until when. A
+    plain object: the caller passes ``now`` (its loop's clock) and lends ``lent`` slots to
+    no one else."""
+
+    def __init__(
+        self, *, max_in_prefill: int, ttl_s: float = LEASE_TTL_S, prefix: str = ""
+    ) -> None:
+        if not (isinstance(ttl_s, float | int) and 0 < ttl_s <= 600):
+            raise ValueError(f"lease_ttl_s must be in (0, 600], got {ttl_s!r}")
+        self.max_in_prefill = max_in_prefill
+        self.ttl_s = float(ttl_s)
+        self.prefix = prefix
+        self._held: dict[str, _Held] = {}  # by replica
+        self._seq = 0
+
+    def grant(self, replica: str, now: float, fcfs: bool) -> tuple[str, int]:
+        """(lease id, slots) for ``replica``: an even share of the slots over the live leases
+        while ``fcfs``, else none."""
+        if type(replica) is not str or not 0 < len(replica) <= 256:
+            raise ValueError("replica must be a str of 1 to 256 characters")
+        self.expire(now)
+        live = len(self._held) + (replica not in self._held)
+        slots = self.max_in_prefill // live if fcfs else 0
+        self._seq += 1
+        lease_id = f"{replica}#{self.prefix}.{self._seq}"
+        self._held[replica] = _Held(lease_id, slots, now + self.ttl_s)
+        return lease_id, slots
+
+    def revoke(self, lease_id: object) -> None:
+        """Take the slots of lease ``lease_id`` back (it ran over, or FCFS ended)."""
+        for held in self._held.values():
+            if held.lease_id == lease_id:
+                held.slots = 0
+
+    def revoke_all(self) -> None:
+        for held in self._held.values():
+            held.slots = 0
+
+    def expire(self, now: float) -> bool:
+        """Forget the leases past their TTL (their replicas stopped renewing); True if any."""
+        gone = [r for r, h in self._held.items() if h.expires <= now]
+        for replica in gone:
+            del self._held[replica]
+        return bool(gone)
+
+    @property
+    def lent(self) -> int:
+        return sum(h.slots for h in self._held.values())
+
+    def next_expiry(self) -> float | None:
+        return min((h.expires for h in self._held.values()), default=None)
+
+    def slots(self) -> dict[str, int]:
+        return {r: h.slots for r, h in self._held.items()}

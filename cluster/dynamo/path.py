@@ -201,7 +201,7 @@ async def make_dynamo_path(
     model_name: str,
 ) -> DynamoRequestPath:
     """The path an ingress replica builds at start (picklable through ``functools.partial``);
-    ``handles`` as :func:`cluster.serve.path.make_actor_path` takes them, "router" being the
+    ``handles`` as :func:`cluster.serve.replica_path.make_actor_path` takes them, "router" being the
     shadow router."""
     bus = ActorBus(nats_url, namespace, name="ingress")
     pools = PoolRouting(

@@ -41,7 +41,7 @@ from auction.ledger import BudgetExceeded, Ledger, LedgerError, UnknownAccountEr
 from auction.realised import RealisedBatch, RealisedWelfare
 from auction.request import Request
 from cluster.bus import BusError, EventBus
-from cluster.dataplane.admission import LEASE_TTL_S, Lease
+from cluster.dataplane.admission import LEASE_TTL_S, Lease, LeaseBook
 from cluster.events import AuctionEvent
 from cluster.models import validate_model
 from cluster.ray.auction_settings import AuctionSettingsModel, UserAccount
@@ -70,15 +70,6 @@ class AdmissionCancelledError(Exception):
 
 
 @dataclass
-class _Held:
-    """A lease this actor granted: its slots are lent until ``expires`` (the loop's clock)."""
-
-    lease_id: str
-    slots: int
-    expires: float
-
-
-@dataclass
 class _Entry:
     user: str
     bid: float
@@ -101,16 +92,14 @@ class AuctionActor:
         lease_ttl_s: float = LEASE_TTL_S,
     ) -> None:
         model = validate_model(AuctionSettingsModel, settings, "auction settings")
-        if not (isinstance(lease_ttl_s, float | int) and 0 < lease_ttl_s <= 600):
-            raise ValueError(f"lease_ttl_s must be in (0, 600], got {lease_ttl_s!r}")
-        self.lease_ttl_s = float(lease_ttl_s)
-        self._leases: dict[str, _Held] = {}  # by replica
-        self._lease_seq = 0
+        self._instance = uuid.uuid4().hex[:8]  # hold and batch ids stay unique across restarts
+        self._leases = LeaseBook(
+            max_in_prefill=model.max_in_prefill, ttl_s=lease_ttl_s, prefix=self._instance
+        )
         accounts = [validate_model(UserAccount, u, f"users[{k}]") for k, u in enumerate(users)]
         self.settings = model.to_settings()
         self.namespace = namespace
         self._nats_url = nats_url
-        self._instance = uuid.uuid4().hex[:8]  # hold and batch ids stay unique across restarts
         self._queue = AdmissionQueue(self.settings, batch_prefix=f"auction-{self._instance}")
         # Event times on the service's shared virtual clock (epoch_wall and speedup as the
         # engines have them); without an epoch, seconds since this actor started.
@@ -222,7 +211,8 @@ class AuctionActor:
         "queue_depth"} (module docstring for the errors). ``lease_id``: the caller's replica
         ran over its leased share (cluster/dataplane/admission.py); its slots come back now."""
         if lease_id is not None:
-            self._revoke(lease_id)
+            self._leases.revoke(lease_id)
+            self._lend()
         anonymous = user in ("", ANONYMOUS)
         user = ANONYMOUS if anonymous else user
         Request(request_id, user, tokens, bid)  # ValueError for a bad id, bid or prompt, early
@@ -290,7 +280,8 @@ class AuctionActor:
         if self._closed:
             return
         loop = asyncio.get_running_loop()
-        self._expire_leases(loop.time())
+        if self._leases.expire(loop.time()):
+            self._lend()
         again = True
         while again:
             again = False
@@ -308,8 +299,8 @@ class AuctionActor:
             self._timer.cancel()
             self._timer = None
         deadline = self._queue.next_deadline()
-        if self._queue.depth and self._leases:  # a lease's expiry may be what frees a slot
-            expiry = min(h.expires for h in self._leases.values())
+        expiry = self._leases.next_expiry()
+        if self._queue.depth and expiry is not None:  # an expiry may be what frees a slot
             deadline = expiry if deadline is None else min(deadline, expiry)
         if deadline is not None:
             self._timer = loop.call_at(max(deadline, loop.time() + 1e-3), self._pump)
@@ -403,53 +394,31 @@ class AuctionActor:
     async def set_regime(self, regime: str) -> None:
         self._queue.set_regime(regime)
         if not self._queue.fcfs:  # the replicas learn it at their next renewal
-            for held in self._leases.values():
-                held.slots = 0
+            self._leases.revoke_all()
             self._lend()
         self._pump()
 
     # -- leases (cluster/dataplane/admission.py) -----------------------------------------------
 
     async def lease(self, replica: str) -> Lease:
-        """Grant or renew ``replica``'s lease: an even share of the release slots while requests
-        pass first come first served and none waits here, else none; the users' available
-        budgets (budget − spent − held)."""
-        if type(replica) is not str or not 0 < len(replica) <= 256:
-            raise ValueError("replica must be a str of 1 to 256 characters")
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        self._expire_leases(now)
+        """Grant or renew ``replica``'s lease (``LeaseBook.grant``: an even share of the release
+        slots while requests pass first come first served and none waits here, else none) with
+        the users' available budgets (budget − spent − held)."""
+        now = asyncio.get_running_loop().time()
         fcfs = self._queue.fcfs and self._queue.depth == 0 and not self._closed
-        live = len(self._leases) + (replica not in self._leases)
-        slots = self.settings.max_in_prefill // live if fcfs else 0
-        self._lease_seq += 1
-        lease_id = f"{replica}#{self._instance}.{self._lease_seq}"
-        self._leases[replica] = _Held(lease_id, slots, now + self.lease_ttl_s)
+        lease_id, slots = self._leases.grant(replica, now, fcfs)
         self._lend()
         budgets = await self._ledger_call(self._available_budgets)
         self._pump()
         return Lease(
-            lease_id, replica, slots, self._queue.regime, fcfs, budgets, self.lease_ttl_s
+            lease_id, replica, slots, self._queue.regime, fcfs, budgets, self._leases.ttl_s
         )
 
     def _available_budgets(self) -> dict[str, float]:
         return {a.user: self._ledger.available(a.user) for a in self._ledger.accounts()}
 
-    def _revoke(self, lease_id: object) -> None:
-        for held in self._leases.values():
-            if held.lease_id == lease_id:
-                held.slots = 0
-        self._lend()
-
-    def _expire_leases(self, now: float) -> None:
-        gone = [r for r, h in self._leases.items() if h.expires <= now]
-        for replica in gone:
-            del self._leases[replica]
-        if gone:
-            self._lend()
-
     def _lend(self) -> None:
-        self._queue.set_leased(sum(h.slots for h in self._leases.values()))
+        self._queue.set_leased(self._leases.lent)
 
     async def stats(self) -> dict[str, Any]:
         def users() -> dict[str, dict[str, float]]:
@@ -462,7 +431,7 @@ class AuctionActor:
             "queue_depth": self._queue.depth,
             "in_flight": len(self._entries),
             "in_prefill": self._queue.in_prefill,
-            "leases": {r: h.slots for r, h in self._leases.items()},
+            "leases": self._leases.slots(),
             "regime": self._queue.regime,
             "batches": self._queue.batches,
             "revenue": self.revenue,

@@ -38,8 +38,7 @@ from ray.exceptions import (
 from cluster.dataplane.admission import AdmissionGate
 from cluster.dataplane.lease import LeaseKeeper
 from cluster.dataplane.replica import ReplicaRouter
-from cluster.dataplane.routing import PoolRouting, Route
-from cluster.dataplane.settings import RoutingSettings
+from cluster.dataplane.routing import Route
 from cluster.events import CompleteEvent, FirstTokenEvent
 from cluster.ray.actor_support import ActorBus
 from cluster.ray.metrics_export import merge_metrics_texts
@@ -52,10 +51,10 @@ from cluster.serve.path_types import (
     Routed,
     TokenChunk,
 )
-from cluster.serve.worker_handles import Workers, named_worker_resolver
+from cluster.serve.worker_handles import Workers
 from cluster.sim.profile import HardwareProfile
 
-__all__ = ["ActorRequestPath", "WorkerFailed", "Workers", "make_actor_path"]
+__all__ = ["ActorRequestPath", "WorkerFailed", "Workers"]
 
 METRICS_TIMEOUT_S = 1.0
 
@@ -107,7 +106,7 @@ class ActorRequestPath:
         self.auction = auction
         # Local FCFS admission under the auction's lease; None: every request asks the actor.
         self.gate = gate
-        self.keeper: LeaseKeeper | None = None  # renews the gate's lease (make_actor_path)
+        self.keeper: LeaseKeeper | None = None  # renews the gate's lease (replica_path.py)
         self.router = router
         self.workers = workers
         self.profile = profile
@@ -379,55 +378,6 @@ def complete_event(
 
 async def _awaitable(ref: Any) -> Any:
     return await ref
-
-
-async def make_actor_path(
-    *,
-    handles: dict[str, Any],
-    profile: str,
-    speedup: float,
-    nats_url: str | None,
-    namespace: str,
-    block_size: int,
-    local_prefill_max_tokens: int,
-    seed: int = 0,
-    routing: dict[str, Any] | None = None,
-    chunk_interval_s: float = 0.0,
-) -> ActorRequestPath:
-    """The path an ingress replica builds at start (picklable through ``functools.partial``):
-    ``handles``: "router", "auction", "poa", "controller" → a handle each; "prefill", "decode" →
-    {worker id: handle}. The replica's router starts from the router actor's view."""
-    from cluster.sim.profile import load_profile
-
-    bus = ActorBus(nats_url, namespace, name="ingress")
-    settings = RoutingSettings.model_validate(routing or {})
-    pools = PoolRouting(
-        block_size=block_size, local_prefill_max_tokens=local_prefill_max_tokens, seed=seed,
-        prefill_workers=sorted(handles["prefill"]), decode_workers=sorted(handles["decode"]),
-    )  # fmt: skip
-    router = ReplicaRouter(pools, bus, control=handles["router"], settings=settings)
-    await router.start()  # subscribes before the bus connects, then starts it
-    gate = AdmissionGate()
-    router.regime_listeners.append(gate.on_regime)
-    keeper = LeaseKeeper(gate, handles["auction"], router.replica_id)
-    await keeper.start()
-    path = ActorRequestPath(
-        auction=handles["auction"],
-        router=router,
-        workers=Workers(
-            dict(handles["prefill"]), dict(handles["decode"]), named_worker_resolver(namespace)
-        ),
-        profile=load_profile(profile),
-        speedup=speedup,
-        bus=bus,
-        extra_metrics=tuple(
-            h for h in (handles.get("router"), handles.get("poa"), handles.get("controller")) if h
-        ),
-        chunk_interval_s=chunk_interval_s,
-        gate=gate,
-    )
-    path.keeper = keeper
-    return path
 
 
 ACTOR_CALLS = "disagg_ingress_actor_calls_total"

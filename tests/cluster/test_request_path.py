@@ -15,7 +15,7 @@ from cluster.dataplane.admission import AdmissionGate, Lease
 from cluster.dataplane.replica import ReplicaRouter
 from cluster.dataplane.routing import PoolRouting, Route
 from cluster.events import CompleteEvent, FirstTokenEvent, RouteEvent
-from cluster.serve.path import ActorRequestPath, Workers, _as_path_error, make_actor_path
+from cluster.serve.path import ActorRequestPath, Workers, _as_path_error
 from cluster.serve.path_types import (
     Admitted,
     Finished,
@@ -25,6 +25,7 @@ from cluster.serve.path_types import (
     Routed,
     TokenChunk,
 )
+from cluster.serve.replica_path import make_actor_path
 from cluster.sim.profile import load_profile
 
 PROFILE = load_profile("b200-llama70b-fp8-tp4")

@@ -1,0 +1,67 @@
+"""What an ingress replica builds at start: its request path over the service's actors, with
+its own router (``cluster.dataplane.replica``) and admission gate under the auction's lease
+(``cluster.dataplane.admission``; docs/design.md "Data flow (serve mode)")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cluster.dataplane.admission import AdmissionGate
+from cluster.dataplane.lease import LeaseKeeper
+from cluster.dataplane.replica import ReplicaRouter
+from cluster.dataplane.routing import PoolRouting
+from cluster.dataplane.settings import RoutingSettings
+from cluster.ray.actor_support import ActorBus
+from cluster.serve.path import ActorRequestPath
+from cluster.serve.worker_handles import Workers, named_worker_resolver
+
+__all__ = ["make_actor_path"]
+
+
+async def make_actor_path(
+    *,
+    handles: dict[str, Any],
+    profile: str,
+    speedup: float,
+    nats_url: str | None,
+    namespace: str,
+    block_size: int,
+    local_prefill_max_tokens: int,
+    seed: int = 0,
+    routing: dict[str, Any] | None = None,
+    chunk_interval_s: float = 0.0,
+) -> ActorRequestPath:
+    """The path an ingress replica builds at start (picklable through ``functools.partial``):
+    ``handles``: "router", "auction", "poa", "controller" → a handle each; "prefill", "decode" →
+    {worker id: handle}. The replica's router starts from the router actor's view."""
+    from cluster.sim.profile import load_profile
+
+    bus = ActorBus(nats_url, namespace, name="ingress")
+    settings = RoutingSettings.model_validate(routing or {})
+    pools = PoolRouting(
+        block_size=block_size, local_prefill_max_tokens=local_prefill_max_tokens, seed=seed,
+        prefill_workers=sorted(handles["prefill"]), decode_workers=sorted(handles["decode"]),
+    )  # fmt: skip
+    router = ReplicaRouter(pools, bus, control=handles["router"], settings=settings)
+    await router.start()  # subscribes before the bus connects, then starts it
+    gate = AdmissionGate()
+    router.regime_listeners.append(gate.on_regime)
+    keeper = LeaseKeeper(gate, handles["auction"], router.replica_id)
+    await keeper.start()
+    path = ActorRequestPath(
+        auction=handles["auction"],
+        router=router,
+        workers=Workers(
+            dict(handles["prefill"]), dict(handles["decode"]), named_worker_resolver(namespace)
+        ),
+        profile=load_profile(profile),
+        speedup=speedup,
+        bus=bus,
+        extra_metrics=tuple(
+            h for h in (handles.get("router"), handles.get("poa"), handles.get("controller")) if h
+        ),
+        chunk_interval_s=chunk_interval_s,
+        gate=gate,
+    )
+    path.keeper = keeper
+    return path

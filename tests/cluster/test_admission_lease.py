@@ -121,12 +121,14 @@ def test_leases_split_the_slots_and_reserve_them(tmp_path: Path) -> None:
 
 def test_a_dead_replicas_lease_expires_and_returns_its_slots(tmp_path: Path) -> None:
     async def body() -> None:
-        actor = _actor(tmp_path)
+        # A TTL far above what a hold's fsync can take on a slow disk, so that the check
+        # below sees the lease still live.
+        actor = _actor(tmp_path, ttl_s=2.0)
         await actor.lease("dead")
         admit = asyncio.ensure_future(actor.admit("q1", "alice", 0.0, [1, 2, 3]))
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.2)
         assert not admit.done()  # its replica holds every slot
-        released = await asyncio.wait_for(admit, 2.0)  # until its lease expires (0.5 s)
+        released = await asyncio.wait_for(admit, 10.0)  # until its lease expires (2 s)
         assert released["position"] == 0
         await actor.finished("q1", True)
         await actor.shutdown()

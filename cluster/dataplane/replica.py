@@ -67,6 +67,7 @@ class ReplicaRouter:
         self.view_syncs = 0
         self.view_failures = 0
         self.reports = 0
+        self.last_cost: float | None = None  # the chosen worker's cost in the last decision
         # Called with each regime the controller announces (the admission gate listens).
         self.regime_listeners: list[Callable[[str], None]] = []
         self._last_key: object = None
@@ -99,6 +100,7 @@ class ReplicaRouter:
         self, request_id: str, tokens: Sequence[int], user: str, exclude: Iterable[int] = ()
     ) -> Route:
         route = self.routing.route(request_id, tokens, user, tuple(exclude))
+        self.last_cost = float(route.decision.chosen.cost)  # disagg_routing_cost
         event = RouteEvent.from_decision(route.decision, time.time(), user, route.regime)
         self.bus.publish(event)
         return route

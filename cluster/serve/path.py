@@ -279,6 +279,9 @@ class ActorRequestPath:
             if isinstance(result, RayActorError):  # stopped by a re-split, or dead: look again
                 self.workers.forget(role, worker, handle)
         own = actor_calls_text(self.calls)
+        cost = getattr(self.router, "last_cost", None)  # this replica routes (not on Dynamo)
+        if cost is not None:  # first in the merge: the router actor no longer decides
+            own += routing_cost_text(cost)
         return merge_metrics_texts([own, *(t for t in done if isinstance(t, str))])
 
     async def settle(self) -> None:
@@ -391,6 +394,15 @@ def actor_calls_text(calls: collections.Counter[str]) -> str:
     ]
     lines += [f'{ACTOR_CALLS}{{method="{m}"}} {n}' for m, n in sorted(calls.items())]
     return "\n".join(lines) + "\n"
+
+
+def routing_cost_text(cost: float) -> str:
+    """``disagg_routing_cost``: the chosen worker's cost in this replica's last decision."""
+    return (
+        "# HELP disagg_routing_cost Cost of the chosen worker in the last decision\n"
+        "# TYPE disagg_routing_cost gauge\n"
+        f"disagg_routing_cost {cost!r}\n"
+    )
 
 
 def ray_cancel(refs: Any) -> None:

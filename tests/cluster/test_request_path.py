@@ -336,6 +336,17 @@ def test_metrics_are_merged_from_the_actors_and_the_bus_closes() -> None:
     assert bus.closed
 
 
+def test_the_routing_cost_on_metrics_is_the_replicas_own_last_decision() -> None:
+    router = Router()
+    path = _path(router=router)
+    _run(path)
+    assert router.last_cost is not None
+    text = asyncio.run(path.metrics_text())
+    # The router actor (Control) says 1.5; the replica routed, so its cost wins the merge.
+    assert f"disagg_routing_cost {router.last_cost!r}" in text
+    assert "disagg_routing_cost 1.5" not in text
+
+
 def test_make_actor_path_builds_from_handles_without_nats() -> None:
     handles = {"router": None, "auction": Auction(), "poa": None, "controller": None,
                "prefill": {0: Prefill()}, "decode": {1: Decode()}}  # fmt: skip

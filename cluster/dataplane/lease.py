@@ -9,14 +9,12 @@ expires; the gate then admits nothing locally and every request goes to the acto
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 from cluster.dataplane.admission import AdmissionGate, Lease
+from cluster.dataplane.calls import FailureCount, ask
 
 __all__ = ["LeaseKeeper"]
-
-log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 2.0
 
@@ -27,18 +25,17 @@ class LeaseKeeper:
     def __init__(self, gate: AdmissionGate, auction: Any, replica: str) -> None:
         self.gate, self.auction, self.replica = gate, auction, replica
         self.renewals = 0
-        self.failures = 0
+        self._failures = FailureCount("lease renewal")
         self._task: asyncio.Task[None] | None = None
 
+    @property
+    def failures(self) -> int:
+        return self._failures.n
+
     async def renew(self) -> bool:
-        try:
-            lease = await asyncio.wait_for(_awaited(self.auction.lease.remote(self.replica)),
-                                           CALL_TIMEOUT_S)  # fmt: skip
-        except Exception as exc:
-            self.failures += 1
-            n = self.failures
-            if n & (n - 1) == 0:
-                log.warning("lease renewal failed (%d so far): %r", n, exc)
+        ok, lease = await ask(lambda: self.auction.lease.remote(self.replica), CALL_TIMEOUT_S,
+                              self._failures)  # fmt: skip
+        if not ok:
             return False
         if not isinstance(lease, Lease):
             raise TypeError(f"the auction answered {type(lease).__name__}, not a Lease")
@@ -64,7 +61,3 @@ class LeaseKeeper:
             self._task.cancel()
             await asyncio.wait({self._task})
             self._task = None
-
-
-async def _awaited(ref: Any) -> Any:
-    return await ref

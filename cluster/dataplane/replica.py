@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from cluster.dataplane.calls import FailureCount, ask
 from cluster.dataplane.peers import PeerLoads, PeerReport
 from cluster.dataplane.routing import ROLES, PoolRouting, Role, Route, RoutingView
 from cluster.dataplane.settings import RoutingSettings
@@ -65,7 +66,7 @@ class ReplicaRouter:
         self.clock = clock
         self.peers = PeerLoads()
         self.view_syncs = 0
-        self.view_failures = 0
+        self._view_failures = FailureCount("routing view sync")
         self.reports = 0
         self.last_cost: float | None = None  # the chosen worker's cost in the last decision
         # Called with each regime the controller announces (the admission gate listens).
@@ -130,13 +131,9 @@ class ReplicaRouter:
         replica keeps routing on what it has: the router restarting must not stop requests)."""
         if self.control is None:
             return False
-        try:
-            view = await asyncio.wait_for(_awaited(self.control.view.remote()), VIEW_TIMEOUT_S)
-        except Exception as exc:
-            self.view_failures += 1
-            n = self.view_failures
-            if n & (n - 1) == 0:
-                log.warning("routing view sync failed (%d so far): %r", n, exc)
+        control = self.control
+        ok, view = await ask(lambda: control.view.remote(), VIEW_TIMEOUT_S, self._view_failures)
+        if not ok:
             return False
         self.apply_view(view)
         self.view_syncs += 1
@@ -251,7 +248,3 @@ def peer_report(event: LoadEvent, now: float) -> PeerReport:
         },
         expires=now + event.ttl_s,
     )
-
-
-async def _awaited(ref: Any) -> Any:
-    return await ref

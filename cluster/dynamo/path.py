@@ -140,9 +140,7 @@ class DynamoRequestPath(ActorRequestPath):
     def _background_note(self, method: str, request_id: str) -> None:
         # One caller's calls reach the actor in order as submitted; a complete that overtook
         # its finish_prefill would leave nothing behind either (both are idempotent).
-        task = asyncio.get_running_loop().create_task(self._router_note(method, request_id))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._spawn(self._router_note(method, request_id))
 
     def _policy(self) -> dict[str, Any]:
         """The controller's policy as this replica's view has it (regime events and the shadow

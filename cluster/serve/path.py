@@ -25,7 +25,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from typing import Any
 
 from ray.exceptions import (
@@ -284,6 +284,12 @@ class ActorRequestPath:
             own += routing_cost_text(cost)
         return merge_metrics_texts([own, *(t for t in done if isinstance(t, str))])
 
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run bookkeeping in the background, kept until done (``settle`` waits for it)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def settle(self) -> None:
         """Wait for the bookkeeping calls this path runs in the background (tests, shutdown)."""
         while self._background:
@@ -336,9 +342,7 @@ class ActorRequestPath:
         if self.gate is not None and self.gate.is_local(req.request_id):
             self.gate.started(req.request_id)
         else:
-            task = asyncio.get_running_loop().create_task(self._note_started(req.request_id))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._spawn(self._note_started(req.request_id))
         if self.bus is not None:
             self.bus.publish(
                 FirstTokenEvent(

@@ -23,8 +23,17 @@ amount and batch agree and raises ``ChargeConflictError`` if not; ``release`` of
 a no-op returning it; ``reserve`` of an existing hold id with the same user and amount returns
 that hold (whatever its state), with another user or amount it is a conflict.
 
-Crash safety: a hold open when the process died belongs to a request that was never answered;
-``release_open_holds`` (called by the service when it starts) releases them all.
+Owners and expiry. A hold has an ``owner`` (who answers for its request: an ingress replica, by
+its lease) and may have an ``expires`` time (Unix seconds), which the owner pushes forward while
+it lives (``renew_holds``). A hold whose expiry passed belongs to an owner that stopped renewing
+(a replica that died): ``release_expired_holds`` releases it. A hold without an expiry belongs to
+the process that reserved it and dies with it: ``release_abandoned_holds``, called when the
+service starts, releases those and the expired ones, and nothing else, so a request whose
+replica is alive while the auction restarts is still charged when it is answered.
+
+Batches. ``reserve_many`` and ``settle_many`` run many holds' operations in one transaction (one
+commit, one fsync): each item's outcome is returned in its place, an error as a value, so one
+refused bid does not undo the others.
 
 The methods here run on the ``Ledger``'s SQLite connection and transactions (``auction.ledger``);
 this module holds the arithmetic of holds and their part of the replay check, and
@@ -33,10 +42,12 @@ this module holds the arithmetic of holds and their part of the replay check, an
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
@@ -48,6 +59,7 @@ from auction.money import (
     HoldError,
     HoldState,
     LedgerCorruptError,
+    LedgerError,
     UnknownAccountError,
     UnknownHoldError,
     check_key,
@@ -57,8 +69,18 @@ from auction.money import (
 )
 
 HOLD_STATES: tuple[HoldState, ...] = ("open", "captured", "released")
+MAX_OWNER_CHARS = 256
 
-_HOLD_COLUMNS = "hold_id, user, amount, state, charge_seq"
+
+def _expiry(when: object) -> float | None:
+    """An expiry time: None, or finite Unix seconds as a float."""
+    if when is None:
+        return None
+    if isinstance(when, bool) or not isinstance(when, int | float) or not math.isfinite(when):
+        raise ValueError(f"an expiry must be finite Unix seconds or None, got {when!r}")
+    return float(when)
+
+_HOLD_COLUMNS = "hold_id, user, amount, state, charge_seq, owner, expires"
 
 
 class HoldBook(ABC):
@@ -90,11 +112,13 @@ class HoldBook(ABC):
 
     def _hold(self, row: tuple[object, ...]) -> tuple[Hold, int]:
         """A ``holds`` row as a ``Hold`` and its amount in micro-units, checked."""
-        hold_id, user, amount, state, seq = row
+        hold_id, user, amount, state, seq, owner, expires = row
         micros = self._stored(amount, f"hold {hold_id!r}")
         if state not in HOLD_STATES or (seq is not None and type(seq) is not int):
             raise LedgerCorruptError(f"{self.path}: hold {hold_id!r} is in state {state!r}")
-        hold = Hold(str(hold_id), str(user), units(micros), state, seq)
+        if expires is not None and type(expires) is not float:
+            raise LedgerCorruptError(f"{self.path}: hold {hold_id!r} expires at {expires!r}")
+        hold = Hold(str(hold_id), str(user), units(micros), state, seq, str(owner), expires)
         return hold, micros
 
     def _find_hold(self, db: sqlite3.Connection, hold_id: str) -> tuple[Hold, int]:
@@ -142,35 +166,73 @@ class HoldBook(ABC):
 
     # -- writing -------------------------------------------------------------------------------
 
-    def reserve(self, hold_id: str, user: str, amount: float) -> Hold:
-        """Reserve ``amount`` of ``user``'s budget under ``hold_id`` (module docstring).
+    def reserve(
+        self, hold_id: str, user: str, amount: float, *, owner: str = "",
+        expires: float | None = None,
+    ) -> Hold:  # fmt: skip
+        """Reserve ``amount`` of ``user``'s budget under ``hold_id`` for ``owner`` until
+        ``expires`` (module docstring).
 
         Raises ``BudgetExceeded`` (writing nothing) if amount > B_i − S_i − H_i,
         ``UnknownAccountError`` for a user without an account and ``ChargeConflictError`` if
         ``hold_id`` was reserved for another user or amount.
         """
+        key, micros, life = self._reserve_args(hold_id, user, amount, owner, expires)
+        with self._transaction() as db:
+            return self._reserve_in(db, key, user, micros, life)
+
+    def reserve_many(
+        self, items: Sequence[tuple[str, str, float]], *, owner: str = "",
+        expires: float | None = None,
+    ) -> list[Hold | LedgerError]:  # fmt: skip
+        """``reserve`` of each (hold_id, user, amount) in one transaction, all for ``owner``
+        until ``expires``: a ``Hold`` or the error ``reserve`` would raise, in ``items``' order.
+        Bad arguments (a key, a user, an amount) raise ``ValueError`` before anything is
+        written."""
+        checked = [self._reserve_args(h, u, a, owner, expires) for h, u, a in items]
+        out: list[Hold | LedgerError] = []
+        with self._transaction() as db:
+            for (key, micros, life), (_, user, _) in zip(checked, items, strict=True):
+                try:
+                    out.append(self._reserve_in(db, key, user, micros, life))
+                except (BudgetExceeded, UnknownAccountError, ChargeConflictError) as exc:
+                    out.append(exc)
+        return out
+
+    @staticmethod
+    def _reserve_args(
+        hold_id: str, user: str, amount: float, owner: str, expires: float | None
+    ) -> tuple[str, int, tuple[str, float | None]]:
         key = check_key(hold_id, "hold_id")
         check_user(user)
-        micros = to_micros(amount)
-        with self._transaction() as db:
-            row = db.execute(f"SELECT {_HOLD_COLUMNS} FROM holds WHERE hold_id = ?", (key,))
-            found = row.fetchone()
-            if found is not None:
-                hold, held = self._hold(tuple(found))
-                if hold.user != user or held != micros:
-                    raise ChargeConflictError(
-                        f"hold {key!r} already reserves {hold.amount} of {hold.user!r}, "
-                        f"not {units(micros)} of {user!r}"
-                    )
-                return hold
-            budget, spent = self._account_micros(db, user)
-            left = budget - spent - self._held_micros(db, user)
-            if micros > left:
-                raise BudgetExceeded(user, units(micros), units(left))
-            db.execute(
-                "INSERT INTO holds (hold_id, user, amount) VALUES (?, ?, ?)", (key, user, micros)
-            )
-        return Hold(key, user, units(micros), "open")
+        if type(owner) is not str or len(owner) > MAX_OWNER_CHARS:
+            raise ValueError(f"owner must be a str of at most {MAX_OWNER_CHARS} characters")
+        return key, to_micros(amount), (owner, _expiry(expires))
+
+    def _reserve_in(
+        self, db: sqlite3.Connection, key: str, user: str, micros: int,
+        life: tuple[str, float | None],
+    ) -> Hold:  # fmt: skip
+        row = db.execute(f"SELECT {_HOLD_COLUMNS} FROM holds WHERE hold_id = ?", (key,))
+        found = row.fetchone()
+        if found is not None:
+            hold, held = self._hold(tuple(found))
+            if hold.user != user or held != micros:
+                raise ChargeConflictError(
+                    f"hold {key!r} already reserves {hold.amount} of {hold.user!r}, "
+                    f"not {units(micros)} of {user!r}"
+                )
+            return hold
+        budget, spent = self._account_micros(db, user)
+        left = budget - spent - self._held_micros(db, user)
+        if micros > left:
+            raise BudgetExceeded(user, units(micros), units(left))
+        owner, expires = life
+        db.execute(
+            "INSERT INTO holds (hold_id, user, amount, owner, expires) VALUES (?, ?, ?, ?, ?)",
+            (key, user, micros, owner, expires),
+        )
+        return Hold(key, user, units(micros), "open", None, owner, expires)
 
     def capture(self, hold_id: str, batch_id: str, amount: float) -> Charge:
         """Charge ``amount`` (0 ≤ amount ≤ the hold) for ``batch_id`` and close the hold.
@@ -183,34 +245,37 @@ class HoldBook(ABC):
         batch = check_key(batch_id, "batch_id")
         micros = to_micros(amount)
         with self._transaction() as db:
-            hold, held = self._find_hold(db, key)
-            if hold.state == "captured":
-                assert hold.charge_seq is not None  # the schema's CHECK ties the two
-                done, done_micros = self._capture_row(db, hold.charge_seq)
-                if done_micros != micros or done.batch_id != batch:
-                    raise ChargeConflictError(
-                        f"hold {key!r} was already captured: {done.amount} for batch "
-                        f"{done.batch_id!r}, not {units(micros)} for {batch!r}"
-                    )
-                return done
-            if hold.state == "released":
-                raise HoldError(f"hold {key!r} was released: there is nothing to capture")
-            if micros > held:
-                raise HoldError(f"capture of {units(micros)} exceeds hold {key!r} of {units(held)}")
-            budget, spent = self._account_micros(db, hold.user)
-            after = budget - spent - micros  # >= 0: the hold fitted in B_i - S_i when reserved
-            cursor = db.execute(
-                "INSERT INTO journal (batch_id, user, hold_id, amount, balance_after) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (batch, hold.user, key, micros, after),
-            )
-            seq = cursor.lastrowid
-            # Close the hold before raising spent: the trigger checks S_i + H_i <= B_i.
-            db.execute(
-                "UPDATE holds SET state = 'captured', charge_seq = ? WHERE hold_id = ?", (seq, key)
-            )
-            db.execute("UPDATE accounts SET spent = spent + ? WHERE user = ?", (micros, hold.user))
+            return self._capture_in(db, key, batch, micros)
+
+    def _capture_in(self, db: sqlite3.Connection, key: str, batch: str, micros: int) -> Charge:
+        hold, held = self._find_hold(db, key)
+        if hold.state == "captured":
+            assert hold.charge_seq is not None  # the schema's CHECK ties the two
+            done, done_micros = self._capture_row(db, hold.charge_seq)
+            if done_micros != micros or done.batch_id != batch:
+                raise ChargeConflictError(
+                    f"hold {key!r} was already captured: {done.amount} for batch "
+                    f"{done.batch_id!r}, not {units(micros)} for {batch!r}"
+                )
+            return done
+        if hold.state == "released":
+            raise HoldError(f"hold {key!r} was released: there is nothing to capture")
+        if micros > held:
+            raise HoldError(f"capture of {units(micros)} exceeds hold {key!r} of {units(held)}")
+        budget, spent = self._account_micros(db, hold.user)
+        after = budget - spent - micros  # >= 0: the hold fitted in B_i - S_i when reserved
+        cursor = db.execute(
+            "INSERT INTO journal (batch_id, user, hold_id, amount, balance_after) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (batch, hold.user, key, micros, after),
+        )
+        seq = cursor.lastrowid
         assert seq is not None
+        # Close the hold before raising spent: the trigger checks S_i + H_i <= B_i.
+        db.execute(
+            "UPDATE holds SET state = 'captured', charge_seq = ? WHERE hold_id = ?", (seq, key)
+        )
+        db.execute("UPDATE accounts SET spent = spent + ? WHERE user = ?", (micros, hold.user))
         return Charge(seq, batch, hold.user, units(micros), units(after), key)
 
     def _capture_row(self, db: sqlite3.Connection, seq: int) -> tuple[Charge, int]:
@@ -229,16 +294,75 @@ class HoldBook(ABC):
         """Close an open hold without a charge; a closed hold is returned unchanged."""
         key = check_key(hold_id, "hold_id")
         with self._transaction() as db:
-            hold, _ = self._find_hold(db, key)
-            if hold.state != "open":
-                return hold
-            db.execute("UPDATE holds SET state = 'released' WHERE hold_id = ?", (key,))
-        return Hold(hold.hold_id, hold.user, hold.amount, "released")
+            return self._release_in(db, key)
 
-    def release_open_holds(self) -> int:
-        """Release every open hold (at service start: their requests were never answered)."""
+    def _release_in(self, db: sqlite3.Connection, key: str) -> Hold:
+        hold, _ = self._find_hold(db, key)
+        if hold.state != "open":
+            return hold
+        db.execute("UPDATE holds SET state = 'released' WHERE hold_id = ?", (key,))
+        return replace(hold, state="released")
+
+    def settle_many(
+        self, items: Sequence[tuple[str, str | None, float]]
+    ) -> list[Charge | Hold | LedgerError]:
+        """Close each (hold_id, batch_id, amount) in one transaction: ``capture`` of ``amount``
+        for ``batch_id``, or ``release`` when ``batch_id`` is None. Each outcome (a ``Charge``,
+        a released ``Hold`` or the error the single call would raise) in ``items``' order."""
+        checked = [
+            (check_key(h, "hold_id"), None if b is None else check_key(b, "batch_id"), to_micros(a))
+            for h, b, a in items
+        ]
+        out: list[Charge | Hold | LedgerError] = []
         with self._transaction() as db:
-            return db.execute("UPDATE holds SET state = 'released' WHERE state = 'open'").rowcount
+            for key, batch, micros in checked:
+                try:
+                    if batch is None:
+                        out.append(self._release_in(db, key))
+                    else:
+                        out.append(self._capture_in(db, key, batch, micros))
+                except (HoldError, ChargeConflictError) as exc:  # UnknownHoldError included
+                    out.append(exc)
+        return out
+
+    def renew_holds(self, owner: str, expires: float) -> int:
+        """Push the expiry of ``owner``'s open holds to ``expires``; how many there are."""
+        when = _expiry(expires)
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE holds SET expires = ? WHERE owner = ? AND state = 'open' "
+                "AND expires IS NOT NULL",
+                (when, owner),
+            )
+            return cursor.rowcount
+
+    def release_holds_of(self, owner: str) -> int:
+        """Release ``owner``'s open holds that have an expiry (its lease ended); how many."""
+        with self._transaction() as db:
+            return db.execute(
+                "UPDATE holds SET state = 'released' WHERE state = 'open' AND owner = ? "
+                "AND expires IS NOT NULL",
+                (owner,),
+            ).rowcount
+
+    def release_expired_holds(self, now: float) -> int:
+        """Release the open holds whose expiry is at or before ``now``: their owners stopped
+        renewing them (module docstring); how many."""
+        with self._transaction() as db:
+            return db.execute(
+                "UPDATE holds SET state = 'released' WHERE state = 'open' AND expires <= ?",
+                (_expiry(now),),
+            ).rowcount
+
+    def release_abandoned_holds(self, now: float) -> int:
+        """At service start: release the open holds without an expiry (their process is gone)
+        and the expired ones; how many. Holds a live owner still renews stay open."""
+        with self._transaction() as db:
+            return db.execute(
+                "UPDATE holds SET state = 'released' WHERE state = 'open' "
+                "AND (expires IS NULL OR expires <= ?)",
+                (_expiry(now),),
+            ).rowcount
 
     # -- replay --------------------------------------------------------------------------------
 

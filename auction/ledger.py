@@ -46,7 +46,7 @@ from pathlib import Path
 from types import TracebackType
 
 from auction.holds import HoldBook
-from auction.ledger_schema import SCHEMA, UPGRADE_V1, schema, schema_of
+from auction.ledger_schema import UPGRADES, VERSION, schema, schema_of
 from auction.money import (
     MAX_AMOUNT,
     MAX_MICROS,
@@ -129,10 +129,10 @@ class Ledger(HoldBook):
                 with self._transaction():
                     # Under the write lock: another process may have created it meanwhile.
                     version = self._schema_version()
-                    if version < 2:
-                        for statement in SCHEMA if version == 0 else UPGRADE_V1:
+                    if version < VERSION:
+                        for statement in UPGRADES[version]:
                             self._db.execute(statement)
-                        if schema_of(self._db) != schema(2):  # never commit a half schema
+                        if schema_of(self._db) != schema(VERSION):  # never commit a half schema
                             raise LedgerCorruptError(f"{self.path}: the schema upgrade failed")
             self.replay()  # refuse to open a journal that does not add up
         except BaseException:
@@ -140,12 +140,12 @@ class Ledger(HoldBook):
             raise
 
     def _schema_version(self) -> int:
-        """0 for an empty database (a new file), 1 or 2 for a ledger's schema;
+        """0 for an empty database (a new file), 1 to ``VERSION`` for a ledger's schema;
         ``LedgerCorruptError`` naming the path for anything else."""
         found = schema_of(self._db)
         if not found:
             return 0
-        for version in (2, 1):
+        for version in range(VERSION, 0, -1):
             if found == schema(version):
                 return version
         names = ", ".join(sorted({name for _, name, _, _ in found})) or "nothing"

@@ -109,13 +109,16 @@ class Charge:
 @dataclass(frozen=True)
 class Hold:
     """A reservation of ``amount`` on ``user``'s budget; ``charge_seq`` is the journal row of its
-    capture (``state == "captured"``), else None."""
+    capture (``state == "captured"``), else None. ``owner`` answers for its request and renews
+    ``expires`` (Unix seconds; None: released when the service next starts) while it lives."""
 
     hold_id: str
     user: str
     amount: float
     state: HoldState
     charge_seq: int | None = None
+    owner: str = ""
+    expires: float | None = None
 
 
 def to_micros(amount: object, what: str = "amount") -> int:

@@ -215,6 +215,7 @@ class Service:
                 settings=cfg.auction.model_dump(),
                 ledger_path=str(Path(cfg.ledger_path).resolve()),
                 users=users,
+                lease_ttl_s=cfg.admission.lease_ttl_s,
                 **nats,
             ),
         )
@@ -306,6 +307,7 @@ class Service:
             local_prefill_max_tokens=self.profile.decode.local_prefill_max_tokens,
             seed=cfg.seed, routing=cfg.routing.model_dump(),
             chunk_interval_s=cfg.stream_chunk_s,
+            exchange_period_s=cfg.admission.exchange_period_s,
         )  # fmt: skip
 
     # -- stop --------------------------------------------------------------------------------

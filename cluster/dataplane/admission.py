@@ -27,7 +27,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 __all__ = [
-    "ANONYMOUS_USERS", "LEASE_TTL_S", "AdmissionGate", "Lease", "LeaseBook", "LocalAdmission",
+    "ANONYMOUS_USERS",
+    "LEASE_TTL_S",
+    "AdmissionGate",
+    "Lease",
+    "LeaseBook",
+    "LocalAdmission",
 ]
 
 ANONYMOUS_USERS = frozenset({"", "anonymous"})
@@ -181,12 +186,12 @@ class LeaseBook:
         for held in self._held.values():
             held.slots = 0
 
-    def expire(self, now: float) -> bool:
-        """Forget the leases past their TTL (their replicas stopped renewing); True if any."""
+    def expire(self, now: float) -> list[str]:
+        """Forget the leases past their TTL (their replicas stopped renewing): those replicas."""
         gone = [r for r, h in self._held.items() if h.expires <= now]
         for replica in gone:
             del self._held[replica]
-        return bool(gone)
+        return gone
 
     @property
     def lent(self) -> int:

@@ -1,4 +1,5 @@
-"""How an ingress replica keeps its routing view current (``routing:`` in the serve config).
+"""How an ingress replica keeps its routing view current (``routing:`` in the serve config) and
+how it admits (``admission:``).
 
 - ``report_period_s``: how often each replica publishes its absolute per-worker loads (a
   ``load`` event). At most 0.1 s by default, so that a burst routed by one replica shows in the
@@ -9,6 +10,16 @@
 - ``view_sync_s``: how often a replica reads the control plane's view (policy and pools) from
   the router actor, off the request path. The controller's ``regime`` events and the ``pools``
   events bring changes at once; the sync is what catches a replica up after a lost event.
+
+Admission (``cluster/dataplane/admission.py``, ``auction_link.py``):
+
+- ``lease_ttl_s``: how long the auction's lease lasts without a renewal (the replica renews every
+  third of it): how long a dead replica's slots and holds stay taken.
+- ``exchange_period_s``: how often a replica exchanges with the auction while requests it could
+  not admit locally wait, start or end. At saturation a request waits seconds in the queue
+  (the controller's saturation threshold on TTFT P99 is of that order), so a period of 0.1 s
+  adds a small fraction to it while one call carries every request of the period: at R requests
+  per second through a replica, about 1 / (0.1 · R) calls per request.
 """
 
 from __future__ import annotations
@@ -17,7 +28,7 @@ from pydantic import Field, model_validator
 
 from cluster.models import StrictModel
 
-__all__ = ["RoutingSettings"]
+__all__ = ["AdmissionSettings", "RoutingSettings"]
 
 
 class RoutingSettings(StrictModel):
@@ -33,3 +44,8 @@ class RoutingSettings(StrictModel):
                 f"({self.report_period_s}): one lost report must not drop a live replica's load"
             )
         return self
+
+
+class AdmissionSettings(StrictModel):
+    lease_ttl_s: float = Field(default=3.0, gt=0.0, le=600.0)
+    exchange_period_s: float = Field(default=0.1, gt=0.0, le=5.0)

@@ -40,7 +40,7 @@ class DynamoRequestPath(ActorRequestPath):
     """:class:`ActorRequestPath` whose routing and engines are Dynamo's."""
 
     def __init__(self, *, dynamo: DynamoRoutes, view: ReplicaRouter, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        super().__init__(replica=view.replica_id, **kwargs)
         self.dynamo = dynamo
         self.view = view  # the policy this replica routes with (synced, never asked per request)
         self.overrides: dict[str, Any] = {}  # the last override sent, for tests and stats
@@ -105,7 +105,7 @@ class DynamoRequestPath(ActorRequestPath):
             if decode_slot is not None:
                 self._first_token(req, decode_slot, prefill_slot, ttft)
             else:  # an instance just restarted, not yet bound: no events, the books still move
-                await self._started(req)
+                self._started(req)
             yield first
             try:
                 async for chunk in stream:
@@ -156,15 +156,11 @@ class DynamoRequestPath(ActorRequestPath):
         await self.dynamo.release("prefill", request_id)
         await self.dynamo.release("decode", request_id)
 
-    async def _started(self, req: PathRequest) -> None:
+    def _started(self, req: PathRequest) -> None:
         if self.gate is not None and self.gate.is_local(req.request_id):
             self.gate.started(req.request_id)
-            return
-        self.calls["started"] += 1
-        try:
-            await self.auction.started.remote(req.request_id)
-        except Exception as exc:
-            log.warning("request %s: auction.started failed: %s", req.request_id, exc)
+        else:
+            self.link.started(req.request_id)  # the next exchange tells the auction
 
     async def _generate(
         self, req: PathRequest, tokens: list[int], prefill_id: int, decode_id: int,
@@ -180,6 +176,7 @@ class DynamoRequestPath(ActorRequestPath):
     async def aclose(self) -> None:
         if self.keeper is not None:
             await self.keeper.aclose()
+        await self.link.aclose()
         await self.view.aclose()
         for task in list(self._background):
             task.cancel()
@@ -197,6 +194,7 @@ async def make_dynamo_path(
     settings: dict[str, Any],
     discovery_dir: str,
     model_name: str,
+    exchange_period_s: float = 0.1,
 ) -> DynamoRequestPath:
     """The path an ingress replica builds at start (picklable through ``functools.partial``);
     ``handles`` as :func:`cluster.serve.replica_path.make_actor_path` takes them, "router" being the
@@ -232,6 +230,7 @@ async def make_dynamo_path(
             h for h in (handles.get("router"), handles.get("poa"), handles.get("controller")) if h
         ),
         gate=gate,
+        exchange_period_s=exchange_period_s,
     )
     path.keeper = keeper
     return path

@@ -100,7 +100,7 @@ class DynamoService(Service):
             make_dynamo_path, handles=self._handle_map(), profile=cfg.profile,
             nats_url=self.nats_url, namespace=cfg.namespace,
             settings=cfg.dynamo.model_dump(), discovery_dir=self.discovery_dir,
-            model_name=cfg.dynamo.model_name,
+            model_name=cfg.dynamo.model_name, exchange_period_s=cfg.admission.exchange_period_s,
         )  # fmt: skip
 
     def stop(self) -> None:

@@ -6,8 +6,12 @@ ingress answers 402, ``UnknownAccountError`` → 401, ``QueueFull`` → 503, ``V
 400), then waits in the queue until the release rule lets it go. ``finished(answered=True)``
 captures its payment share p_r ≤ b_r from the hold (auctioned requests) or releases the hold
 (FCFS requests pay nothing; so does a request not answered). A caller cancelled while queued
-leaves the queue and its hold is released. Holds open at a crash are released when the actor
-next starts (``Ledger.release_open_holds``): their requests were never answered.
+leaves the queue and its hold is released. The ingress replicas hand in their queued requests in
+batches instead (``exchange``, ``cluster/ray/auction_exchange.py``): those holds are owned by the
+replica's lease and expire with it. When the actor starts it releases the holds it finds
+without an owner that renews them (``Ledger.release_abandoned_holds``): the unary ones, whose
+callers waited on the instance that died, and the expired ones. A replica's unexpired holds stay
+open, so its requests are still charged when they are answered.
 
 Callers over Ray: cancelling the coroutine that awaits ``admit.remote`` does NOT cancel the
 actor's task. A caller that gives up on an admission calls ``finished(request_id, False)`` (or
@@ -33,7 +37,6 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from auction.admission import AdmissionQueue, BatchOutcome, QueueFull, Release
@@ -41,9 +44,10 @@ from auction.ledger import BudgetExceeded, Ledger, LedgerError, UnknownAccountEr
 from auction.realised import RealisedBatch, RealisedWelfare
 from auction.request import Request
 from cluster.bus import BusError, EventBus
-from cluster.dataplane.admission import LEASE_TTL_S, Lease, LeaseBook
+from cluster.dataplane.admission import LEASE_TTL_S, LeaseBook
 from cluster.events import AuctionEvent
 from cluster.models import validate_model
+from cluster.ray.auction_exchange import Box, Entry, ReplicaExchange
 from cluster.ray.auction_settings import AuctionSettingsModel, UserAccount
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
 from cluster.sim.wallclock import Clock
@@ -69,16 +73,7 @@ class AdmissionCancelledError(Exception):
     """The request left the queue before its release (finished while queued, or shutdown)."""
 
 
-@dataclass
-class _Entry:
-    user: str
-    bid: float
-    hold_id: str | None  # None: anonymous, nothing held
-    arrived: float = 0.0  # admission time, on the actor's loop clock (for the realised TTFT)
-    release: Release | None = None
-
-
-class AuctionActor:
+class AuctionActor(ReplicaExchange):
     def __init__(
         self,
         *,
@@ -108,14 +103,17 @@ class AuctionActor:
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="ledger")
         try:
             self._ledger = self._exec.submit(Ledger, ledger_path).result()
-            self.released_at_start = self._exec.submit(self._ledger.release_open_holds).result()
+            self.released_at_start = self._exec.submit(
+                self._ledger.release_abandoned_holds, time.time()
+            ).result()
             self._exec.submit(self._open_accounts, accounts).result()
         except BaseException:
             self._exec.shutdown(wait=False)
             raise
         if self.released_at_start:
             log.warning("released %d holds left open by the last run", self.released_at_start)
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str, Entry] = {}
+        self._boxes: dict[str, Box] = {}  # by replica (auction_exchange.py)
         self._waiters: dict[str, asyncio.Future[Release]] = {}
         self._settled: OrderedDict[str, asyncio.Future[float]] = OrderedDict()
         self._holds = 0
@@ -227,7 +225,7 @@ class AuctionActor:
         self._holds += 1
         hold_id = None if anonymous else f"{request_id}@{self._instance}.{self._holds}"
         loop = asyncio.get_running_loop()
-        entry = self._entries[request_id] = _Entry(user, float(bid), hold_id, loop.time())
+        entry = self._entries[request_id] = Entry(user, float(bid), hold_id, loop.time())
         reserving = held = False
         # Registered before the reserve, so that finished() or shutdown() can refuse it anytime.
         waiter: asyncio.Future[Release] = loop.create_future()
@@ -280,12 +278,19 @@ class AuctionActor:
         if self._closed:
             return
         loop = asyncio.get_running_loop()
-        if self._leases.expire(loop.time()):
+        gone = self._leases.expire(loop.time())
+        if gone:
             self._lend()
+            self._drop_replicas(gone, loop.time())
         again = True
         while again:
             again = False
             for release in self._queue.releasable(loop.time()):
+                entry = self._entries.get(release.request_id)
+                if entry is not None and entry.owner is not None:  # handed in by a replica
+                    entry.release = release
+                    self._boxes[entry.owner].released.append(release)
+                    continue
                 waiter = self._waiters.get(release.request_id)
                 if waiter is None or waiter.done():  # its caller is gone: give the slot back
                     self._queue.slot_freed(release.request_id)
@@ -299,8 +304,9 @@ class AuctionActor:
             self._timer.cancel()
             self._timer = None
         deadline = self._queue.next_deadline()
+        # An expiry frees slots and a dead replica's holds: it is a deadline of its own.
         expiry = self._leases.next_expiry()
-        if self._queue.depth and expiry is not None:  # an expiry may be what frees a slot
+        if expiry is not None:
             deadline = expiry if deadline is None else min(deadline, expiry)
         if deadline is not None:
             self._timer = loop.call_at(max(deadline, loop.time() + 1e-3), self._pump)
@@ -376,7 +382,7 @@ class AuctionActor:
                 self._settled.popitem(last=False)
         return {"charged": await asyncio.shield(settled)}
 
-    async def _settle(self, entry: _Entry, answered: bool) -> float:
+    async def _settle(self, entry: Entry, answered: bool) -> float:
         release = entry.release
         assert release is not None
         if entry.hold_id is None:
@@ -397,28 +403,6 @@ class AuctionActor:
             self._leases.revoke_all()
             self._lend()
         self._pump()
-
-    # -- leases (cluster/dataplane/admission.py) -----------------------------------------------
-
-    async def lease(self, replica: str) -> Lease:
-        """Grant or renew ``replica``'s lease (``LeaseBook.grant``: an even share of the release
-        slots while requests pass first come first served and none waits here, else none) with
-        the users' available budgets (budget − spent − held)."""
-        now = asyncio.get_running_loop().time()
-        fcfs = self._queue.fcfs and self._queue.depth == 0 and not self._closed
-        lease_id, slots = self._leases.grant(replica, now, fcfs)
-        self._lend()
-        budgets = await self._ledger_call(self._available_budgets)
-        self._pump()
-        return Lease(
-            lease_id, replica, slots, self._queue.regime, fcfs, budgets, self._leases.ttl_s
-        )
-
-    def _available_budgets(self) -> dict[str, float]:
-        return {a.user: self._ledger.available(a.user) for a in self._ledger.accounts()}
-
-    def _lend(self) -> None:
-        self._queue.set_leased(self._leases.lent)
 
     async def stats(self) -> dict[str, Any]:
         def users() -> dict[str, dict[str, float]]:

@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from cluster.dataplane.settings import RoutingSettings
+from cluster.dataplane.settings import AdmissionSettings, RoutingSettings
 from cluster.dynamo.settings import DynamoSettings
 from cluster.models import StrictModel, load_yaml_model
 from cluster.ray.auction_settings import AuctionSettingsModel
@@ -70,6 +70,8 @@ class ServeConfig(StrictModel):
     stream_chunk_s: float = Field(default=0.05, ge=0.0, le=1.0)
     # How each ingress replica's routing view stays current (cluster/dataplane/settings.py).
     routing: RoutingSettings = RoutingSettings()
+    # The auction's lease and the batched exchange at saturation (cluster/dataplane/settings.py).
+    admission: AdmissionSettings = AdmissionSettings()
     # "sim": the simulated engines of ``profile``; "dynamo": real Dynamo worker processes
     # (``dynamo.mocker`` on CPU, ``dynamo.vllm`` on GPU nodes) routed by Dynamo's KvRouter with
     # the controller's override, our router in shadow (docs/design.md §6 "Dynamo backend").

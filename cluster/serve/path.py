@@ -3,8 +3,10 @@
     admit (auction) → route (in-process) → [prefill → KV transfer] → decode stream → finish
 
 Routing happens in the ingress replica (``cluster.dataplane.replica.ReplicaRouter``): no actor
-call. The auction's admission and settlement and the workers' prefill and decode are the actor
-calls left; the first-token note to the auction runs in the background, off the TTFT. The path
+call. Admission too, under the auction's lease (``cluster.dataplane.admission``); a request the
+lease does not cover queues at the auction through the replica's batched exchange
+(``cluster.dataplane.auction_link``), which also carries its first token and its settlement. The
+workers' prefill and decode are the actor calls left on the path. The path
 keeps no state beyond the request in hand and its replica's routing view, so any number of
 ingress replicas run it side by side. Failures are handled where they happen:
 
@@ -36,6 +38,8 @@ from ray.exceptions import (
 )
 
 from cluster.dataplane.admission import AdmissionGate
+from cluster.dataplane.auction_link import AuctionLink
+from cluster.dataplane.exchange import Refusal
 from cluster.dataplane.lease import LeaseKeeper
 from cluster.dataplane.replica import ReplicaRouter
 from cluster.dataplane.routing import Route
@@ -102,6 +106,8 @@ class ActorRequestPath:
         extra_metrics: tuple[Any, ...] = (),
         chunk_interval_s: float = 0.0,
         gate: AdmissionGate | None = None,
+        exchange_period_s: float = 0.1,
+        replica: str | None = None,
     ) -> None:
         self.auction = auction
         # Local FCFS admission under the auction's lease; None: every request asks the actor.
@@ -119,6 +125,14 @@ class ActorRequestPath:
         # Unary actor calls made for requests, by method (the decode stream is not one): what
         # bench.ingress divides by its requests (disagg_ingress_actor_calls_total).
         self.calls: collections.Counter[str] = collections.Counter()
+        self.link = AuctionLink(
+            auction, replica or router.replica_id, period_s=exchange_period_s, calls=self.calls,
+            lease_id=self._overflowed_lease,
+        )  # fmt: skip
+
+    def _overflowed_lease(self) -> str | None:
+        gate = self.gate
+        return gate.lease.lease_id if gate and gate.overflowed and gate.lease else None
 
     async def run(self, req: PathRequest) -> AsyncIterator[PathEvent]:
         t0 = time.time()
@@ -139,29 +153,13 @@ class ActorRequestPath:
         yield Finished(payment_charged=charged)
 
     async def _admit(self, req: PathRequest) -> Admitted:
-        """The auction actor's admission: its hold, its queue, its order and price."""
-        gate = self.gate
-        over = gate.lease.lease_id if gate and gate.overflowed and gate.lease else None
+        """The auction's admission (through the replica's exchange): its hold, its queue, its
+        order and price."""
         try:
-            self.calls["admit"] += 1
-            admitted = await self.auction.admit.remote(
-                req.request_id, req.user, req.bid, list(req.tokens), over
-            )
-        except RayTaskError as exc:
-            raise _as_path_error(exc) from None
-        except _RAY_FAILURES:
-            raise PathError(503, "the auction is restarting; retry shortly") from None
-        except (asyncio.CancelledError, GeneratorExit):
-            # The client left while queued. Cancelling our await does not cancel the actor's
-            # task, so withdraw the request explicitly: its queue entry and hold are released.
-            await asyncio.shield(self._withdraw(req))
-            raise
-        return Admitted(
-            position=int(admitted["position"]),
-            payment=float(admitted["payment"]),
-            batch_id=admitted.get("batch_id"),
-            mode=str(admitted["mode"]),
-        )
+            release = await self.link.admit(req.request_id, req.user, req.bid, req.tokens)
+        except Refusal as refusal:
+            raise PathError(refusal.status, refusal.message) from None
+        return Admitted(release.position, release.payment, release.batch_id, release.mode)
 
     # -- the steps ---------------------------------------------------------------------------
 
@@ -298,6 +296,7 @@ class ActorRequestPath:
     async def aclose(self) -> None:
         if self.keeper is not None:
             await self.keeper.aclose()
+        await self.link.aclose()
         await self.router.aclose()
         for task in list(self._background):
             task.cancel()
@@ -309,13 +308,6 @@ class ActorRequestPath:
     async def _release_route(self, request_id: str) -> None:
         self.router.complete(request_id)
 
-    async def _withdraw(self, req: PathRequest) -> None:
-        try:
-            self.calls["finished"] += 1
-            await self.auction.finished.remote(req.request_id, False)
-        except Exception as exc:
-            log.error("request %s: withdrawing from the auction failed: %s", req.request_id, exc)
-
     async def _close_books(self, req: PathRequest, answered: bool) -> float:
         """Release the routing reservation (idempotent) and settle the auction's hold:
         capture the payment if the request was answered, release it otherwise."""
@@ -323,14 +315,7 @@ class ActorRequestPath:
         if self.gate is not None and self.gate.is_local(req.request_id):
             self.gate.finished(req.request_id)  # admitted here, FCFS: nothing held, nothing due
             return 0.0
-        try:
-            self.calls["finished"] += 1
-            result = await self.auction.finished.remote(req.request_id, answered)
-            return float(result.get("charged", 0.0))
-        except Exception as exc:
-            # The hold stays open; the ledger releases open holds when the auction restarts.
-            log.error("request %s: auction.finished failed: %s", req.request_id, exc)
-            return 0.0
+        return await self.link.settle(req.request_id, answered)
 
     def _first_token(
         self, req: PathRequest, decode_id: int, prefill_id: int | None, ttft: float
@@ -342,7 +327,7 @@ class ActorRequestPath:
         if self.gate is not None and self.gate.is_local(req.request_id):
             self.gate.started(req.request_id)
         else:
-            self._spawn(self._note_started(req.request_id))
+            self.link.started(req.request_id)
         if self.bus is not None:
             self.bus.publish(
                 FirstTokenEvent(
@@ -350,13 +335,6 @@ class ActorRequestPath:
                     prefill_worker_id=prefill_id, ttft_s=ttft,
                 )
             )  # fmt: skip
-
-    async def _note_started(self, request_id: str) -> None:
-        self.calls["started"] += 1
-        try:
-            await self.auction.started.remote(request_id)
-        except Exception as exc:
-            log.warning("request %s: auction.started failed: %s", request_id, exc)
 
     def _publish_complete(self, req: PathRequest, route: Route, ttft: float, t0: float) -> None:
         if self.bus is not None:
@@ -419,17 +397,3 @@ def ray_cancel(refs: Any) -> None:
     # Already finished, or the actor is gone: nothing is left to cancel.
     with contextlib.suppress(Exception):
         ray.cancel(refs)
-
-
-def _as_path_error(exc: RayTaskError) -> PathError:
-    """The auction's refusals, typed by the actor, as HTTP statuses."""
-    cause = exc.cause if hasattr(exc, "cause") else exc
-    name = type(cause).__name__
-    status = {
-        "BudgetExceeded": 402,
-        "UnknownAccountError": 401,
-        "QueueFull": 503,
-        "AdmissionCancelledError": 503,
-        "ValueError": 400,
-    }.get(name, 500)
-    return PathError(status, str(cause).splitlines()[0] if str(cause) else name)

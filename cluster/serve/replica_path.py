@@ -30,6 +30,7 @@ async def make_actor_path(
     seed: int = 0,
     routing: dict[str, Any] | None = None,
     chunk_interval_s: float = 0.0,
+    exchange_period_s: float = 0.1,
 ) -> ActorRequestPath:
     """The path an ingress replica builds at start (picklable through ``functools.partial``):
     ``handles``: "router", "auction", "poa", "controller" → a handle each; "prefill", "decode" →
@@ -62,6 +63,7 @@ async def make_actor_path(
         ),
         chunk_interval_s=chunk_interval_s,
         gate=gate,
+        exchange_period_s=exchange_period_s,
     )
     path.keeper = keeper
     return path

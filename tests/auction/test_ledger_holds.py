@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from auction.ledger import (
     UnknownHoldError,
     to_micros,
 )
-from auction.ledger_schema import SCHEMA_V1
+from auction.ledger_schema import SCHEMA_V1, SCHEMA_V2
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -199,7 +200,7 @@ def test_unknown_holds_users_and_bad_keys(ledger: Ledger) -> None:
         ledger.holds("")
 
 
-def test_release_open_holds_at_start(tmp_path: Path) -> None:
+def test_holds_without_an_expiry_are_released_at_start(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
     with Ledger(path) as ledger:
         ledger.open_account("alice", 10.0)
@@ -209,10 +210,54 @@ def test_release_open_holds_at_start(tmp_path: Path) -> None:
         ledger.release("r1")
     with Ledger(path) as reopened:  # the "crash": r2 and r3 were never answered
         assert reopened.held("alice") == 2.0
-        assert reopened.release_open_holds() == 2
-        assert reopened.release_open_holds() == 0
+        assert reopened.release_abandoned_holds(time.time()) == 2
+        assert reopened.release_abandoned_holds(time.time()) == 0
         assert reopened.holds(state="open") == []
         assert reopened.journal() == [paid] and reopened.available("alice") == 9.5
+
+
+def test_owned_holds_live_while_renewed_and_go_when_they_expire(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    with Ledger(path) as ledger:
+        ledger.open_account("alice", 10.0)
+        ledger.reserve("live", "alice", 1.0, owner="replica-a", expires=100.0)
+        ledger.reserve("dead", "alice", 2.0, owner="replica-b", expires=100.0)
+        ledger.reserve("unowned", "alice", 3.0)  # the auction's own: no expiry
+        assert ledger.renew_holds("replica-a", 200.0) == 1
+        assert ledger.hold("live").expires == 200.0 and ledger.hold("live").owner == "replica-a"
+        assert ledger.release_expired_holds(150.0) == 1  # replica-b stopped renewing
+        assert ledger.hold("dead").state == "released"
+        assert ledger.renew_holds("replica-b", 300.0) == 0  # a released hold does not come back
+        ledger.reserve("gone", "alice", 1.0, owner="replica-c", expires=1e12)
+        assert ledger.release_holds_of("replica-c") == 1  # its lease ended before the expiry
+    with Ledger(path) as restarted:  # the auction restarts at t = 180: replica-a is alive
+        assert restarted.release_abandoned_holds(180.0) == 1  # "unowned" only
+        assert restarted.hold("live").state == "open"
+        assert restarted.capture("live", "b1", 0.5).amount == 0.5  # its request still pays
+        assert restarted.available("alice") == 9.5
+    with pytest.raises(ValueError, match="expiry"):
+        Ledger(path).reserve("x", "alice", 1.0, expires=float("nan"))
+
+
+def test_batches_of_reserves_and_settles_are_one_transaction_each(ledger: Ledger) -> None:
+    out = ledger.reserve_many(
+        [("a1", "alice", 4.0), ("b1", "bob", 5.0), ("a2", "alice", 4.0), ("a3", "alice", 4.0),
+         ("x", "nobody", 0.0)],
+        owner="r", expires=1e9,
+    )  # fmt: skip
+    assert [type(o).__name__ for o in out] == [
+        "Hold", "BudgetExceeded", "Hold", "BudgetExceeded", "UnknownAccountError",
+    ]  # fmt: skip
+    assert ledger.held("alice") == 8.0 and ledger.held("bob") == 0.0
+    assert ledger.reserve_many([("a1", "alice", 4.0)])[0] == out[0]  # a repeat: the same hold
+    settled = ledger.settle_many([("a1", "batch-1", 1.5), ("a2", None, 0.0), ("zz", None, 0.0)])
+    assert isinstance(settled[0], Charge) and settled[0].amount == 1.5
+    assert isinstance(settled[1], Hold) and settled[1].state == "released"
+    assert isinstance(settled[2], UnknownHoldError)
+    assert ledger.settle_many([("a1", "batch-1", 1.5)]) == [settled[0]]  # exactly once
+    assert isinstance(ledger.settle_many([("a1", "batch-2", 1.5)])[0], ChargeConflictError)
+    assert ledger.available("alice") == 8.5
+    _invariant(ledger)
 
 
 def test_public_names_stay_importable() -> None:
@@ -251,6 +296,38 @@ def test_a_schema_1_ledger_is_upgraded_in_place(tmp_path: Path) -> None:
             again._db.execute("DELETE FROM journal")  # the triggers came back with the table
 
 
+def test_a_schema_2_ledger_is_upgraded_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "v2.db"
+    raw = sqlite3.connect(path)
+    try:
+        for statement in SCHEMA_V2:
+            raw.execute(statement)
+        raw.execute("INSERT INTO accounts (user, budget, spent) VALUES ('alice', 5000000, 1000000)")
+        raw.execute(
+            "INSERT INTO journal (batch_id, user, hold_id, amount, balance_after) "
+            "VALUES ('b1', 'alice', 'h1', 1000000, 4000000)"
+        )
+        raw.execute(
+            "INSERT INTO holds (hold_id, user, amount, state, charge_seq) "
+            "VALUES ('h1', 'alice', 2000000, 'captured', 1), ('h2', 'alice', 1000000, 'open', NULL)"
+        )
+        raw.commit()
+    finally:
+        raw.close()
+    with Ledger(path) as ledger:
+        assert [(h.hold_id, h.state, h.owner, h.expires) for h in ledger.holds()] == [
+            ("h1", "captured", "", None), ("h2", "open", "", None),
+        ]  # fmt: skip
+        assert ledger.available("alice") == 3.0
+        assert ledger.release_abandoned_holds(time.time()) == 1  # h2 had no owner that renews
+    raw = sqlite3.connect(path)
+    try:
+        with pytest.raises(sqlite3.DatabaseError, match="only closes"):
+            raw.execute("UPDATE holds SET state = 'open' WHERE hold_id = 'h2'")  # triggers back
+    finally:
+        raw.close()
+
+
 def test_holds_only_close_once_and_tampering_is_detected(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
     with Ledger(path) as ledger:
@@ -263,6 +340,8 @@ def test_holds_only_close_once_and_tampering_is_detected(tmp_path: Path) -> None
         for forged in (
             "UPDATE holds SET state = 'open' WHERE hold_id = 'r1'",  # reopen a closed hold
             "UPDATE holds SET amount = 1 WHERE hold_id = 'r2'",
+            "UPDATE holds SET owner = 'thief' WHERE hold_id = 'r2'",
+            "UPDATE holds SET expires = 1.0 WHERE hold_id = 'r1'",  # a closed hold never moves
             "DELETE FROM holds",
             "INSERT INTO holds (hold_id, user, amount) VALUES ('r3', 'alice', 2500000)",
             "UPDATE accounts SET spent = 3500000",  # spent + open holds past the budget
@@ -373,7 +452,7 @@ def test_sigkill_mid_stream_leaks_no_hold_and_loses_no_capture(tmp_path: Path) -
     assert worker.returncode == -signal.SIGKILL
 
     with Ledger(path) as reopened:  # replays journal and holds
-        reopened.release_open_holds()  # what the service does when it starts
+        reopened.release_abandoned_holds(time.time())  # what the service does when it starts
         captures = {c.hold_id: c for c in reopened.journal()}
         for hold_id, (seq, amount) in acked.items():  # every acknowledged capture, once
             assert (captures[hold_id].seq, captures[hold_id].amount) == (seq, amount)
@@ -468,7 +547,7 @@ def test_any_sequence_keeps_spent_plus_held_within_budget(
             else:  # a restart: the service reopens the ledger and releases what was open
                 ledger.close()
                 ledger = Ledger(path)
-                ledger.release_open_holds()
+                ledger.release_abandoned_holds(time.time())
                 holds = {
                     h: (u, m, "released" if s == "open" else s) for h, (u, m, s) in holds.items()
                 }

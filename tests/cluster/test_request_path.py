@@ -5,17 +5,20 @@ always close — the auction's hold captured only for an answered request."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 from ray.exceptions import ActorDiedError
 
+from auction.admission import Release
 from cluster.dataplane.admission import AdmissionGate, Lease
+from cluster.dataplane.exchange import ExchangeIn, ExchangeOut, Refused, Settled
 from cluster.dataplane.replica import ReplicaRouter
 from cluster.dataplane.routing import PoolRouting, Route
 from cluster.events import CompleteEvent, FirstTokenEvent, RouteEvent
-from cluster.serve.path import ActorRequestPath, Workers, _as_path_error
+from cluster.serve.path import ActorRequestPath, Workers
 from cluster.serve.path_types import (
     Admitted,
     Finished,
@@ -54,13 +57,47 @@ async def _awaitable(value: Any) -> Any:
 
 
 class Auction:
-    def __init__(self, admit: Any = None) -> None:
-        default = {"position": 2, "payment": 0.5, "batch_id": "b-0", "mode": "auction"}
-        self.admit = Method(lambda *a: default if admit is None else admit)
-        self.started = Method(lambda rid: None)
-        self.finished = Method(lambda rid, answered: {"charged": 0.5 if answered else 0.0})
+    """The auction actor's exchange, recording what each request went through: by default
+    every bid is released at position 2 with price 0.5 and every settlement acknowledged."""
+
+    def __init__(self, answer: Release | Refused | BaseException | None = None) -> None:
+        self.answer = answer or Release("?", 2, 0.5, "b-0", "auction")
+        self.messages: list[ExchangeIn] = []
+        self.exchange = Method(self._exchange)
         self.metrics_text = Method(lambda: "# TYPE disagg_auction_welfare gauge\n"
                                    "disagg_auction_welfare 3.0\n")  # fmt: skip
+
+    def _exchange(self, message: ExchangeIn) -> ExchangeOut | BaseException | None:
+        if isinstance(self.answer, BaseException):
+            return self.answer
+        self.messages.append(message)
+        released, refused = [], []
+        for bid in message.bids:
+            if isinstance(self.answer, Release):
+                released.append(dataclasses.replace(self.answer, request_id=bid.request_id))
+            elif isinstance(self.answer, Refused):
+                refused.append(dataclasses.replace(self.answer, request_id=bid.request_id))
+        settled = [Settled(s.request_id, s.payment if s.capture else 0.0)
+                   for s in message.settlements]  # fmt: skip
+        return ExchangeOut("i1", tuple(released), tuple(refused), tuple(settled))
+
+    def sent(self, what: str) -> list[Any]:
+        return [item for m in self.messages for item in getattr(m, what)]
+
+    @property
+    def settled(self) -> list[tuple[str, bool]]:
+        return [(s.request_id, s.answered) for s in self.sent("settlements")]
+
+
+class Holding(Auction):
+    """An auction that never releases anything."""
+
+    def __init__(self) -> None:
+        super().__init__(Refused("?", 0, "", ""))
+
+    def _exchange(self, message: ExchangeIn) -> ExchangeOut | BaseException | None:
+        self.messages.append(message)
+        return ExchangeOut("i1")
 
 
 class Router(ReplicaRouter):
@@ -101,8 +138,15 @@ class Decode:
     """Streams ``n`` tokens one chunk each; ``die_after`` chunks, then the actor dies."""
 
     def __init__(self, die_after: int | None = None) -> None:
-        def generate(rid: str, prompt: int, lh: list[int], sh: list[int], n: int, local: bool,
-                     interval: float = 0.0):
+        def generate(
+            rid: str,
+            prompt: int,
+            lh: list[int],
+            sh: list[int],
+            n: int,
+            local: bool,
+            interval: float = 0.0,
+        ):
             return self._stream(n, die_after)
 
         self.generate = Method(generate)
@@ -154,6 +198,7 @@ def _path(
         bus=bus,  # type: ignore[arg-type]
         extra_metrics=(Control(),),
         gate=gate,
+        exchange_period_s=0.001,
     )
 
 
@@ -180,8 +225,12 @@ def test_a_request_is_admitted_routed_streamed_and_charged() -> None:
     assert (routed.policy_version, routed.regime) == (0, "below")
     assert [e.token_ids for e in events if isinstance(e, TokenChunk)] == [[100], [101], [102]]
     assert events[-1] == Finished(payment_charged=0.5)
-    assert auction.admit.calls and auction.started.calls == [("r1",)]
-    assert auction.finished.calls == [("r1", True)]  # answered: the payment is captured
+    assert [b.request_id for b in auction.sent("bids")] == auction.sent("started") == ["r1"]
+    assert auction.settled == [("r1", True)]  # answered: the payment is captured
+    (settlement,) = auction.sent("settlements")
+    assert (settlement.hold_id, settlement.batch_id, settlement.payment) == (
+        f"r1@{router.replica_id}", "b-0", 0.5,
+    )  # fmt: skip
     assert router.calls["complete"] == [("r1",)]
     assert router.routing.in_flight("decode") == 0  # the reservation went with the request
     (route,) = router.bus.events  # type: ignore[attr-defined]
@@ -203,7 +252,7 @@ def test_below_saturation_a_leased_replica_admits_with_no_actor_call() -> None:
     events = _run(path)
     assert events[0] == Admitted(position=0, payment=0.0, batch_id=None, mode="fcfs")
     assert events[-1] == Finished(payment_charged=0.0)
-    assert auction.admit.calls == auction.started.calls == auction.finished.calls == []
+    assert auction.messages == []
     assert sum(path.calls.values()) == 0
     assert gate.in_flight == gate.in_prefill == 0 and gate.admitted == 1
 
@@ -212,9 +261,8 @@ def test_a_replica_over_its_share_asks_the_auction_and_gives_its_slots_back() ->
     auction, gate = Auction(), _gate(slots=0)
     events = _run(_path(auction, gate=gate))
     assert events[0] == Admitted(position=2, payment=0.5, batch_id="b-0", mode="auction")
-    ((*_, lease_id),) = auction.admit.calls
-    assert lease_id == "L1"  # the actor revokes that lease's slots
-    assert auction.finished.calls == [("r1", True)]
+    assert auction.messages[0].overflowed_lease == "L1"  # the actor revokes that lease's slots
+    assert auction.settled == [("r1", True)]
 
 
 def test_a_remote_prefill_runs_before_decode_and_is_reported() -> None:
@@ -243,7 +291,7 @@ def test_two_failures_are_a_503_and_nothing_is_charged() -> None:
     with pytest.raises(PathError) as err:
         _run(_path(auction, router, decode=dead))
     assert err.value.status == 503
-    assert auction.finished.calls == [("r1", False)]  # the hold is released, not captured
+    assert auction.settled == [("r1", False)]  # the hold is released, not captured
     assert router.routing.in_flight("decode") == 0
 
 
@@ -260,13 +308,21 @@ def test_a_decode_worker_that_dies_mid_stream_is_a_503_without_a_charge() -> Non
     with pytest.raises(PathError) as err:
         _run(_path(auction, decode={1: Decode(die_after=1), 2: Decode()}))
     assert err.value.status == 503 and "mid-stream" in err.value.message
-    assert auction.finished.calls == [("r1", False)]
+    assert auction.settled == [("r1", False)]
 
 
-def test_a_restarting_auction_is_a_503() -> None:
+def test_an_auction_that_does_not_answer_is_a_503_after_the_give_up_time() -> None:
+    path = _path(Auction(ActorDiedError()))
+    path.link.give_up_s = 0.0
     with pytest.raises(PathError) as err:
-        _run(_path(Auction(admit=ActorDiedError())))
+        _run(path)
     assert err.value.status == 503 and "auction" in err.value.message
+
+
+def test_the_auctions_refusals_reach_the_client_with_their_status() -> None:
+    with pytest.raises(PathError) as err:
+        _run(_path(Auction(Refused("?", 402, "budget_exceeded", "alice: over budget"))))
+    assert (err.value.status, err.value.message) == (402, "alice: over budget")
 
 
 def test_a_client_that_leaves_mid_stream_closes_the_books_uncharged() -> None:
@@ -281,21 +337,13 @@ def test_a_client_that_leaves_mid_stream_closes_the_books_uncharged() -> None:
         await stream.aclose()
 
     asyncio.run(leave_after_first_token())
-    assert auction.finished.calls == [("r1", False)]
+    assert auction.settled == [("r1", False)]
     assert router.calls["complete"] == [("r1",)]
     assert router.routing.in_flight("decode") == 0
 
 
 def test_a_client_that_leaves_while_queued_withdraws_from_the_auction() -> None:
-    gate: asyncio.Future[Any] | None = None
-
-    async def never_released() -> Any:
-        nonlocal gate
-        gate = asyncio.get_running_loop().create_future()
-        return await gate
-
-    auction = Auction()
-    auction.admit = Method(lambda *a: never_released())
+    auction = Holding()
     path = _path(auction)
 
     async def leave() -> None:
@@ -304,22 +352,11 @@ def test_a_client_that_leaves_while_queued_withdraws_from_the_auction() -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        await asyncio.sleep(0.02)  # the next exchange carries the withdrawal
 
     asyncio.run(leave())
-    assert auction.finished.calls == [("r1", False)]
-
-
-def test_the_auctions_refusals_map_to_http_statuses() -> None:
-    class Cause:
-        def __init__(self, cause: BaseException) -> None:
-            self.cause = cause
-
-    class BudgetExceeded(Exception):  # noqa: N818 - the auction's name, as the actor raises it
-        pass
-
-    assert _as_path_error(Cause(BudgetExceeded("over budget"))).status == 402  # type: ignore[arg-type]
-    assert _as_path_error(Cause(ValueError("bid: too large"))).status == 400  # type: ignore[arg-type]
-    assert _as_path_error(Cause(KeyError("x"))).status == 500  # type: ignore[arg-type]
+    assert [b.request_id for b in auction.sent("bids")] == auction.sent("withdrawn") == ["r1"]
+    assert path.link.idle
 
 
 def test_metrics_are_merged_from_the_actors_and_the_bus_closes() -> None:

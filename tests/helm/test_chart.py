@@ -20,7 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from cluster.dataplane.settings import RoutingSettings
+from cluster.dataplane.settings import AdmissionSettings, RoutingSettings
 from cluster.models import validate_model
 from cluster.ray.auction_settings import AuctionSettingsModel
 from cluster.ray.controller_pools import ResplitSection
@@ -469,6 +469,7 @@ def test_schema_mirrors_the_projects_config_models() -> None:
     assert set(config) == set(ServeConfig.model_fields) - chart_set - not_in_chart
     assert set(config["auction"]["properties"]) == set(AuctionSettingsModel.model_fields)
     assert set(config["routing"]["properties"]) == set(RoutingSettings.model_fields)
+    assert set(config["admission"]["properties"]) == set(AdmissionSettings.model_fields)
     controller = config["controller"]["properties"]
     assert set(controller) == set(ControllerSettings.model_fields)
     assert set(controller["resplit"]["properties"]) == set(ResplitSection.model_fields)

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from auction.admission import Release
+from cluster.dataplane.exchange import ExchangeIn, ExchangeOut, Settled
 from cluster.dataplane.replica import ReplicaRouter
 from cluster.dataplane.routing import PoolRouting
 from cluster.dynamo.path import DynamoRequestPath
@@ -50,23 +52,20 @@ class Handle:
 
 
 class Auction:
-    """Admits everything at once, charges nothing; records what the path told it."""
+    """Releases everything at once (FCFS), charges nothing; records what the path told it."""
 
     def __init__(self) -> None:
         self.first_tokens: list[str] = []
         self.settled: list[tuple[str, bool]] = []
 
-    async def admit(
-        self, request_id: str, user: str, bid: float, tokens: list[int], lease: str | None = None
-    ) -> dict:
-        return {"position": 0, "payment": 0.0, "batch_id": None, "mode": "fcfs"}
-
-    async def started(self, request_id: str) -> None:
-        self.first_tokens.append(request_id)
-
-    async def finished(self, request_id: str, answered: bool) -> dict[str, float]:
-        self.settled.append((request_id, answered))
-        return {"charged": 0.0}
+    async def exchange(self, message: ExchangeIn) -> ExchangeOut:
+        self.first_tokens += message.started
+        self.settled += [(s.request_id, s.answered) for s in message.settlements]
+        return ExchangeOut(
+            "fake",
+            released=tuple(Release(b.request_id, 0, 0.0, None, "fcfs") for b in message.bids),
+            settled=tuple(Settled(s.request_id, 0.0) for s in message.settlements),
+        )
 
 
 def _request(n_tokens: int = 96, max_tokens: int = 6) -> PathRequest:
@@ -122,7 +121,7 @@ def test_requests_stream_and_dead_workers_are_routed_around(
                                 discovery_dir=discovery_dir, model_name=MODEL),
             auction=Handle(auction), router=Handle(shadow),
             workers=Workers({}, {}, lambda role, wid: None),
-            profile=load_profile("b200-llama70b-fp8-tp4"), speedup=1.0,
+            profile=load_profile("b200-llama70b-fp8-tp4"), speedup=1.0, exchange_period_s=0.01,
         )  # fmt: skip
         try:
             events = await _collect(path, _request())

@@ -26,7 +26,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from cluster.dataplane.calls import FailureCount, ask
@@ -57,6 +57,7 @@ class ReplicaRouter:
         settings: RoutingSettings | None = None,
         replica_id: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        kv_subjects: Mapping[Role, str] | None = None,
     ) -> None:
         self.routing = routing
         self.bus = bus
@@ -64,6 +65,8 @@ class ReplicaRouter:
         self.settings = settings if settings is not None else RoutingSettings()
         self.replica_id = replica_id or f"ingress-{uuid.uuid4().hex[:12]}"
         self.clock = clock
+        # Where the workers publish KV events: the service's subjects, or Dynamo's.
+        self.kv_subjects = dict(kv_subjects or {r: kv_subject(bus.namespace, r) for r in ROLES})
         self.peers = PeerLoads()
         self.view_syncs = 0
         self._view_failures = FailureCount("routing view sync")
@@ -81,8 +84,8 @@ class ReplicaRouter:
         """Read the control plane's view (so the first request routes with the current policy
         and pools), subscribe to the bus, start the report and sync loops."""
         await self.sync_view()
-        for role in ROLES:
-            await self.bus.subscribe_kv(kv_subject(self.bus.namespace, role), self._kv(role))
+        for role, subject in self.kv_subjects.items():
+            await self.bus.subscribe_kv(subject, self._kv(role))
         self.bus.start()
         loop = asyncio.get_running_loop()
         self._tasks = [
@@ -116,7 +119,7 @@ class ReplicaRouter:
 
     def _kv(self, role: Role) -> Callable[[Any], None]:
         def handle(payload: Any) -> None:
-            self.routing.feed_kv(role, payload)
+            self.feed_kv(role, payload)
 
         return handle
 

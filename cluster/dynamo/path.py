@@ -1,8 +1,8 @@
 """The request path on the Dynamo backend (docs/design.md "Serve runtime", §6 "Dynamo backend").
 
-    admit (the replica's lease, or the auction) → choose (Dynamo's KvRouters, with the
-    override of the policy this replica syncs) → shadow_route (our breakdown, the route event)
-    → prefill → decode stream → finish (the shadow router's bookkeeping in the background)
+    admit (the replica's lease, or the auction's exchange) → choose (Dynamo's KvRouters, with
+    the override of the policy this replica syncs) → follow (our router in shadow, in-process:
+    our breakdown, the route event) → prefill → decode stream → finish
 
 The same path as :class:`cluster.serve.path.ActorRequestPath` — the auction, the ledger, the
 events and the books are its own — with the routing and the engines replaced by Dynamo's. A
@@ -20,13 +20,19 @@ from typing import Any
 
 from cluster.dataplane.admission import AdmissionGate
 from cluster.dataplane.lease import LeaseKeeper
-from cluster.dataplane.replica import ReplicaRouter
-from cluster.dataplane.routing import PoolRouting
+from cluster.dataplane.routing import ROLES, PoolRouting
 from cluster.dynamo.routing import DynamoRoutes, DynamoWorkerFailed
 from cluster.dynamo.settings import DynamoSettings
 from cluster.dynamo.shadow import dynamo_override
+from cluster.dynamo.shadow_view import ShadowRoute, ShadowView, agreement_text
+from cluster.kv_wire import kv_subject
 from cluster.ray.actor_support import ActorBus
-from cluster.serve.path import _RAY_FAILURES, ActorRequestPath, complete_event
+from cluster.serve.path import (
+    ActorRequestPath,
+    actor_calls_text,
+    complete_event,
+    routing_cost_text,
+)
 from cluster.serve.path_types import PathError, PathEvent, PathRequest, Routed, TokenChunk
 from cluster.serve.worker_handles import Workers, named_worker_resolver
 from cluster.sim.profile import load_profile
@@ -39,10 +45,10 @@ log = logging.getLogger(__name__)
 class DynamoRequestPath(ActorRequestPath):
     """:class:`ActorRequestPath` whose routing and engines are Dynamo's."""
 
-    def __init__(self, *, dynamo: DynamoRoutes, view: ReplicaRouter, **kwargs: Any) -> None:
+    def __init__(self, *, dynamo: DynamoRoutes, view: ShadowView, **kwargs: Any) -> None:
         super().__init__(replica=view.replica_id, **kwargs)
         self.dynamo = dynamo
-        self.view = view  # the policy this replica routes with (synced, never asked per request)
+        self.view = view  # the policy and our router in shadow (synced, never asked per request)
         self.overrides: dict[str, Any] = {}  # the last override sent, for tests and stats
 
     async def _serve(self, req: PathRequest, t0: float) -> AsyncIterator[PathEvent]:
@@ -67,16 +73,12 @@ class DynamoRequestPath(ActorRequestPath):
                 prefill_id = await choose("prefill", tokens, override, excluded["prefill"], rid)
                 decode_id = await choose("decode", tokens, override, excluded["decode"], rid)
                 self.overrides = {**override, "policy_version": policy["policy_version"]}
-                self.calls["shadow_route"] += 1
-                route = await self.router.shadow_route.remote(
-                    rid, tokens, req.user, prefill_id, decode_id
-                )
+                route = self.view.follow(rid, tokens, req.user, prefill_id, decode_id)
             except BaseException as exc:
                 await self._release(rid)  # no reservation outlives a request that never ran
+                self.view.complete(rid)
                 if isinstance(exc, DynamoWorkerFailed):
                     raise PathError(503, str(exc)) from None
-                if isinstance(exc, _RAY_FAILURES):
-                    raise PathError(503, "the router is restarting; retry shortly") from None
                 raise
             stream = self._generate(req, tokens, prefill_id, decode_id, override)
             try:
@@ -85,7 +87,7 @@ class DynamoRequestPath(ActorRequestPath):
                 log.warning("request %s: %s", req.request_id, exc)
                 await stream.aclose()
                 await self._release(rid)
-                await self._router_note("complete", req.request_id)
+                self.view.complete(rid)
                 if attempt == 1:
                     raise PathError(503, f"{exc}; failed on retry too") from None
                 if exc.instance is not None:
@@ -93,13 +95,13 @@ class DynamoRequestPath(ActorRequestPath):
                 continue
             except StopAsyncIteration:
                 raise PathError(503, f"decode instance {decode_id:x} produced no token") from None
-            decode_slot, prefill_slot = route["decode_worker"], route["prefill_worker"]
+            decode_slot, prefill_slot = route.decode_worker, route.prefill_worker
             yield Routed(
                 decode_worker=decode_slot if decode_slot is not None else -1,
                 prefill_worker=prefill_slot,
                 policy_version=int(policy["policy_version"]),
                 regime=str(policy["regime"]),
-                cached_tokens=int(route["prompt_tokens"]) - int(route["uncached_tokens"]),
+                cached_tokens=route.cached_tokens,
             )
             ttft = time.time() - t0
             if decode_slot is not None:
@@ -117,30 +119,20 @@ class DynamoRequestPath(ActorRequestPath):
             return
 
     def _publish_dynamo_complete(
-        self, req: PathRequest, route: Mapping[str, Any], decode_id: int,
-        prefill_id: int | None, ttft: float, t0: float,
+        self, req: PathRequest, route: ShadowRoute, decode_id: int, prefill_id: int | None,
+        ttft: float, t0: float,
     ) -> None:  # fmt: skip
         if self.bus is not None:
-            prompt = int(route["prompt_tokens"])
-            cached = prompt - int(route["uncached_tokens"])
-            self.bus.publish(complete_event(req, t0, ttft, decode_id, prefill_id, prompt, cached))
-
-    async def _router_note(self, method: str, request_id: str) -> None:
-        """Bookkeeping on the shadow router (its load view): a router that is restarting has
-        lost that view anyway, so a failure here is logged, never the request's failure."""
-        self.calls[method] += 1
-        try:
-            await getattr(self.router, method).remote(request_id)
-        except Exception as exc:
-            log.warning("request %s: router.%s failed: %s", request_id, method, exc)
+            self.bus.publish(complete_event(req, t0, ttft, decode_id, prefill_id,
+                                            route.prompt_tokens, route.cached_tokens))  # fmt: skip
 
     async def _release_route(self, request_id: str) -> None:
-        self._background_note("complete", request_id)
+        self.view.complete(request_id)
 
-    def _background_note(self, method: str, request_id: str) -> None:
-        # One caller's calls reach the actor in order as submitted; a complete that overtook
-        # its finish_prefill would leave nothing behind either (both are idempotent).
-        self._spawn(self._router_note(method, request_id))
+    def own_metrics_text(self) -> str:
+        cost = self.view.last_cost
+        text = actor_calls_text(self.calls) + ("" if cost is None else routing_cost_text(cost))
+        return text + agreement_text(self.view.agreement)
 
     def _policy(self) -> dict[str, Any]:
         """The controller's policy as this replica's view has it (regime events and the shadow
@@ -168,7 +160,7 @@ class DynamoRequestPath(ActorRequestPath):
     ) -> AsyncIterator[TokenChunk]:  # fmt: skip
         rid = req.request_id
         params = await self.dynamo.prefill(tokens, prefill_id, override, rid)
-        self._background_note("finish_prefill", rid)  # bookkeeping: not in the TTFT's way
+        self.view.finish_prefill(rid)
         decode = self.dynamo.decode(tokens, decode_id, params, req.max_tokens, override, rid)
         async for ids in decode:
             yield TokenChunk(token_ids=ids)
@@ -200,18 +192,24 @@ async def make_dynamo_path(
     ``handles`` as :func:`cluster.serve.replica_path.make_actor_path` takes them, "router" being the
     shadow router."""
     bus = ActorBus(nats_url, namespace, name="ingress")
+    dyn = DynamoSettings.model_validate(settings)
+    # Every request of a disaggregated Dynamo deployment is prefilled on a prefill worker.
     pools = PoolRouting(
-        block_size=1, local_prefill_max_tokens=0, prefill_workers=sorted(handles["prefill"]),
-        decode_workers=sorted(handles["decode"]),
+        block_size=dyn.block_size, local_prefill_max_tokens=0,
+        prefill_workers=sorted(handles["prefill"]), decode_workers=sorted(handles["decode"]),
     )  # fmt: skip
-    view = ReplicaRouter(pools, bus, control=handles["router"])
-    await view.start()  # the shadow router's view first; starts the bus
+    components = {"prefill": dyn.prefill_component, "decode": dyn.decode_component}
+    view = ShadowView(
+        pools, bus, control=handles["router"],
+        kv_subjects={r: kv_subject(dyn.namespace, components[r]) for r in ROLES},
+    )  # fmt: skip
+    await view.start()  # the shadow router's view (policy, pools, instances) first; starts the bus
     gate = AdmissionGate()
     view.regime_listeners.append(gate.on_regime)
     keeper = LeaseKeeper(gate, handles["auction"], view.replica_id)
     await keeper.start()
     dynamo = DynamoRoutes(
-        DynamoSettings.model_validate(settings), nats_url=nats_url,
+        dyn, nats_url=nats_url,
         discovery_dir=discovery_dir, model_name=model_name,
     )  # fmt: skip
     # Joined on the first request, on the loop that serves requests (DynamoRoutes.start).

@@ -1,18 +1,16 @@
-"""Our router in shadow beside Dynamo's (docs/design.md §6 "Dynamo backend").
+"""Our router in shadow beside Dynamo's: the control plane's side (docs/design.md §6 "Dynamo
+backend").
 
 On the Dynamo backend, Dynamo's ``KvRouter`` picks the workers, with the controller's
-(tau, omega) as a per-request ``router_config_override``. This actor keeps the project's router
-(``router.Router``, one per pool, as :class:`cluster.ray.router_actor.RouterActor`) running on
-the same KV events, so that every request still has our per-candidate cost breakdown, which the
-PoA estimator needs:
+(tau, omega) as a per-request ``router_config_override``, and each ingress replica follows every
+pick with our router in-process (``cluster/dynamo/shadow_view.py: ShadowView``). This actor is
+what the replicas sync to, off the request path:
 
-1. ``policy()``: the override the ingress hands Dynamo for the next request.
-2. ``shadow_route(request_id, tokens, user, prefill_instance, decode_instance)``: after Dynamo
-   chose, our router decides on its own view (no reservation), then reserves the request's load
-   on the worker *Dynamo* chose, so its load view follows what really runs; the route event names
-   Dynamo's worker with our breakdown of every candidate; whether the two picked the same worker
-   is counted (``disagg_dynamo_router_agreement_total{role, agree}``, agree "same", "tie" —
-   another worker at our lowest cost — or "different").
+1. ``view()``: the policy, the pools and which Dynamo instance each slot runs as;
+2. its own copy of our router on the same KV events (its index, for ``stats`` and
+   ``overlaps``), and ``shadow_route`` (the same decision as ``ShadowView.follow``, for
+   in-process compositions and tests: reserve on Dynamo's worker, publish the route event,
+   count agreement in ``disagg_dynamo_router_agreement_total{role, agree}``).
 
 Worker ids. Dynamo names a worker by its instance id (a u64 that changes when the process
 restarts); the service names it by its slot (0..P+D−1, stable across restarts and re-splits).
@@ -34,6 +32,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from cluster.dataplane.routing import RoutingView
 from cluster.events import MAX_WORKER_ID, RouteEvent
 from cluster.kv_wire import kv_subject
 from cluster.ray.actor_support import MAX_PROMPT_TOKENS, check_int
@@ -145,6 +144,13 @@ class ShadowRouterActor(RouterActor):
             "policy_version": policy.version,
             "regime": self.regime,
         }
+
+    async def view(self) -> RoutingView:
+        """The replicas' view, with the instance each slot runs as (``ShadowView`` follows
+        Dynamo's picks by instance id and names them by slot)."""
+        view = await super().view()
+        bound = tuple((r, s, i) for (r, s), i in sorted(self.instance_of.items()))
+        return dataclasses.replace(view, instances=bound)
 
     async def route(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         raise RuntimeError("the Dynamo backend routes with Dynamo's KvRouter: call shadow_route")

@@ -276,11 +276,14 @@ class ActorRequestPath:
         for (role, worker, handle), result in zip(workers, done[fixed:], strict=True):
             if isinstance(result, RayActorError):  # stopped by a re-split, or dead: look again
                 self.workers.forget(role, worker, handle)
-        own = actor_calls_text(self.calls)
-        cost = getattr(self.router, "last_cost", None)  # this replica routes (not on Dynamo)
-        if cost is not None:  # first in the merge: the router actor no longer decides
-            own += routing_cost_text(cost)
-        return merge_metrics_texts([own, *(t for t in done if isinstance(t, str))])
+        # First in the merge: this replica's gauges win over the actors' (they no longer route).
+        return merge_metrics_texts([self.own_metrics_text(),
+                                    *(t for t in done if isinstance(t, str))])  # fmt: skip
+
+    def own_metrics_text(self) -> str:
+        """What this replica counts itself: its actor calls, its last routing cost."""
+        cost = self.router.last_cost
+        return actor_calls_text(self.calls) + ("" if cost is None else routing_cost_text(cost))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run bookkeeping in the background, kept until done (``settle`` waits for it)."""

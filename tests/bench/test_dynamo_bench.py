@@ -92,7 +92,7 @@ def test_every_level_has_finite_positive_figures(run: tuple[dict[str, Any], int,
         _positive(value, f"startup {key}")
 
 
-def test_agreement_and_overhead_are_reported(run: tuple[dict[str, Any], int, str]) -> None:
+def test_agreement_and_actor_calls_are_reported(run: tuple[dict[str, Any], int, str]) -> None:
     report, _, _ = run
     assert report["policy"]["before"]["tau"] == report["policy"]["after"]["tau"] == 0.0
     for role in ("prefill", "decode"):
@@ -101,10 +101,8 @@ def test_agreement_and_overhead_are_reported(run: tuple[dict[str, Any], int, str
         assert row["same"] + row["tie"] + row["different"] == row["total"]
         for rate in ("same_rate", "same_or_tie_rate"):
             assert 0.0 <= row[rate] <= 1.0, (role, rate, row)
-    overhead = report["router_overhead"]
-    for key in ("policy_ms", "shadow_route_ms", "finish_prefill_ms", "complete_ms",
-                "per_request_ms", "per_request_p99_ms", "all_router_calls_ms"):  # fmt: skip
-        _positive(overhead[key], f"overhead {key}")
+    # Below saturation every request is admitted under the lease and followed in-process.
+    assert report["actor_calls"]["per_request"] == 0.0, report["actor_calls"]
     # Dynamo's frontend used every mocker: the prefill worker and both decode workers.
     served = report["served"]["frontend_per_worker"]
     assert set(served) == {"prefill-0", "decode-1", "decode-2"}, served

@@ -14,12 +14,12 @@ import pytest
 
 from auction.admission import Release
 from cluster.dataplane.exchange import ExchangeIn, ExchangeOut, Settled
-from cluster.dataplane.replica import ReplicaRouter
 from cluster.dataplane.routing import PoolRouting
 from cluster.dynamo.path import DynamoRequestPath
 from cluster.dynamo.routing import DynamoRoutes, DynamoWorkerFailed
 from cluster.dynamo.settings import DynamoSettings, dynamo_env
 from cluster.dynamo.shadow import ShadowRouterActor
+from cluster.dynamo.shadow_view import ShadowView
 from cluster.dynamo.worker_actor import DynamoWorkerActor
 from cluster.events import RouteEvent
 from cluster.ray.actor_support import ActorBus
@@ -107,14 +107,16 @@ def test_requests_stream_and_dead_workers_are_routed_around(
             instances={"prefill": {0: ids[0]}, "decode": {1: ids[1], 2: ids[2]}},
         )  # fmt: skip
         routes: list[RouteEvent] = []
-        shadow.bus.local.append(lambda subject, event: routes.append(event))
         auction = Auction()
-        view = ReplicaRouter(
-            PoolRouting(block_size=1, local_prefill_max_tokens=0, prefill_workers=[0],
-                        decode_workers=[1, 2]),
+        view = ShadowView(
+            PoolRouting(block_size=SETTINGS.block_size, local_prefill_max_tokens=0,
+                        prefill_workers=[0], decode_workers=[1, 2]),
             ActorBus(None, "t", name="ingress"), control=Handle(shadow),
         )  # fmt: skip
-        assert await view.sync_view()  # the shadow router's policy, as a replica starts
+        view.bus.local.append(lambda subject, event: routes.append(event))
+        # The shadow router's policy and the instances' slots, as a replica starts.
+        assert await view.sync_view()
+        assert view.slot("decode", ids[1]) == 1 and view.slot("prefill", ids[0]) == 0
         path = DynamoRequestPath(
             view=view,
             dynamo=DynamoRoutes(SETTINGS, nats_url=dynamo_nats_url,
@@ -131,8 +133,9 @@ def test_requests_stream_and_dead_workers_are_routed_around(
             assert len(tokens) == 6
             routed = events[1]
             assert routed.prefill_worker == 0 and routed.decode_worker in (1, 2)
-            await shadow.bus.flush()
+            await view.bus.flush()  # our breakdown, published by the replica that followed Dynamo
             assert routes[-1].worker_id == routed.decode_worker
+            assert sum(view.agreement["decode"].values()) == 1
             assert path.overrides["router_temperature"] == 0.0
             assert len(auction.first_tokens) == 1 and auction.settled[-1][1] is True
             # The choice was reserved in Dynamo's view (no herding) and released: nothing of
@@ -164,7 +167,7 @@ def test_requests_stream_and_dead_workers_are_routed_around(
                 await _collect(path, req)
             assert failed.value.status == 503 and "decode" in str(failed.value)
             assert auction.settled[-1] == (req.request_id, False)
-            assert req.request_id not in shadow.routers["decode"].loads  # books closed
+            assert req.request_id not in view.routing.routers["decode"].loads  # books closed
 
             # Dynamo has dropped both from its pool by now, or we exclude them: a clear refusal.
             with pytest.raises(DynamoWorkerFailed, match=r"decode pool: no worker|every worker"):

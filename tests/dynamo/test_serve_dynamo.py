@@ -26,6 +26,7 @@ import openai
 import pytest
 import ray
 
+from bench.dynamo import agreement_counts
 from cluster.dynamo.routing import DynamoRoutes
 from cluster.dynamo.service import DynamoService
 from cluster.model_dir import ChatTokenizer, default_model_dir
@@ -148,19 +149,19 @@ async def _dynamo_overlaps(routes: DynamoRoutes, tokens: list[int]) -> dict[int,
 def test_every_request_gets_our_breakdown_and_agreement_is_counted(
     service: DynamoService,
 ) -> None:
-    before = _stats(service)["dynamo"]["agreement"]
+    before = agreement_counts(service.url)
 
     async def traffic() -> None:
         c = _client(service)
         await asyncio.gather(*(_ask(c, 100 + i, k=i % 3) for i in range(12)))
 
     asyncio.run(traffic())
-    after = _stats(service)["dynamo"]
+    after = agreement_counts(service.url)  # counted in the ingress replica, summed on /metrics
     for role in ("prefill", "decode"):
-        counted = sum(after["agreement"][role].values()) - sum(before[role].values())
+        counted = sum(after[role].values()) - sum(before[role].values())
         assert counted == 12, (role, before, after)
     # One prefill worker: the two routers cannot differ there.
-    assert after["agreement"]["prefill"]["different"] == 0
+    assert after["prefill"]["different"] == 0
     text = httpx.get(f"{service.url}/metrics", timeout=10).text
     assert 'disagg_dynamo_router_agreement_total{agree="same",role="prefill"}' in text
     # The workers' own Dynamo metrics, merged into the one /metrics: a series per instance.
@@ -170,7 +171,7 @@ def test_every_request_gets_our_breakdown_and_agreement_is_counted(
         if line.startswith("dynamo_component_requests_total{")
         and 'dynamo_endpoint="generate"' in line
     }
-    assert set(after["instances"].values()) <= served, served
+    assert set(_stats(service)["dynamo"]["instances"].values()) <= served, served
 
 
 def test_a_ramp_switches_the_regime_and_the_next_requests_carry_the_override(

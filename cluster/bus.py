@@ -3,9 +3,9 @@
 A thin, robust layer over nats-py (docs/design.md §5). It reconnects forever and never lets a bad
 message, a bad number or a bad callback out of a subscription handler: every message it does
 not deliver is counted by reason in ``disagg_events_dropped_total{reason}`` (the fixed set
-``cluster.events.DROP_REASONS``) and in :attr:`EventBus.dropped`.
+``cluster.wire.DROP_REASONS``) and in :attr:`EventBus.dropped`.
 
-Receiving: messages are decoded by ``cluster.events.decode`` (bounded size, strict models) and
+Receiving: messages are decoded by ``cluster.wire.decode_all`` (bounded size, strict models) and
 sequence-checked per (publisher, subject) by ``cluster.sequence.SequenceTracker``: gaps count
 what was provably missed, duplicates are dropped, a late join or a restarted publisher
 resynchronises instead of counting absurd gaps.
@@ -41,20 +41,19 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from cluster.events import (
-    DROP_REASONS,
-    KINDS,
-    MAX_ID_CHARS,
-    MAX_MESSAGE_BYTES,
-    Event,
-    MalformedEventError,
-    decode,
-    encode,
-    subject,
-)
+from cluster.events import KINDS, MAX_ID_CHARS, Event, subject
 from cluster.kv_wire import decode_kv_events, encode_kv_events
 from cluster.outbox import MAX_BYTES, MAX_MESSAGES, Outbox, Outgoing
 from cluster.sequence import SequenceTracker
+from cluster.wire import (
+    DROP_REASONS,
+    MAX_BATCH_EVENTS,
+    MAX_MESSAGE_BYTES,
+    MalformedEventError,
+    decode_all,
+    encode,
+    encode_batch,
+)
 from controller.metrics import EVENTS_DROPPED
 
 EventHandler = Callable[[Event], None]
@@ -193,6 +192,23 @@ class EventBus:
         data = encode(event, self.publisher, self._seq[event.kind])
         await self._send(nc, Outgoing(event.kind, subject(self.namespace, event.kind), data))
 
+    async def publish_batch(self, events: Sequence[Event]) -> None:
+        """Publish ``events`` (one batched kind, ``cluster.wire.BATCHED``) in as few messages as
+        the bounds allow (``MAX_BATCH_EVENTS`` events, ``MAX_MESSAGE_BYTES`` each); like
+        :meth:`publish`, never raises for an outage."""
+        nc = self._client()
+        for chunk in _chunks(events, MAX_BATCH_EVENTS):
+            kind = chunk[0].kind
+            self._seq[kind] += 1
+            data = encode_batch(chunk, self.publisher, self._seq[kind])
+            if len(data) > MAX_MESSAGE_BYTES and len(chunk) > 1:  # halve until it fits
+                self._seq[kind] -= 1
+                half = len(chunk) // 2
+                await self.publish_batch(chunk[:half])
+                await self.publish_batch(chunk[half:])
+                continue
+            await self._send(nc, Outgoing(kind, subject(self.namespace, kind), data))
+
     async def _send(self, nc: Client, item: Outgoing) -> None:
         self.attempted[item.kind] += 1
         if len(item.data) > MAX_MESSAGE_BYTES:
@@ -270,34 +286,39 @@ class EventBus:
             kind = msg.subject.rsplit(".", 1)[-1]
             if kind not in kinds:
                 return  # another consumer's kind on the shared wildcard: not ours to count
-            event = self.accept(kind, msg.data)
-            if event is not None:
+            for event in self.accept_all(kind, msg.data):
                 self._deliver(on_event, event)
 
         return handle
 
     def accept(self, kind: str, data: bytes) -> Event | None:
-        """The event in one message on ``kind``'s subject, or None (dropped and counted).
+        """The one event of a message on ``kind``'s subject (the first of a batch), or None."""
+        events = self.accept_all(kind, data)
+        return events[0] if events else None
+
+    def accept_all(self, kind: str, data: bytes) -> tuple[Event, ...]:
+        """The events in one message on ``kind``'s subject (one, or a batch), or none (the
+        message dropped and counted). A batch counts as one message for sequence checks.
 
         Everything a subscription handler does short of calling back; never raises.
         """
         try:
-            event, publisher, seq = decode(kind, data)
+            events, publisher, seq = decode_all(kind, data)
         except MalformedEventError as exc:
             self._drop(exc.reason)
-            return None
+            return ()
         except Exception:  # decode promises MalformedEventError only; a bug must not kill us
             logger.exception("unexpected error decoding a %s message", kind)
             self._drop("malformed")
-            return None
+            return ()
         verdict = self.sequence.observe((publisher, kind), seq)
         if verdict.lost:
             self._drop("gap", verdict.lost)
         if not verdict.deliver:
             self._drop("duplicate")
-            return None
-        self.received[kind] += 1
-        return event
+            return ()
+        self.received[kind] += len(events)
+        return events
 
     def _deliver(self, callback: Callable[[Any], None], item: Any) -> None:
         try:
@@ -340,6 +361,10 @@ class EventBus:
                 self._deliver(on_payload, payload)
 
         await self._client().subscribe(kv_subject, cb=handle)
+
+
+def _chunks(events: Sequence[Event], n: int) -> list[Sequence[Event]]:
+    return [events[i : i + n] for i in range(0, len(events), n)]
 
 
 def _up(nc: Client) -> bool:

@@ -12,11 +12,7 @@ in range, counts consistent with each other (``n == len(order)``, ``cached <= pr
 coerced: ``"abc"`` is not a list of ids, ``"nan"`` and ``true`` are not numbers, ``1.0`` is not an
 integer.
 
-:func:`decode` never trusts the wire and never lets anything but :class:`MalformedEventError`
-out: a message over :data:`MAX_MESSAGE_BYTES` is refused before a byte of it is parsed (so its size
-cannot cost memory or time), and bad UTF-8, bad JSON, nesting too deep, wrong types, unknown keys
-and values out of range each become one of the :data:`DROP_REASONS` the bus counts in
-``disagg_events_dropped_total{reason}``.
+The messages these events travel in, and how a message is refused, are ``cluster/wire.py``.
 
 Python callers build events with keyword arguments; tuple fields take tuples (strict mode refuses
 a list where a tuple is declared, exactly as it refuses ``"1"`` for ``1``).
@@ -28,7 +24,7 @@ import operator
 from collections.abc import Iterable
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, ValidationError, create_model, model_validator
+from pydantic import Field, model_validator
 
 from cluster.models import StrictModel
 from games.join import CompletionRecord, RouteRecord
@@ -360,105 +356,3 @@ def run_events(records: Iterable[Any], regime: str = "below") -> list[Event]:
             timed.append((record.finished, completion_event(record)))
     timed.sort(key=lambda pair: pair[0])
     return [event for _, event in timed]
-
-
-# -- the wire ----------------------------------------------------------------------------------
-
-MAX_MESSAGE_BYTES = 1 << 20  # 1 MiB: NATS's default max_payload, so nothing larger is sendable
-
-# Every label ``disagg_events_dropped_total{reason}`` may carry: a fixed set, so a hostile or
-# buggy peer cannot grow the metric's cardinality.
-DROP_REASONS = frozenset(
-    {
-        "too_large",  # over MAX_MESSAGE_BYTES, refused unread (or not sent)
-        "malformed",  # not UTF-8, not JSON, nested too deep, not an object
-        "schema",  # JSON, but not this subject's model (types, ranges, keys, consistency)
-        "version",  # a ``v`` this build does not speak
-        "unknown_subject",
-        "duplicate",  # a seq already delivered (cluster.sequence)
-        "gap",  # messages a subscriber can prove it missed
-        "handler_error",  # the subscriber's callback raised; the next message still flows
-        "buffer_full",  # published during an outage with the outbound buffer full
-        "publish_error",  # the client refused a message while connected
-        "closed",  # still buffered when the bus was closed
-        "kv_malformed",  # an undecodable Dynamo KV envelope
-        "kv_too_large",
-    }
-)
-
-
-class MalformedEventError(ValueError):
-    """A message refused at the edge; ``reason`` is one of :data:`DROP_REASONS`."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        assert reason in DROP_REASONS, reason
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-
-
-def _message_model(model: type[EventModel]) -> type[EventModel]:
-    # The wire shape of a subject: the event plus who sent it and its number. ``v`` is required
-    # on the wire even though Python callers may leave it to its default.
-    return create_model(
-        f"{model.__name__}Message",
-        __base__=model,
-        v=(Version, ...),
-        publisher=(Id, ...),
-        seq=(Count, ...),
-    )
-
-
-_MESSAGES: dict[str, type[EventModel]] = {kind: _message_model(m) for kind, m in MODELS.items()}
-
-
-def encode(event: Event, publisher: str, seq: int) -> bytes:
-    """The JSON message of ``event``; validated by the same model :func:`decode` uses."""
-    body = {name: getattr(event, name) for name in type(event).model_fields}
-    message = _MESSAGES[event.kind].model_validate({**body, "publisher": publisher, "seq": seq})
-    return message.model_dump_json().encode()
-
-
-def decode(kind: str, data: bytes | bytearray | memoryview) -> tuple[Event, str, int]:
-    """(event, publisher, seq) from a message on the ``kind`` subject (docs/design.md §5).
-
-    Raises :class:`MalformedEventError` and nothing else, whatever ``data`` holds.
-    """
-    message = _MESSAGES.get(kind)
-    if message is None:
-        raise MalformedEventError("unknown_subject", repr(kind)[:MAX_LABEL_CHARS])
-    size = len(data)  # before any parsing: a huge message costs nothing to refuse
-    if size > MAX_MESSAGE_BYTES:
-        raise MalformedEventError("too_large", f"{size} bytes > {MAX_MESSAGE_BYTES}")
-    try:
-        parsed = message.model_validate_json(bytes(data))
-    except ValidationError as exc:
-        raise MalformedEventError(_reason(exc), _detail(kind, exc)) from None
-    except (RecursionError, ValueError, UnicodeError, MemoryError) as exc:
-        # pydantic's parser reports depth and encoding as ValidationError; these are the
-        # belt to its braces, should a parser version ever raise them directly.
-        raise MalformedEventError("malformed", f"{kind}: {type(exc).__name__}") from None
-    model = MODELS[kind]
-    # Already validated as a whole; build the plain event without validating it twice.
-    event = model.model_construct(**{name: getattr(parsed, name) for name in model.model_fields})
-    return event, parsed.publisher, parsed.seq  # type: ignore[return-value, attr-defined]
-
-
-def _reason(exc: ValidationError) -> str:
-    errors = exc.errors(include_url=False, include_input=False, include_context=False)
-    if any(e["type"] in ("json_invalid", "json_type") for e in errors):
-        return "malformed"
-    if any(e["type"] == "model_type" and not e["loc"] for e in errors):
-        return "malformed"  # valid JSON, but not an object
-    if any(tuple(e["loc"][:1]) == ("v",) for e in errors):
-        return "version"
-    return "schema"
-
-
-def _detail(kind: str, exc: ValidationError, shown: int = 3) -> str:
-    # A hostile message can fail on thousands of fields; the log line names a few.
-    errors = exc.errors(include_url=False, include_input=False, include_context=False)
-    parts = [
-        f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in errors[:shown]
-    ]
-    more = f" (and {len(errors) - shown} more)" if len(errors) > shown else ""
-    return f"{kind}: " + "; ".join(parts) + more

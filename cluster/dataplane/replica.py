@@ -65,8 +65,8 @@ class ReplicaRouter:
         self.settings = settings if settings is not None else RoutingSettings()
         self.replica_id = replica_id or f"ingress-{uuid.uuid4().hex[:12]}"
         self.clock = clock
-        # Where the workers publish KV events: the service's subjects, or Dynamo's.
-        self.kv_subjects = dict(kv_subjects or {r: kv_subject(bus.namespace, r) for r in ROLES})
+        # Where the workers publish KV events: Dynamo's subjects, or (None) the service's.
+        self.kv_subjects = dict(kv_subjects) if kv_subjects is not None else None
         self.peers = PeerLoads()
         self.view_syncs = 0
         self._view_failures = FailureCount("routing view sync")
@@ -84,7 +84,8 @@ class ReplicaRouter:
         """Read the control plane's view (so the first request routes with the current policy
         and pools), subscribe to the bus, start the report and sync loops."""
         await self.sync_view()
-        for role, subject in self.kv_subjects.items():
+        subjects = self.kv_subjects or {r: kv_subject(self.bus.namespace, r) for r in ROLES}
+        for role, subject in subjects.items():
             await self.bus.subscribe_kv(subject, self._kv(role))
         self.bus.start()
         loop = asyncio.get_running_loop()

@@ -12,8 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cluster.bus import EventBus
-from cluster.events import AuctionEvent, decode
+from cluster.events import AuctionEvent
 from cluster.outbox import Outbox, Outgoing
+from cluster.wire import decode
 
 
 class FakeClient:

@@ -13,7 +13,8 @@ from cluster.dataplane.peers import PeerLoads, PeerReport
 from cluster.dataplane.replica import ReplicaRouter, peer_report
 from cluster.dataplane.routing import PoolRouting, RoutingView
 from cluster.dataplane.settings import RoutingSettings
-from cluster.events import LoadEvent, PoolsEvent, RegimeEvent, decode, encode
+from cluster.events import LoadEvent, PoolsEvent, RegimeEvent
+from cluster.wire import decode, encode
 from router import LoadView
 
 BLOCK = 16

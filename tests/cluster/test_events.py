@@ -11,23 +11,29 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from cluster.events import (
-    DROP_REASONS,
     MAX_CANDIDATES,
     MAX_ID_CHARS,
     MAX_ITEMS,
-    MAX_MESSAGE_BYTES,
     MAX_REASON_CHARS,
     AuctionEvent,
     Candidate,
     CompleteEvent,
     FirstTokenEvent,
-    MalformedEventError,
     PoolsEvent,
     RegimeEvent,
     RouteEvent,
-    decode,
-    encode,
     subject,
+)
+from cluster.wire import (
+    BATCHED,
+    DROP_REASONS,
+    MAX_BATCH_EVENTS,
+    MAX_MESSAGE_BYTES,
+    MalformedEventError,
+    decode,
+    decode_all,
+    encode,
+    encode_batch,
 )
 from games.join import EventJoiner
 from games.poa import CandidateLoad
@@ -77,8 +83,12 @@ POOLS = PoolsEvent(
 
 
 def _wire(event, **changes) -> bytes:
+    """``event``'s message with ``changes``: an event's own fields changed in it (inside the
+    batch on a batched subject), anything else on the message."""
     raw = json.loads(encode(event, "p1", 1))
-    raw.update(changes)
+    inner = raw["events"][0] if event.kind in BATCHED else raw
+    for key, value in changes.items():
+        (inner if key in type(event).model_fields and key != "v" else raw)[key] = value
     return json.dumps(raw).encode()
 
 
@@ -195,14 +205,15 @@ def test_list_bounds() -> None:
 
 def test_route_and_complete_consistency() -> None:
     raw = json.loads(encode(ROUTE, "p", 1))
-    raw["candidates"][0]["uncached_tokens"] = "lots"
+    candidate = raw["events"][0]["candidates"][0]
+    candidate["uncached_tokens"] = "lots"
     with pytest.raises(MalformedEventError, match="uncached_tokens"):
         decode("route", json.dumps(raw).encode())
-    twice = [raw["candidates"][0] | {"uncached_tokens": 1}] * 2
+    twice = [candidate | {"uncached_tokens": 1}] * 2
     assert _reason("route", _wire(ROUTE, candidates=twice)) == "schema"
     assert _reason("route", _wire(ROUTE, worker_id=9)) == "schema"  # not among the candidates
     assert _reason("route", _wire(ROUTE, tau=-0.1)) == "schema"
-    probability = [raw["candidates"][0] | {"uncached_tokens": 1, "probability": 1.5}]
+    probability = [candidate | {"uncached_tokens": 1, "probability": 1.5}]
     assert _reason("route", _wire(ROUTE, candidates=probability)) == "schema"
     assert _reason("complete", _wire(COMPLETE, cached_tokens=129)) == "schema"
     assert _reason("complete", _wire(COMPLETE, worker_id=2**64)) == "schema"
@@ -321,9 +332,11 @@ def test_any_field_value_is_an_event_or_a_reason(
     kind: str, field: int, new_key: str, value: object
 ) -> None:
     raw = json.loads(encode(_valid[kind], "p", 1))
-    keys = sorted(raw)
+    # On a batched subject, odd draws change the event inside the batch, even ones the message.
+    target = raw["events"][0] if kind in BATCHED and field % 2 else raw
+    keys = sorted(target)
     # Most draws replace an existing field's value; the others add a key of their own.
-    raw[keys[field] if field < len(keys) else new_key] = value
+    target[keys[field] if field < len(keys) else new_key] = value
     try:
         event, _, _ = decode(kind, json.dumps(raw).encode())
     except MalformedEventError as exc:
@@ -345,3 +358,25 @@ def test_valid_auction_events_round_trip(
         batch_id=1, t=0.0, n=len(order), order=tuple(order), payments={"u": pay}, welfare=welfare
     )
     assert decode("auction", encode(event, "p", seq)) == (event, "p", seq)
+
+
+# -- batches (cluster/wire.py) ---------------------------------------------------------------------
+
+
+def test_a_batch_round_trips_and_is_refused_whole() -> None:
+    batch = [COMPLETE.model_copy(update={"request_id": f"r{k}"}) for k in range(3)]
+    events, publisher, seq = decode_all("complete", encode_batch(batch, "p", 4))
+    assert list(events) == batch and (publisher, seq) == ("p", 4)
+    with pytest.raises(MalformedEventError, match="a batch of 3"):
+        decode("complete", encode_batch(batch, "p", 4))  # one event was asked for
+    raw = json.loads(encode_batch(batch, "p", 4))
+    raw["events"][1]["cached_tokens"] = 10**6  # above its prompt: the whole batch goes
+    assert _reason("complete", json.dumps(raw).encode()) == "schema"
+    for events_field in ([], [raw["events"][0]] * (MAX_BATCH_EVENTS + 1), "x"):
+        raw["events"] = events_field
+        assert _reason("complete", json.dumps(raw).encode()) == "schema"
+    with pytest.raises(ValueError, match="one batched kind"):
+        encode_batch([COMPLETE, FIRST_TOKEN], "p", 1)
+    with pytest.raises(ValueError, match="one batched kind"):
+        encode_batch([POOLS], "p", 1)  # the control plane's events go one per message
+    assert "events" not in json.loads(encode(POOLS, "p", 1))

@@ -10,9 +10,10 @@ import random
 import pytest
 
 from cluster.bus import EventBus
-from cluster.events import RouteEvent, run_events
+from cluster.events import CompleteEvent, FirstTokenEvent, RouteEvent, run_events
 from cluster.kv_wire import kv_subject
 from cluster.nats_server import NatsServer
+from cluster.ray.actor_support import ActorBus
 from cluster.sim.cluster import SimCluster
 from cluster.sim.loadgen import ClosedLoop, Phase
 from cluster.sim.profile import load_profile
@@ -120,6 +121,53 @@ def test_one_publishers_order_holds_across_kinds_and_only_asked_kinds_arrive() -
     assert len({type(e) for e in events}) == 2 and len(events) > 100
     assert everything == events
     assert completes == [e for e in events if not isinstance(e, RouteEvent)]
+
+
+def test_the_data_planes_events_leave_in_batches_and_arrive_in_order() -> None:
+    # What an ingress replica publishes: per request a route, a first token and a completion.
+    # Over a burst they leave as a few messages per subject, and a subscriber still sees each
+    # request's three events in the order they were published.
+    events = _simulated_events(seconds=3.0, concurrency=16)
+    received: list = []
+
+    async def main() -> tuple[dict[str, int], int]:
+        with NatsServer() as server:
+            sub = EventBus(server.url, "batches")
+            await sub.connect()
+            await sub.subscribe(received.append)
+            await sub.flush()
+            pub = ActorBus(server.url, "batches", name="ingress")
+            assert await pub.wait_connected(10.0)
+            for event in events:
+                pub.publish(event)
+                first = first_token_of(event)
+                if first is not None:
+                    pub.publish(first)
+            await pub.flush()
+            await _wait_for(lambda: len(received) == sent)
+            messages = dict(pub.bus.attempted) if pub.bus is not None else {}
+            await pub.close()
+            await sub.close()
+            return messages, sub.dropped["gap"]
+
+    def first_token_of(event: object) -> FirstTokenEvent | None:
+        if not isinstance(event, CompleteEvent):
+            return None
+        return FirstTokenEvent(request_id=event.request_id, t=event.t, worker_id=event.worker_id,
+                               ttft_s=event.ttft_s)  # fmt: skip
+
+    n_complete = sum(isinstance(e, CompleteEvent) for e in events)
+    sent = len(events) + n_complete
+    messages, gaps = asyncio.run(main())
+    assert len(received) == sent > 200 and gaps == 0
+    assert sum(messages.values()) <= sent / 10, messages  # batches, not one message per event
+    position: dict[tuple[str, str], int] = {}
+    for k, event in enumerate(received):
+        position[(event.kind, event.request_id)] = k
+    for event in events:
+        if isinstance(event, CompleteEvent):
+            rid = event.request_id
+            assert position[("first_token", rid)] < position[("complete", rid)]
 
 
 def test_outage_mid_stream_is_survived_and_counted() -> None:

@@ -12,7 +12,9 @@ DYNAMO_STAMP   := $(VENV)/.dynamo-installed
 HELM   := $(BIN)/helm
 MATH_ROOMS := auction router games controller
 # The parts of cluster/ already under mypy --strict; the rest of the room follows.
-STRICT_CLUSTER := cluster/dataplane cluster/ray/auction_exchange.py cluster/dynamo/shadow_view.py
+STRICT_CLUSTER := cluster/dataplane cluster/ray/auction_exchange.py cluster/dynamo/shadow_view.py \
+  cluster/dynamo/backend.py cluster/serve/path.py cluster/serve/backend.py \
+  cluster/serve/sim_backend.py cluster/serve/replica_metrics.py
 
 .PHONY: demo test lint bench clean dynamo
 

@@ -30,19 +30,21 @@ from typing import Any
 
 from cluster.dynamo.install import require_dynamo
 from cluster.dynamo.settings import DynamoSettings, dynamo_env
+from cluster.serve.backend import WorkerFailed
 
 __all__ = ["DynamoRoutes", "DynamoWorkerFailed"]
 
 DISCOVERY_WAIT_S = 10.0
 
 
-class DynamoWorkerFailed(Exception):  # noqa: N818  (a state: "the worker failed")
-    """A Dynamo worker could not take or finish this request."""
+class DynamoWorkerFailed(WorkerFailed):
+    """A Dynamo worker could not take or finish this request (``instance``: the one to exclude
+    when the request is placed again; None: the pool as a whole)."""
 
     def __init__(self, role: str, instance: int | None, why: str) -> None:
         where = f"{role} pool" if instance is None else f"{role} instance {instance:x}"
-        super().__init__(f"{where}: {why}")
-        self.role, self.instance = role, instance
+        super().__init__(role, instance, why, where=where)
+        self.instance = instance
 
 
 class DynamoRoutes:

@@ -7,7 +7,8 @@ controller actors, the OpenAI ingress — with three parts swapped:
   Dynamo process (``dynamo.mocker`` or ``dynamo.vllm``) placed by the same accelerator resources;
 - the router: :class:`cluster.dynamo.shadow.ShadowRouterActor`, fed by Dynamo's KV events, told
   each worker's instance id (and again after every restart of its process);
-- the request path: :class:`cluster.dynamo.path.DynamoRequestPath`, which routes with Dynamo's
+- the request path: :class:`cluster.serve.path.ActorRequestPath` over
+  :class:`cluster.dynamo.backend.DynamoBackend`, which routes with Dynamo's
   ``KvRouter`` and the controller's override.
 
 The Dynamo processes of one service share a fresh file-discovery folder (removed at stop: a stale
@@ -92,7 +93,7 @@ class DynamoService(Service):
         ray.get([w.attach.remote(h.router) for w in workers], timeout=READY_TIMEOUT_S)
 
     def _path_factory(self) -> Any:
-        from cluster.dynamo.path import make_dynamo_path
+        from cluster.dynamo.backend import make_dynamo_path
 
         cfg = self.config
         assert self.nats_url is not None and self.discovery_dir is not None  # set by _start

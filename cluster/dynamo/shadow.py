@@ -186,8 +186,7 @@ class ShadowRouterActor(RouterActor):
         return out
 
     def _slot(self, role: str, instance: object) -> int | None:
-        check_int(f"{role}_instance", instance, 0, MAX_WORKER_ID)
-        bound = self.slot_of.get(instance)  # type: ignore[arg-type]
+        bound = self.slot_of.get(check_int(f"{role}_instance", instance, 0, MAX_WORKER_ID))
         return bound[1] if bound is not None and bound[0] == role else None
 
     def _follow(

@@ -4,6 +4,7 @@ its own router (``cluster.dataplane.replica``) and admission gate under the auct
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from cluster.dataplane.admission import AdmissionGate
@@ -12,10 +13,12 @@ from cluster.dataplane.replica import ReplicaRouter
 from cluster.dataplane.routing import PoolRouting
 from cluster.dataplane.settings import RoutingSettings
 from cluster.ray.actor_support import ActorBus
+from cluster.serve.backend import Backend
 from cluster.serve.path import ActorRequestPath
+from cluster.serve.sim_backend import SimBackend
 from cluster.serve.worker_handles import Workers, named_worker_resolver
 
-__all__ = ["make_actor_path"]
+__all__ = ["compose_path", "make_actor_path"]
 
 
 async def make_actor_path(
@@ -44,24 +47,39 @@ async def make_actor_path(
         prefill_workers=sorted(handles["prefill"]), decode_workers=sorted(handles["decode"]),
     )  # fmt: skip
     router = ReplicaRouter(pools, bus, control=handles["router"], settings=settings)
-    await router.start()  # subscribes before the bus connects, then starts it
+    loaded = load_profile(profile)
+    return await compose_path(
+        handles=handles, namespace=namespace, bus=bus, view=router,
+        backend=lambda workers: SimBackend(router=router, workers=workers, profile=loaded,
+                                           speedup=speedup, chunk_interval_s=chunk_interval_s),
+        exchange_period_s=exchange_period_s,
+    )  # fmt: skip
+
+
+async def compose_path(
+    *, handles: dict[str, Any], namespace: str, bus: ActorBus, view: ReplicaRouter,
+    backend: Callable[[Workers], Backend], exchange_period_s: float,
+) -> ActorRequestPath:  # fmt: skip
+    """What every ingress replica has whatever its engines: its routing view started (the
+    control plane's view first, then the bus), its admission gate under a lease kept by
+    heartbeat, the worker handles, the lifecycle over ``backend``."""
+    await view.start()
     gate = AdmissionGate()
-    router.regime_listeners.append(gate.on_regime)
-    keeper = LeaseKeeper(gate, handles["auction"], router.replica_id)
+    view.regime_listeners.append(gate.on_regime)
+    keeper = LeaseKeeper(gate, handles["auction"], view.replica_id)
     await keeper.start()
+    workers = Workers(
+        dict(handles["prefill"]), dict(handles["decode"]), named_worker_resolver(namespace)
+    )
     path = ActorRequestPath(
         auction=handles["auction"],
-        router=router,
-        workers=Workers(
-            dict(handles["prefill"]), dict(handles["decode"]), named_worker_resolver(namespace)
-        ),
-        profile=load_profile(profile),
-        speedup=speedup,
+        backend=backend(workers),
+        replica=view.replica_id,
+        workers=workers,
         bus=bus,
         extra_metrics=tuple(
             h for h in (handles.get("router"), handles.get("poa"), handles.get("controller")) if h
         ),
-        chunk_interval_s=chunk_interval_s,
         gate=gate,
         exchange_period_s=exchange_period_s,
     )

@@ -29,6 +29,7 @@ from cluster.serve.path_types import (
     TokenChunk,
 )
 from cluster.serve.replica_path import make_actor_path
+from cluster.serve.sim_backend import SimBackend
 from cluster.sim.profile import load_profile
 
 PROFILE = load_profile("b200-llama70b-fp8-tp4")
@@ -189,12 +190,16 @@ def _path(
     bus: Bus | None = None,
     gate: AdmissionGate | None = None,
 ) -> ActorRequestPath:
+    router = router or Router()
+    workers = Workers(prefill or {}, {1: Decode(), 2: Decode()} if decode is None else decode)
     return ActorRequestPath(
         auction=auction or Auction(),
-        router=router or Router(),
-        workers=Workers(prefill or {}, {1: Decode(), 2: Decode()} if decode is None else decode),
-        profile=PROFILE,
-        speedup=1000.0,  # the KV transfer's sleep: microseconds
+        backend=SimBackend(
+            router=router, workers=workers, profile=PROFILE,
+            speedup=1000.0,  # the KV transfer's sleep: microseconds
+        ),
+        replica=router.replica_id,
+        workers=workers,
         bus=bus,  # type: ignore[arg-type]
         extra_metrics=(Control(),),
         gate=gate,
@@ -399,15 +404,15 @@ def test_make_actor_path_builds_from_handles_without_nats() -> None:
     path = asyncio.run(build())
     assert path.bus is not None and path.bus.bus is None  # no NATS: events go nowhere
     assert list(path.workers.decode) == [1]
-    assert path.router.routing.workers("prefill") == (0,)
-    assert path.router.routing.workers("decode") == (1,)
-    assert path.profile.name == PROFILE.name
+    assert path.backend.router.routing.workers("prefill") == (0,)
+    assert path.backend.router.routing.workers("decode") == (1,)
+    assert path.backend.profile.name == PROFILE.name
 
 
 def test_cancelling_outside_a_ray_session_does_not_start_one() -> None:
     import ray
 
-    from cluster.serve.path import ray_cancel
+    from cluster.serve.sim_backend import ray_cancel
 
     assert not ray.is_initialized()
     ray_cancel(object())

@@ -1,4 +1,4 @@
-"""The Dynamo request path in-process (``cluster/dynamo/path.py``, ``routing.py``): real mocker
+"""The Dynamo request path in-process (``cluster/dynamo/backend.py``, ``routing.py``): real mocker
 pools (1P/2D), Dynamo's ``KvRouter`` in this process, our shadow router and a ledger-less auction
 stand-in as local objects. A request streams through prefill and decode; a dead decode worker is
 routed around; with every decode worker dead the request fails with a clear 503."""
@@ -15,7 +15,7 @@ import pytest
 from auction.admission import Release
 from cluster.dataplane.exchange import ExchangeIn, ExchangeOut, Settled
 from cluster.dataplane.routing import PoolRouting
-from cluster.dynamo.path import DynamoRequestPath
+from cluster.dynamo.backend import DynamoBackend
 from cluster.dynamo.routing import DynamoRoutes, DynamoWorkerFailed
 from cluster.dynamo.settings import DynamoSettings, dynamo_env
 from cluster.dynamo.shadow import ShadowRouterActor
@@ -23,9 +23,9 @@ from cluster.dynamo.shadow_view import ShadowView
 from cluster.dynamo.worker_actor import DynamoWorkerActor
 from cluster.events import RouteEvent
 from cluster.ray.actor_support import ActorBus
+from cluster.serve.path import ActorRequestPath
 from cluster.serve.path_types import Admitted, Finished, PathError, PathRequest, Routed, TokenChunk
 from cluster.serve.worker_handles import Workers
-from cluster.sim.profile import load_profile
 
 pytestmark = pytest.mark.integration
 
@@ -74,7 +74,7 @@ def _request(n_tokens: int = 96, max_tokens: int = 6) -> PathRequest:
     return PathRequest(f"req-{i}", "alice", 1.0, tokens, max_tokens)
 
 
-async def _collect(path: DynamoRequestPath, req: PathRequest) -> list[Any]:
+async def _collect(path: ActorRequestPath, req: PathRequest) -> list[Any]:
     """The request's events; then its background bookkeeping (router notes), settled."""
     try:
         return [event async for event in path.run(req)]
@@ -117,13 +117,13 @@ def test_requests_stream_and_dead_workers_are_routed_around(
         # The shadow router's policy and the instances' slots, as a replica starts.
         assert await view.sync_view()
         assert view.slot("decode", ids[1]) == 1 and view.slot("prefill", ids[0]) == 0
-        path = DynamoRequestPath(
-            view=view,
-            dynamo=DynamoRoutes(SETTINGS, nats_url=dynamo_nats_url,
-                                discovery_dir=discovery_dir, model_name=MODEL),
-            auction=Handle(auction), router=Handle(shadow),
-            workers=Workers({}, {}, lambda role, wid: None),
-            profile=load_profile("b200-llama70b-fp8-tp4"), speedup=1.0, exchange_period_s=0.01,
+        backend = DynamoBackend(
+            view=view, dynamo=DynamoRoutes(SETTINGS, nats_url=dynamo_nats_url,
+                                           discovery_dir=discovery_dir, model_name=MODEL),
+        )  # fmt: skip
+        path = ActorRequestPath(
+            auction=Handle(auction), backend=backend, replica=view.replica_id,
+            workers=Workers({}, {}, lambda role, wid: None), exchange_period_s=0.01,
         )  # fmt: skip
         try:
             events = await _collect(path, _request())
@@ -136,23 +136,23 @@ def test_requests_stream_and_dead_workers_are_routed_around(
             await view.bus.flush()  # our breakdown, published by the replica that followed Dynamo
             assert routes[-1].worker_id == routed.decode_worker
             assert sum(view.agreement["decode"].values()) == 1
-            assert path.overrides["router_temperature"] == 0.0
+            assert backend.overrides["router_temperature"] == 0.0
             assert len(auction.first_tokens) == 1 and auction.settled[-1][1] is True
             # The choice was reserved in Dynamo's view (no herding) and released: nothing of
             # a finished request stays in either router's load view.
             for role in ("prefill", "decode"):
-                loads = await path.dynamo.routers[role].get_potential_loads([1, 2, 3])
+                loads = await backend.dynamo.routers[role].get_potential_loads([1, 2, 3])
                 assert [row["active_requests"] for row in loads] == [0] * len(loads), loads
 
             # Two choices in a row, before either runs: the first is reserved, so the second
             # goes to the other worker (a query alone would have sent both to the same one).
             probe = _request().tokens
-            first = await path.dynamo.choose("decode", probe, {}, (), "probe-1")
-            second = await path.dynamo.choose("decode", probe, {}, (), "probe-2")
+            first = await backend.dynamo.choose("decode", probe, {}, (), "probe-1")
+            second = await backend.dynamo.choose("decode", probe, {}, (), "probe-2")
             assert {first, second} == {ids[1], ids[2]}
             for rid in ("probe-1", "probe-2"):
-                await path.dynamo.release("decode", rid)
-            await path.dynamo.release("decode", "probe-1")  # twice: harmless
+                await backend.dynamo.release("decode", rid)
+            await backend.dynamo.release("decode", "probe-1")  # twice: harmless
 
             # One decode worker dead (not restarted: max_restarts 0): answered by the other.
             await pool[1].kill_engine()
@@ -171,7 +171,7 @@ def test_requests_stream_and_dead_workers_are_routed_around(
 
             # Dynamo has dropped both from its pool by now, or we exclude them: a clear refusal.
             with pytest.raises(DynamoWorkerFailed, match=r"decode pool: no worker|every worker"):
-                await path.dynamo.choose("decode", req.tokens, {}, exclude=[ids[1], ids[2]])
+                await backend.dynamo.choose("decode", req.tokens, {}, exclude=[ids[1], ids[2]])
         finally:
             await path.aclose()
             await asyncio.gather(*(w.shutdown() for w in pool.values()))

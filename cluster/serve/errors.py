@@ -187,7 +187,8 @@ def as_api_error(e: Exception) -> ApiError:
         return e
     if isinstance(e, PathError):
         status = e.status if 400 <= e.status <= 599 else 500
-        code = {401: "invalid_api_key", 402: "budget_exceeded", 503: "unavailable"}.get(status)
+        code = e.code or {401: "invalid_api_key", 402: "budget_exceeded",
+                          503: "unavailable"}.get(status)  # fmt: skip
         param = {401: "authorization", 402: "bid"}.get(status)
         return ApiError(status, e.message, param=param, code=code)
     log.error("request failed", exc_info=e)

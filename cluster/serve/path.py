@@ -120,7 +120,7 @@ class ActorRequestPath:
         try:
             release = await self.link.admit(req.request_id, req.user, req.bid, req.tokens)
         except Refusal as refusal:
-            raise PathError(refusal.status, refusal.message) from None
+            raise PathError(refusal.status, refusal.message, refusal.code) from None
         return Admitted(release.position, release.payment, release.batch_id, release.mode)
 
     # -- the steps ---------------------------------------------------------------------------

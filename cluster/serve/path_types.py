@@ -89,13 +89,16 @@ PathEvent: TypeAlias = Admitted | Routed | TokenChunk | Finished
 
 class PathError(Exception):
     """A failure the client must see with an HTTP status: 401 unknown user, 402 bid above the
-    remaining budget, 503 no worker (after one retry). Nothing is charged for a request that
-    ends in a PathError."""
+    remaining budget, 503 no worker (after one retry). ``code`` is the machine-readable reason
+    where the refusal was decided (``budget_exceeded``, ``queue_full``, ``lease_expired``...;
+    None: the edge names it by its status). Nothing is charged for a request that ends in a
+    PathError."""
 
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(status, message)
+    def __init__(self, status: int, message: str, code: str | None = None) -> None:
+        super().__init__(status, message, code)
         self.status = status
         self.message = message
+        self.code = code
 
     def __str__(self) -> str:
         return f"{self.status}: {self.message}"

@@ -18,6 +18,7 @@ from cluster.dataplane.exchange import ExchangeIn, ExchangeOut, Refused, Settled
 from cluster.dataplane.replica import ReplicaRouter
 from cluster.dataplane.routing import PoolRouting, Route
 from cluster.events import CompleteEvent, FirstTokenEvent, RouteEvent
+from cluster.serve.errors import as_api_error
 from cluster.serve.path import ActorRequestPath, Workers
 from cluster.serve.path_types import (
     Admitted,
@@ -328,6 +329,9 @@ def test_the_auctions_refusals_reach_the_client_with_their_status() -> None:
     with pytest.raises(PathError) as err:
         _run(_path(Auction(Refused("?", 402, "budget_exceeded", "alice: over budget"))))
     assert (err.value.status, err.value.message) == (402, "alice: over budget")
+    assert err.value.code == "budget_exceeded"  # as decided at the auction, to the edge
+    api = as_api_error(err.value)
+    assert (api.status, api.code, api.param) == (402, "budget_exceeded", "bid")
 
 
 def test_a_client_that_leaves_mid_stream_closes_the_books_uncharged() -> None:

@@ -176,6 +176,15 @@ class LeaseBook:
         self._held[replica] = _Held(lease_id, slots, now + self.ttl_s)
         return lease_id, slots
 
+    def seen(self, replica: str, now: float) -> None:
+        """``replica`` is alive (it exchanged): its lease lives on, and a replica without one
+        gets one of no slots, so that its requests are dropped should it die."""
+        held = self._held.get(replica)
+        if held is None:
+            self.grant(replica, now, fcfs=False)
+        else:
+            held.expires = now + self.ttl_s
+
     def revoke(self, lease_id: object) -> None:
         """Take the slots of lease ``lease_id`` back (it ran over, or FCFS ended)."""
         for held in self._held.values():

@@ -289,7 +289,7 @@ class AuctionActor(ReplicaExchange):
                 entry = self._entries.get(release.request_id)
                 if entry is not None and entry.owner is not None:  # handed in by a replica
                     entry.release = release
-                    self._boxes[entry.owner].released.append(release)
+                    self._box(entry.owner, loop.time()).released.append(release)
                     continue
                 waiter = self._waiters.get(release.request_id)
                 if waiter is None or waiter.done():  # its caller is gone: give the slot back

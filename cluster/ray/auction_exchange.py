@@ -134,16 +134,21 @@ class ReplicaExchange:
             if entry.owner is not None and entry.owner in gone:
                 del self._entries[rid]
                 if self._queue.cancel(rid):
-                    self._boxes[entry.owner].refused.append(
+                    self._box(entry.owner, now).refused.append(
                         Refused(rid, 503, "lease_expired", "the replica's lease expired")
                     )
                 else:
                     self._queue.slot_freed(rid)
         for replica in gone:
             self._exec.submit(self._ledger.release_holds_of, replica)
+        owners = {e.owner for e in self._entries.values()}
         for replica, box in list(self._boxes.items()):
-            if now - box.seen > BOX_KEEP_S:
+            if now - box.seen > BOX_KEEP_S and replica not in owners:
                 del self._boxes[replica]
+
+    def _box(self, replica: str, now: float) -> Box:
+        """``replica``'s box (a new one if it was dropped: answers wait there for its return)."""
+        return self._boxes.setdefault(replica, Box(now))
 
     # -- exchanges -----------------------------------------------------------------------------
 
@@ -154,8 +159,9 @@ class ReplicaExchange:
             raise TypeError(f"an exchange takes an ExchangeIn, not {type(message).__name__}")
         loop = asyncio.get_running_loop()
         replica = message.replica
-        box = self._boxes.setdefault(replica, Box(loop.time()))
+        box = self._box(replica, loop.time())
         box.seen = loop.time()
+        self._leases.seen(replica, loop.time())
         if message.overflowed_lease is not None:
             self._leases.revoke(message.overflowed_lease)
             self._lend()

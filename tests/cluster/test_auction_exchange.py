@@ -136,6 +136,25 @@ def test_a_dead_replicas_lease_expiry_frees_its_slots_queue_and_holds(tmp_path: 
     asyncio.run(body())
 
 
+def test_a_replica_that_never_had_a_lease_is_dropped_when_it_stops_exchanging(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        actor = _actor(tmp_path, ttl_s=0.3)
+        await actor.exchange(ExchangeIn("silent", (_bid("a", replica="silent"),)))
+        await asyncio.sleep(0.01)
+        assert len((await actor.exchange(ExchangeIn("silent"))).released) == 1
+        assert (await actor.stats())["in_prefill"] == 1
+        await asyncio.sleep(0.5)  # no lease renewal, no exchange: it died
+        await actor.lease("other")  # any call runs the expiry
+        assert (await actor.stats())["in_prefill"] == 0  # its slot came back
+        await actor.exchange(ExchangeIn("other"))
+        assert (await _books(actor, "held", "alice")) == 0.0  # and its hold was released
+        await actor.shutdown()
+
+    asyncio.run(body())
+
+
 def test_a_restarted_auction_keeps_a_live_replicas_holds_and_charges_them(
     tmp_path: Path,
 ) -> None:

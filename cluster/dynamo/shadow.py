@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cluster.dataplane.routing import RoutingView
+from cluster.dynamo.shadow_view import follow_pick
 from cluster.events import MAX_WORKER_ID, RouteEvent
 from cluster.kv_wire import kv_subject
 from cluster.ray.actor_support import MAX_PROMPT_TOKENS, check_int
@@ -197,30 +198,16 @@ class ShadowRouterActor(RouterActor):
         router: Router = self.routers[role]
         if chosen is None or chosen not in router.workers:
             return None
-        if request_id in router.loads:
-            raise ValueError(f"request {request_id!r} is already in flight")
-        ours = router.decide(request_id, tokens, local_hashes=local, reserve=False)
-        followed = dataclasses.replace(ours, worker=chosen)
-        # "tie": another worker than ours, at our lowest cost (Dynamo breaks ties at random, we
-        # by fewest cached blocks then id): the same decision in the cost both routers share.
-        lowest = min(ours.costs)
-        if ours.worker == chosen:
-            agree = "same"
-        elif followed.chosen.cost <= lowest:
-            agree = "tie"
-        else:
-            agree = "different"
+        followed, agree, lowest = follow_pick(router, request_id, tokens, local, chosen)
         out["agree"][role] = agree
         self.agreement[role][agree] += 1
         # How much worse Dynamo's pick is in our cost: near-equal loads flip picks without
         # costing anything, so the gap says more than the agreement rate alone.
         gap = self.cost_gap[role]
         gap["sum"] += float(followed.chosen.cost - lowest)
-        gap["lowest"] += float(lowest)
+        gap["lowest"] += lowest
         gap["n"] += 1
         DYNAMO_AGREEMENT.labels(role, agree).inc()
-        blocks = -(-len(tokens) // self.block_size)
-        router.loads.reserve(request_id, chosen, followed.chosen.uncached_tokens, blocks)
         self.routed_to[role][chosen] = self.routed_to[role].get(chosen, 0) + 1
         return followed
 

@@ -35,7 +35,7 @@ from cluster.dataplane.routing import ROLES, Role, RoutingView
 from cluster.events import RouteEvent
 from router import Decision, Router
 
-__all__ = ["ShadowRoute", "ShadowView", "agreement_text"]
+__all__ = ["ShadowRoute", "ShadowView", "agreement_text", "follow_pick"]
 
 log = logging.getLogger(__name__)
 
@@ -139,24 +139,34 @@ class ShadowView(ReplicaRouter):
         router: Router = self.routing.routers[role]
         if chosen is None or chosen not in router.workers:
             return None
-        if request_id in router.loads:
-            raise ValueError(f"request {request_id!r} is already in flight")
-        ours = router.decide(request_id, list(tokens), local_hashes=local, reserve=False)
-        followed = dataclasses.replace(ours, worker=chosen)
-        # "tie": another worker than ours at our lowest cost (Dynamo breaks ties at random, we
-        # by fewest cached blocks then id): the same decision in the cost both routers share.
-        lowest = min(ours.costs)
-        if ours.worker == chosen:
-            verdict = "same"
-        elif followed.chosen.cost <= lowest:
-            verdict = "tie"
-        else:
-            verdict = "different"
+        followed, verdict, _ = follow_pick(router, request_id, tokens, local, chosen)
         agree[role] = verdict
         self.agreement[role][verdict] += 1
-        blocks = -(-len(tokens) // self.routing.block_size)
-        router.loads.reserve(request_id, chosen, followed.chosen.uncached_tokens, blocks)
         return followed
+
+
+def follow_pick(
+    router: Router, request_id: str, tokens: Sequence[int], local: list[int], chosen: int
+) -> tuple[Decision, str, float]:
+    """Our decision on ``router`` (no reservation), Dynamo's ``chosen`` worker named in it and
+    reserved: (the followed decision, the verdict, our lowest cost). The verdict is "same",
+    "tie" (another worker than ours at our lowest cost: Dynamo breaks ties at random, we by
+    fewest cached blocks then id, the same decision in the cost both routers share) or
+    "different"."""
+    if request_id in router.loads:
+        raise ValueError(f"request {request_id!r} is already in flight")
+    ours = router.decide(request_id, list(tokens), local_hashes=local, reserve=False)
+    followed = dataclasses.replace(ours, worker=chosen)
+    lowest = float(min(ours.costs))
+    if ours.worker == chosen:
+        verdict = "same"
+    elif followed.chosen.cost <= lowest:
+        verdict = "tie"
+    else:
+        verdict = "different"
+    blocks = -(-len(tokens) // router.block_size)
+    router.loads.reserve(request_id, chosen, followed.chosen.uncached_tokens, blocks)
+    return followed, verdict, lowest
 
 
 AGREEMENT = "disagg_dynamo_router_agreement_total"

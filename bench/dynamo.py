@@ -199,19 +199,21 @@ def run_ingress(tmp: Path, prompts: Sequence[Any], args: argparse.Namespace,
     svc = DynamoService(service_config(tmp))
     t0 = time.perf_counter()
     try:
-        svc.start(host="127.0.0.1", port=free_port())
+        port = free_port()
+        svc.start(host="127.0.0.1", port=port)
+        url = f"http://127.0.0.1:{port}"
         startup, router = time.perf_counter() - t0, svc.handles.router
         before = ray.get(router.stats.remote(), timeout=30)["policy"]
-        calls_before = metric_counts(svc.url, "disagg_ingress_actor_calls")
-        levels = run_levels(f"{svc.url}/v1", prompts, args, bar)
+        calls_before = metric_counts(url, "disagg_ingress_actor_calls")
+        levels = run_levels(f"{url}/v1", prompts, args, bar)
         time.sleep(1.5)  # the replicas' last load reports reach the router actor
         stats = ray.get(router.stats.remote(), timeout=30)
-        calls = metric_counts(svc.url, "disagg_ingress_actor_calls")
+        calls = metric_counts(url, "disagg_ingress_actor_calls")
         made = {m[0]: n - calls_before.get(m, 0.0) for m, n in calls.items()}
         requests = sum(level["requests"] for level in levels.values())
         bar.update(1)
         return {"levels": levels, "startup_s": round(startup, 2), "routed_to": stats["routed_to"],
-                "agreement": agreement(agreement_counts(svc.url)),
+                "agreement": agreement(agreement_counts(url)),
                 "actor_calls": {
                     "per_request": round(sum(made.values()) / requests, 4) if requests else None,
                     "by_method": {m: int(n) for m, n in sorted(made.items()) if n},

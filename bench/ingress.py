@@ -362,7 +362,7 @@ def run_bare(
     finally:
         with contextlib.suppress(Exception):
             serve.delete(BARE_APP)
-        serve.shutdown()
+        serve.shutdown()  # type: ignore[no-untyped-call]  # Ray Serve leaves it untyped
 
 
 def run_full(

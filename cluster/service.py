@@ -318,7 +318,7 @@ class Service:
             with contextlib.suppress(Exception):
                 from ray import serve
 
-                serve.shutdown()
+                serve.shutdown()  # type: ignore[no-untyped-call]  # Ray Serve leaves it untyped
             for actor in self.handles.actors():
                 with contextlib.suppress(Exception):
                     ray.get(actor.shutdown.remote(), timeout=5)

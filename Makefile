@@ -12,7 +12,7 @@ DYNAMO_STAMP   := $(VENV)/.dynamo-installed
 HELM   := $(BIN)/helm
 MATH_ROOMS := auction router games controller
 # Every room is under mypy --strict: the math rooms, the runtime adapters, the CLI, the benches.
-TYPED  := $(MATH_ROOMS) cluster disaggctl bench
+TYPED  := $(MATH_ROOMS) telemetry cluster disaggctl bench
 
 .PHONY: demo test lint bench clean dynamo
 
@@ -39,7 +39,7 @@ demo: $(STAMP)
 	$(BIN)/disaggctl demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check $(MATH_ROOMS) cluster disaggctl bench tests
+	$(BIN)/ruff check $(MATH_ROOMS) telemetry cluster disaggctl bench tests
 	$(BIN)/mypy $(TYPED)
 
 test: lint $(HELM) $(DYNAMO_STAMP)

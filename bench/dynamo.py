@@ -166,9 +166,11 @@ def agreement(counts: dict[str, dict[str, int]]) -> dict[str, Any]:
     return out
 
 
-def metric_counts(base_url: str, family: str) -> dict[tuple[str, ...], float]:
-    """The samples of counter ``family`` on ``base_url``'s ``/metrics``, by their label values
-    (sorted by label name)."""
+def metric_counts(
+    base_url: str, family: str, sample: str = "_total"
+) -> dict[tuple[str, ...], float]:
+    """The ``sample`` samples (a counter's ``_total``, a summary's ``_sum`` or ``_count``) of
+    ``family`` on ``base_url``'s ``/metrics``, by their label values (sorted by label name)."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -176,7 +178,7 @@ def metric_counts(base_url: str, family: str) -> dict[tuple[str, ...], float]:
     return {
         tuple(v for _, v in sorted(s.labels.items())): s.value
         for f in text_string_to_metric_families(text) if f.name == family
-        for s in f.samples if s.name.endswith("_total")
+        for s in f.samples if s.name == family + sample
     }  # fmt: skip
 
 
@@ -187,6 +189,16 @@ def agreement_counts(base_url: str) -> dict[str, dict[str, int]]:
     for (agree, role), n in metric_counts(base_url, "disagg_dynamo_router_agreement").items():
         out.setdefault(role, {})[agree] = int(n)
     return out
+
+
+def cost_gaps(base_url: str) -> dict[str, float | None]:
+    """Per role, the mean of cost(Dynamo's pick) − our lowest cost over every followed pick
+    (``disagg_dynamo_router_cost_gap``, every replica summed)."""
+    family = "disagg_dynamo_router_cost_gap"
+    sums = metric_counts(base_url, family, "_sum")
+    counts = metric_counts(base_url, family, "_count")
+    return {role: round(sums.get((role,), 0.0) / n, 6) if n else None
+            for (role,), n in sorted(counts.items())}  # fmt: skip
 
 
 def run_ingress(tmp: Path, prompts: Sequence[Any], args: argparse.Namespace,
@@ -213,7 +225,7 @@ def run_ingress(tmp: Path, prompts: Sequence[Any], args: argparse.Namespace,
         requests = sum(level["requests"] for level in levels.values())
         bar.update(1)
         return {"levels": levels, "startup_s": round(startup, 2), "routed_to": stats["routed_to"],
-                "agreement": agreement(agreement_counts(url)),
+                "agreement": agreement(agreement_counts(url)), "cost_gap": cost_gaps(url),
                 "actor_calls": {
                     "per_request": round(sum(made.values()) / requests, 4) if requests else None,
                     "by_method": {m: int(n) for m, n in sorted(made.items()) if n},
@@ -268,7 +280,9 @@ NOTES = [
     "(openai, one asyncio loop) shares the CPUs with the servers in both.",
     "agreement_tau0: our router's pick against Dynamo's on the same request, warm-up requests "
     "included; the controller's thresholds (config.controller) keep tau = 0 (policy.before/"
-    "after); with one prefill worker the prefill pick is always the same.",
+    "after); with one prefill worker the prefill pick is always the same. cost_gap_tau0: the "
+    "mean of cost(Dynamo's pick) − our lowest cost in our router's cost (0: the disagreements "
+    "cost nothing in our model).",
     "actor_calls: the unary Ray actor calls the ingress made, over the requests answered in the "
     "counted windows (the calls of warm-up requests included: an upper bound); our router's "
     "shadow decision runs in each ingress replica, not in an actor.",
@@ -321,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         "points": points,
         "served": {"frontend_per_worker": a["served"], "ingress_routed_to": b["routed_to"]},
         "agreement_tau0": b["agreement"],
+        "cost_gap_tau0": b["cost_gap"],
         "policy": b["policy"],
         "actor_calls": b["actor_calls"],
     }  # fmt: skip

@@ -54,7 +54,7 @@ from cluster.wire import (
     encode,
     encode_batch,
 )
-from controller.metrics import EVENTS_DROPPED
+from telemetry.metrics import EVENTS_DROPPED
 
 EventHandler = Callable[[Event], None]
 KvHandler = Callable[[Any], None]

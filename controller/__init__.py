@@ -1,1 +1,2 @@
-"""Saturation detector, regime → policy table and metric definitions (docs/design.md §4, §5)."""
+"""Saturation detector, regime → policy table, the control loop and the re-split lever
+(docs/design.md §4); the metrics it sets live in `telemetry/`."""

@@ -27,10 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from controller import metrics
 from controller.detector import Regime, SaturationDetector
 from controller.policy import PolicyTable
 from controller.resplit import Resplitter
+from telemetry import metrics
 
 
 class PolicyTarget(Protocol):

@@ -9,7 +9,7 @@ on a terminal, every 10 simulated seconds otherwise, never with ``quiet``); it e
 per phase, priced priority per user class, and a PNG timeline.
 
 A Price of Anarchy below 1 is impossible (poa_hat and its two factors are each a realised or
-modelled cost over an optimum, as controller.metrics counts them), so one is an estimator defect
+modelled cost over an optimum, as telemetry.metrics counts them), so one is an estimator defect
 (docs/design.md §3, property 1). It is printed as measured, unclamped, followed by ``†`` and a
 footnote; each phase in ``system.json`` counts the windows (ticks) that read below 1.
 """

@@ -19,7 +19,7 @@ from cluster.dataplane.routing import ROLES, PoolRouting
 from cluster.dynamo.routing import DynamoRoutes
 from cluster.dynamo.settings import DynamoSettings
 from cluster.dynamo.shadow import dynamo_override
-from cluster.dynamo.shadow_view import ShadowView, agreement_text
+from cluster.dynamo.shadow_view import ShadowView, shadow_metrics_text
 from cluster.kv_wire import kv_subject
 from cluster.ray.actor_support import ActorBus
 from cluster.serve.backend import Excluded, Placement
@@ -76,7 +76,7 @@ class DynamoBackend:
     def own_metrics_text(self) -> str:
         cost = self.view.last_cost
         text = "" if cost is None else routing_cost_text(cost)
-        return text + agreement_text(self.view.agreement)
+        return text + shadow_metrics_text(self.view.agreement, self.view.cost_gap)
 
     async def aclose(self) -> None:
         await self.view.aclose()

@@ -7,10 +7,10 @@ pick with our router in-process (``cluster/dynamo/shadow_view.py: ShadowView``).
 what the replicas sync to, off the request path:
 
 1. ``view()``: the policy, the pools and which Dynamo instance each slot runs as;
-2. its own copy of our router on the same KV events (its index, for ``stats`` and
-   ``overlaps``), and ``shadow_route`` (the same decision as ``ShadowView.follow``, for
-   in-process compositions and tests: reserve on Dynamo's worker, publish the route event,
-   count agreement in ``disagg_dynamo_router_agreement_total{role, agree}``).
+2. its own copy of our router's index on the same KV events (for ``stats`` and ``overlaps``).
+
+It routes nothing: the replicas follow Dynamo's picks, reserve, publish the route events and
+count the agreement (``ShadowView.follow``).
 
 Worker ids. Dynamo names a worker by its instance id (a u64 that changes when the process
 restarts); the service names it by its slot (0..P+D−1, stable across restarts and re-splits).
@@ -28,20 +28,17 @@ publish them (DESIGN §6): the decode pool's index stays empty, as it does in Dy
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from cluster.dataplane.routing import RoutingView
-from cluster.dynamo.shadow_view import follow_pick
-from cluster.events import MAX_WORKER_ID, RouteEvent
+from cluster.events import MAX_WORKER_ID
 from cluster.kv_wire import kv_subject
 from cluster.ray.actor_support import MAX_PROMPT_TOKENS, check_int
 from cluster.ray.router_actor import ROLES, RouterActor
-from controller.metrics import DYNAMO_AGREEMENT, ROUTING_COST
-from router import Decision, Router
 
-__all__ = ["ShadowRouterActor", "dynamo_override"]
+__all__ = ["DynamoPolicy", "ShadowRouterActor", "dynamo_override"]
 
 
 def dynamo_override(tau: float, omega: float) -> dict[str, float]:
@@ -51,6 +48,15 @@ def dynamo_override(tau: float, omega: float) -> dict[str, float]:
     ``prefill_load_scale`` that takes precedence over it), ``router_temperature`` for tau: the
     same two numbers in the same cost (docs/design.md §2)."""
     return {"router_temperature": float(tau), "overlap_score_weight": float(omega)}
+
+
+@dataclass(frozen=True, slots=True)
+class DynamoPolicy:
+    """The controller's policy as Dynamo's router takes it (``router_config_override``)."""
+
+    override: dict[str, float]
+    policy_version: int
+    regime: str
 
 
 class ShadowRouterActor(RouterActor):
@@ -76,13 +82,7 @@ class ShadowRouterActor(RouterActor):
         }
         self.slot_of: dict[int, tuple[str, int]] = {}  # instance id → (role, slot)
         self.instance_of: dict[tuple[str, int], int] = {}
-        self.agreement: dict[str, dict[str, int]] = {
-            r: {"same": 0, "tie": 0, "different": 0} for r in ROLES
-        }
-        self.unbound = {"kv": 0, "route": 0}
-        self.cost_gap: dict[str, dict[str, float]] = {
-            r: {"sum": 0.0, "lowest": 0.0, "n": 0} for r in ROLES
-        }
+        self.unbound = {"kv": 0}
         for role, bound in (instances or {}).items():
             for slot, instance in bound.items():
                 self._bind(role, int(slot), instance)
@@ -134,17 +134,13 @@ class ShadowRouterActor(RouterActor):
             return False
         return super().feed_kv(role, {**payload, "worker_id": bound[1]})
 
-    # -- routing -----------------------------------------------------------------------------
+    # -- the view ----------------------------------------------------------------------------
 
-    async def policy(self) -> dict[str, Any]:
+    async def policy(self) -> DynamoPolicy:
         """The override for Dynamo's router, with the version and regime it belongs to."""
         await self._start()
         policy = self.routers["decode"].policy
-        return {
-            "override": dynamo_override(policy.tau, policy.omega),
-            "policy_version": policy.version,
-            "regime": self.regime,
-        }
+        return DynamoPolicy(dynamo_override(policy.tau, policy.omega), policy.version, self.regime)
 
     async def view(self) -> RoutingView:
         """The replicas' view, with the instance each slot runs as (``ShadowView`` follows
@@ -152,64 +148,6 @@ class ShadowRouterActor(RouterActor):
         view = await super().view()
         bound = tuple((r, s, i) for (r, s), i in sorted(self.instance_of.items()))
         return dataclasses.replace(view, instances=bound)
-
-    async def route(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        raise RuntimeError("the Dynamo backend routes with Dynamo's KvRouter: call shadow_route")
-
-    async def shadow_route(
-        self, request_id: str, tokens: list[int], user: str, prefill_instance: int | None,
-        decode_instance: int,
-    ) -> dict[str, Any]:  # fmt: skip
-        """Our decision beside Dynamo's: reserve on Dynamo's workers, publish the route event
-        (Dynamo's decode worker, our breakdown), count agreement. Slots are None for an
-        instance no slot holds yet (just restarted): that request gets no route event."""
-        await self._start()
-        local = self._checked_request(request_id, tokens, user)
-        decode_slot = self._slot("decode", decode_instance)
-        prefill_slot = None if prefill_instance is None else self._slot("prefill", prefill_instance)
-        out: dict[str, Any] = {
-            "decode_worker": decode_slot, "prefill_worker": prefill_slot,
-            "prompt_tokens": len(tokens), "uncached_tokens": len(tokens),
-            "agree": {}, "regime": self.regime,
-        }  # fmt: skip
-        decision = self._follow("decode", request_id, tokens, local, decode_slot, out)
-        if prefill_slot is not None:
-            pick = self._follow("prefill", request_id, tokens, local, prefill_slot, out)
-            if pick is not None:
-                out["uncached_tokens"] = pick.chosen.uncached_tokens
-        if decision is None:
-            self.unbound["route"] += 1
-            return out
-        ROUTING_COST.set(decision.chosen.cost)
-        self.bus.publish(RouteEvent.from_decision(decision, time.time(), user, self.regime))
-        self.routed += 1
-        out["policy_version"] = decision.policy_version
-        return out
-
-    def _slot(self, role: str, instance: object) -> int | None:
-        bound = self.slot_of.get(check_int(f"{role}_instance", instance, 0, MAX_WORKER_ID))
-        return bound[1] if bound is not None and bound[0] == role else None
-
-    def _follow(
-        self, role: str, request_id: str, tokens: list[int], local: list[int],
-        chosen: int | None, out: dict[str, Any],
-    ) -> Decision | None:  # fmt: skip
-        """Our ``role`` decision, then Dynamo's ``chosen`` slot reserved and named in it."""
-        router: Router = self.routers[role]
-        if chosen is None or chosen not in router.workers:
-            return None
-        followed, agree, lowest = follow_pick(router, request_id, tokens, local, chosen)
-        out["agree"][role] = agree
-        self.agreement[role][agree] += 1
-        # How much worse Dynamo's pick is in our cost: near-equal loads flip picks without
-        # costing anything, so the gap says more than the agreement rate alone.
-        gap = self.cost_gap[role]
-        gap["sum"] += float(followed.chosen.cost - lowest)
-        gap["lowest"] += lowest
-        gap["n"] += 1
-        DYNAMO_AGREEMENT.labels(role, agree).inc()
-        self.routed_to[role][chosen] = self.routed_to[role].get(chosen, 0) + 1
-        return followed
 
     async def overlaps(self, role: str, tokens: list[int]) -> dict[int, int]:
         """Blocks of ``tokens`` our ``role`` index holds per worker that holds any, keyed by
@@ -228,15 +166,6 @@ class ShadowRouterActor(RouterActor):
         out = await super().stats()
         out["dynamo"] = {
             "instances": {f"{r}/{s}": i for (r, s), i in self.instance_of.items()},
-            "agreement": {r: dict(v) for r, v in self.agreement.items()},
-            # Mean of cost(Dynamo's pick) − our lowest cost, and of our lowest cost (the scale).
-            "cost_gap": {
-                r: {
-                    "mean": g["sum"] / g["n"] if g["n"] else None,
-                    "mean_lowest_cost": g["lowest"] / g["n"] if g["n"] else None,
-                }
-                for r, g in self.cost_gap.items()
-            },
             "unbound": dict(self.unbound),
             "kv_subjects": dict(self.kv_subjects),
         }

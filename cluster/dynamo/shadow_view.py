@@ -15,8 +15,11 @@ fed by Dynamo's own KV events (instance ids translated to slots) and following D
   replica's view (no reservation), then reserves the request's load on the worker *Dynamo*
   chose, so the view follows what really runs; the route event names Dynamo's worker with our
   breakdown; agreement is counted in ``disagg_dynamo_router_agreement_total{role, agree}``
-  ("same", "tie" — another worker at our lowest cost —, or "different"), which each replica
-  exports and the ingress's ``/metrics`` sums. Every request is followed, not a sample: the
+  ("same", "tie" — another worker at our lowest cost —, or "different"), and how much worse
+  Dynamo's pick is in our cost in ``disagg_dynamo_router_cost_gap{role}`` (a summary of
+  g = cost(Dynamo's pick) − min_w cost(w) ≥ 0: near-equal loads flip picks without costing
+  anything, so the gap says more than the agreement rate alone). Each replica exports both
+  and the ingress's ``/metrics`` sums them. Every request is followed, not a sample: the
   decision costs tens of microseconds in-process.
 """
 
@@ -35,7 +38,7 @@ from cluster.dataplane.routing import ROLES, Role, RoutingView
 from cluster.events import RouteEvent
 from router import Decision, Router
 
-__all__ = ["ShadowRoute", "ShadowView", "agreement_text", "follow_pick"]
+__all__ = ["ShadowRoute", "ShadowView", "follow_pick", "shadow_metrics_text"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,7 @@ class ShadowView(ReplicaRouter):
         self.slot_of: dict[int, tuple[str, int]] = {}  # instance id → (role, slot)
         self.instance_of: dict[tuple[str, int], int] = {}
         self.agreement: dict[str, Counter[str]] = {r: Counter() for r in ROLES}
+        self.cost_gap: dict[str, CostGap] = {r: CostGap() for r in ROLES}
         self.unbound: Counter[str] = Counter()
 
     # -- the view ----------------------------------------------------------------------------
@@ -139,9 +143,10 @@ class ShadowView(ReplicaRouter):
         router: Router = self.routing.routers[role]
         if chosen is None or chosen not in router.workers:
             return None
-        followed, verdict, _ = follow_pick(router, request_id, tokens, local, chosen)
+        followed, verdict, lowest = follow_pick(router, request_id, tokens, local, chosen)
         agree[role] = verdict
         self.agreement[role][verdict] += 1
+        self.cost_gap[role].add(float(followed.chosen.cost) - lowest)
         return followed
 
 
@@ -169,11 +174,27 @@ def follow_pick(
     return followed, verdict, lowest
 
 
+@dataclass(slots=True)
+class CostGap:
+    """The running sum and count of one role's g = cost(Dynamo's pick) − our lowest cost."""
+
+    total: float = 0.0
+    count: int = 0
+
+    def add(self, gap: float) -> None:
+        self.total += gap
+        self.count += 1
+
+
 AGREEMENT = "disagg_dynamo_router_agreement_total"
+COST_GAP = "disagg_dynamo_router_cost_gap"
 
 
-def agreement_text(agreement: dict[str, Counter[str]]) -> str:
-    """One replica's agreement counts as Prometheus text (the ingress sums the replicas')."""
+def shadow_metrics_text(
+    agreement: dict[str, Counter[str]], cost_gap: dict[str, CostGap]
+) -> str:
+    """One replica's agreement counts and cost gaps as Prometheus text (the ingress sums the
+    replicas'); names and help as registered in ``telemetry/metrics.py``."""
     lines = [
         f"# HELP {AGREEMENT} Our router in shadow against Dynamo's KvRouter, by role: same "
         "worker, a tie in our cost, or different",
@@ -181,4 +202,11 @@ def agreement_text(agreement: dict[str, Counter[str]]) -> str:
     ]
     lines += [f'{AGREEMENT}{{agree="{a}",role="{r}"}} {n}'
               for r, counts in sorted(agreement.items()) for a, n in sorted(counts.items())]
+    lines += [
+        f"# HELP {COST_GAP} Our cost of Dynamo's pick minus our lowest cost, by role",
+        f"# TYPE {COST_GAP} summary",
+    ]
+    for role, gap in sorted(cost_gap.items()):
+        lines += [f'{COST_GAP}_count{{role="{role}"}} {gap.count}',
+                  f'{COST_GAP}_sum{{role="{role}"}} {gap.total!r}']  # fmt: skip
     return "\n".join(lines) + "\n"

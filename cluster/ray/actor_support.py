@@ -26,8 +26,8 @@ from typing import Any
 from cluster.bus import BusError, EventBus, KvHandler
 from cluster.events import MAX_ID_CHARS, Event, subject
 from cluster.wire import BATCH_ORDER, BATCHED, MAX_BATCH_EVENTS
-from controller.metrics import EVENTS_DROPPED
 from router.hashing import U64_MASK
+from telemetry.metrics import EVENTS_DROPPED
 
 __all__ = [
     "MAX_PROMPT_TOKENS",

@@ -51,7 +51,7 @@ from cluster.ray.auction_exchange import Box, Entry, ReplicaExchange
 from cluster.ray.auction_settings import AuctionSettingsModel, UserAccount
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
 from cluster.sim.wallclock import Clock
-from controller import metrics
+from telemetry import metrics
 
 __all__ = [
     "ANONYMOUS",

@@ -33,7 +33,7 @@ from auction.realised import RealisedBatch, RealisedWelfare
 from auction.request import Request
 from cluster.dataplane.admission import ANONYMOUS_USERS, Lease, LeaseBook
 from cluster.dataplane.exchange import Bid, ExchangeIn, ExchangeOut, Refused, Settled, Settlement
-from controller import metrics
+from telemetry import metrics
 
 __all__ = ["ReplicaExchange"]
 

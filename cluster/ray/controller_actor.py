@@ -49,8 +49,8 @@ from cluster.ray.pools import ActorPools, Launcher
 from cluster.ray.worker_factory import WorkerSpec
 from controller.controller import Controller, RegimeChange
 from controller.detector import SaturationDetector
-from controller.metrics import POOL_WORKERS
 from controller.resplit import ResplitDecision, Resplitter
+from telemetry.metrics import POOL_WORKERS
 
 __all__ = ["DEFAULT_THETA_S", "ControllerActor", "ControllerSettings"]
 

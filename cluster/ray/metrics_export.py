@@ -1,6 +1,6 @@
 """One ``/metrics`` for a service of many processes (docs/design.md §5, "Serve runtime").
 
-Every process imports ``controller.metrics`` and so holds every family of ``REGISTRY``, but each
+Every process imports ``telemetry.metrics`` and so holds every family of ``REGISTRY``, but each
 family is updated in one process only: the TTFT histogram at the ingress, the PoA gauges in the
 PoA actor, and so on. If every process exported its whole registry the ingress would show the
 same gauge several times (one real value, the rest zeros). So each process exports only the
@@ -25,7 +25,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.metrics import REGISTRY
+from telemetry.metrics import REGISTRY
 
 __all__ = ["EVERY_PROCESS", "OWNERS", "merge_metrics_texts", "owned_metrics_text", "owner_of"]
 
@@ -36,8 +36,15 @@ EVERY_PROCESS = ("disagg_events_dropped",)
 # Component → family names it exports (docs/design.md §5). Each family has one owner, so a
 # merged /metrics never shows a gauge twice; exporting skips what a registry lacks.
 OWNERS: dict[str, tuple[str, ...]] = {
-    "ingress": ("disagg_ttft_seconds", "disagg_itl_seconds", "disagg_requests"),
-    "router": ("disagg_routing_cost", "disagg_dynamo_router_agreement"),
+    # The Dynamo backend's shadow counts are kept by each ingress replica (ShadowView).
+    "ingress": (
+        "disagg_ttft_seconds",
+        "disagg_itl_seconds",
+        "disagg_requests",
+        "disagg_dynamo_router_agreement",
+        "disagg_dynamo_router_cost_gap",
+    ),
+    "router": ("disagg_routing_cost",),
     "auction": (
         "disagg_auction_queue_depth",
         "disagg_auction_welfare",

@@ -48,9 +48,9 @@ from cluster.ray.actor_support import (
     wake_after_restart,
 )
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
-from controller import metrics
 from games.join import EventJoiner
 from games.poa import MAX_AGE_S, PoaEstimate, PoaEstimator
+from telemetry import metrics
 
 __all__ = ["PoaActor", "service_clock"]
 
@@ -205,7 +205,7 @@ class PoaActor:
             (metrics.POA_CAPACITY, estimate.poa_capacity if estimate else math.nan),
         )
         for gauge, value in values:
-            gauge.set(value)  # PoaGauge flags (counts) a value below 1: see controller/metrics
+            gauge.set(value)  # PoaGauge flags (counts) a value below 1: see telemetry/metrics
         return self._snapshot()
 
     async def snapshot(self) -> dict[str, Any]:

@@ -47,8 +47,8 @@ from cluster.ray.worker_factory import (
     start_worker,
     worker_name,
 )
-from controller import metrics
 from controller.resplit import Pools, Role
+from telemetry import metrics
 
 __all__ = ["ActorPools", "Launcher", "RayLauncher", "ResplitStep"]
 

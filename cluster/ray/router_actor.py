@@ -10,8 +10,9 @@ what they sync to and what the operator reads:
 - the fleet's routing stats, summed from the replicas' ``load`` reports: requests in flight per
   pool, routed, retries, routed per worker (a replica's share leaves with its last report's TTL).
 
-It still routes for in-process compositions and the Dynamo backend's shadow router
-(``route``, ``finish_prefill``, ``complete``), with the same ``PoolRouting`` the replicas use.
+It still routes for in-process compositions and tests (``route``, answering the replicas'
+:class:`~cluster.dataplane.routing.Route` record, ``finish_prefill``, ``complete``), with the same
+``PoolRouting`` the replicas use; nothing on the serve path calls them.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from cluster.dataplane.peers import PeerLoads
 from cluster.dataplane.replica import peer_report
-from cluster.dataplane.routing import ROLES, PoolRouting, RoutingView
+from cluster.dataplane.routing import ROLES, PoolRouting, Route, RoutingView
 from cluster.events import MAX_LABEL_CHARS, Event, LoadEvent, RouteEvent
 from cluster.kv_wire import kv_subject
 from cluster.ray.actor_support import (
@@ -34,8 +35,8 @@ from cluster.ray.actor_support import (
     wake_after_restart,
 )
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
-from controller.metrics import ROUTING_COST
 from router import Policy, Router
+from telemetry.metrics import ROUTING_COST
 
 __all__ = ["ROLES", "RouterActor"]
 
@@ -148,7 +149,7 @@ class RouterActor:
     async def route(
         self, request_id: str, tokens: list[int], user: str = "anonymous",
         exclude: list[int] | None = None,
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> Route:  # fmt: skip
         """Pick the decode worker (and a prefill worker when the decode worker lacks more than
         ``local_prefill_max_tokens``), reserve their load, publish the route event."""
         await self._start()
@@ -161,19 +162,7 @@ class RouterActor:
             raise
         ROUTING_COST.set(decision.chosen.cost)
         self.bus.publish(event)
-        return {
-            "request_id": request_id,
-            "decode_worker": route.decode_worker,
-            "prefill_worker": route.prefill_worker,
-            "uncached_tokens": route.uncached_tokens,
-            "prompt_tokens": route.prompt_tokens,
-            "local_hashes": list(route.local_hashes),
-            "seq_hashes": list(route.seq_hashes),
-            "policy_version": route.policy_version,
-            "tau": decision.tau,
-            "omega": decision.omega,
-            "regime": route.regime,
-        }
+        return route
 
     def _checked_request(self, request_id: str, tokens: object, user: object) -> list[int]:
         """``ValueError`` naming the field for a bad request; the prompt's block hashes."""

@@ -10,9 +10,9 @@
   ``"500"``, ``"503"``; for a failure after a stream started, the code in its error event), or
   ``"disconnected"`` (the client left first). A bounded set, as a label must be.
 
-One registry per app, not the process-wide ``controller.metrics.REGISTRY``: two apps in one
+One registry per app, not the process-wide ``telemetry.metrics.REGISTRY``: two apps in one
 process (tests) stay apart, and /metrics shows exactly what the ingress owns. Names and buckets
-are those of ``controller/metrics.py`` (tested), so dashboards read both alike.
+are those of ``telemetry/metrics.py`` (tested), so dashboards read both alike.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from auction import Request, get_scheduler, run_auction
-from controller import metrics
+from telemetry import metrics
 
 if TYPE_CHECKING:
     from cluster.sim.cluster import SimCluster, SimRequest

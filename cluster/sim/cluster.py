@@ -37,8 +37,8 @@ from cluster.sim.prefill import PrefillJob, PrefillWorker
 from cluster.sim.profile import HardwareProfile
 from cluster.sim.records import RequestRecord
 from cluster.sim.views import Role, RouterReplica, RouterViews, ViewSettings
-from controller import metrics
 from router import Cleared, KvEvent, Policy, Router, block_hashes, sequence_hashes, to_payload
+from telemetry import metrics
 
 __all__ = [
     "PoolChange",

@@ -19,11 +19,11 @@ from cluster.events import RouteEvent, first_token_event
 from cluster.sim.cluster import SimCluster
 from cluster.sim.pools import PoolChange
 from cluster.sim.records import RequestRecord
-from controller import metrics
 from controller.controller import Controller
 from controller.resplit import Pools, Role
 from games.join import EventJoiner
 from games.poa import PoaEstimate, PoaEstimator
+from telemetry import metrics
 
 
 @dataclass(frozen=True)

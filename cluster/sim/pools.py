@@ -26,7 +26,7 @@ from typing import Final, Literal, Protocol
 
 from cluster.sim.loop import EventLoop
 from cluster.sim.views import ROLES, Role, RouterViews
-from controller import metrics
+from telemetry import metrics
 
 Action = Literal["resplit_start", "drained", "warm"]
 _OTHER: Final[dict[Role, Role]] = {"prefill": "decode", "decode": "prefill"}

@@ -101,6 +101,9 @@ def test_agreement_and_actor_calls_are_reported(run: tuple[dict[str, Any], int, 
         assert row["same"] + row["tie"] + row["different"] == row["total"]
         for rate in ("same_rate", "same_or_tie_rate"):
             assert 0.0 <= row[rate] <= 1.0, (role, rate, row)
+        # Our cost of Dynamo's pick is never below our own lowest cost.
+        assert report["cost_gap_tau0"][role] >= 0.0, report["cost_gap_tau0"]
+    assert report["cost_gap_tau0"]["prefill"] == 0.0  # one prefill worker: always our pick
     # Below saturation every request is admitted under the lease and followed in-process.
     assert report["actor_calls"]["per_request"] == 0.0, report["actor_calls"]
     # Dynamo's frontend used every mocker: the prefill worker and both decode workers.

@@ -16,8 +16,8 @@ from cluster.ray.controller_actor import ControllerActor, ControllerSettings
 from cluster.ray.controller_pools import ArrivalMeter, WallPlanner
 from cluster.ray.pools import ActorPools
 from cluster.sim.profile import load_profile
-from controller import metrics
 from controller.resplit import Pools
+from telemetry import metrics
 from tests.cluster.test_events import ROUTE
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from cluster.bus import EventBus
 from cluster.events import AuctionEvent
 from cluster.wire import DROP_REASONS, MAX_MESSAGE_BYTES, encode
-from controller.metrics import REGISTRY
+from telemetry.metrics import REGISTRY
 
 AUCTION = AuctionEvent(batch_id=1, t=0.0, n=1, order=("a",))
 

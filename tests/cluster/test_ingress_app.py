@@ -664,7 +664,7 @@ def test_models_health_and_metrics(tok: ChatTokenizer, out_ids: list[int]) -> No
 
 def test_metric_names_and_buckets_match_controller_metrics() -> None:
     from cluster.serve.ingress_metrics import IngressMetrics
-    from controller import metrics as cm
+    from telemetry import metrics as cm
 
     ours = IngressMetrics()
     for mine, theirs in ((ours.ttft, cm.TTFT), (ours.itl, cm.ITL), (ours.requests, cm.REQUESTS)):

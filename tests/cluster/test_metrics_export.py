@@ -14,11 +14,11 @@ from cluster.ray.metrics_export import (
     owned_metrics_text,
     owner_of,
 )
-from controller import metrics
+from telemetry import metrics
 
 
 def _registry() -> tuple[CollectorRegistry, dict[str, object]]:
-    """A private registry shaped like controller.metrics (the real one is process-global)."""
+    """A private registry shaped like telemetry.metrics (the real one is process-global)."""
     r = CollectorRegistry(auto_describe=True)
     objs: dict[str, object] = {
         "hat": Gauge("disagg_poa_hat", "PoA", registry=r),
@@ -61,7 +61,7 @@ def test_owned_text_holds_only_owned_families_and_the_drop_counter() -> None:
     objs["regime"].set(2)  # type: ignore[attr-defined]
     objs["dropped"].labels("gap").inc(3)  # type: ignore[attr-defined]
     text = owned_metrics_text(OWNERS["poa"], registry=r)
-    # controller.metrics turns prometheus_client's `_created` series off for every registry.
+    # telemetry.metrics turns prometheus_client's `_created` series off for every registry.
     assert _families(text) == ["disagg_poa_hat", "disagg_events_dropped"]
     values = _samples(text)
     assert values[("disagg_poa_hat", ())] == 1.5

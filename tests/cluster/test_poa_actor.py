@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cluster.bus import EventBus
 from cluster.events import Candidate, CompleteEvent, FirstTokenEvent, RouteEvent
 from cluster.ray.poa_actor import PoaActor
-from controller import metrics
+from telemetry import metrics
 from tests.waiting import until
 
 

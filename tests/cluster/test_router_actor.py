@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 
 from cluster.bus import EventBus
+from cluster.dataplane.routing import Route
 from cluster.events import RouteEvent
 from cluster.nats_server import NatsServer
 from cluster.ray.actor_support import MAX_PROMPT_TOKENS
 from cluster.ray.router_actor import RouterActor
 from cluster.ray.workers import DecodeWorkerActor
-from controller.metrics import ROUTING_COST
 from router import block_hashes, sequence_hashes
+from telemetry.metrics import ROUTING_COST
 
 BS = 16
 LOCAL_MAX = 16
@@ -65,15 +66,13 @@ def test_route_answers_every_field_and_publishes_the_route_event() -> None:
         assert (await router.ready())["nats_connected"] is None
         r = await router.route("r1", TOKENS, "alice")
         local = block_hashes(TOKENS, BS)
-        assert r["local_hashes"] == local and r["seq_hashes"] == sequence_hashes(local)
-        assert r["prompt_tokens"] == 320 and r["uncached_tokens"] == 320
-        assert r["decode_worker"] == 1  # all equal: ties go to the lowest id
-        assert r["prefill_worker"] == 0  # 320 uncached > 16: the prefill pool does it
-        assert (r["policy_version"], r["tau"], r["omega"], r["regime"]) == (0, 0.0, 1.0, "below")
-        assert set(r) == {
-            "request_id", "decode_worker", "prefill_worker", "uncached_tokens", "prompt_tokens",
-            "local_hashes", "seq_hashes", "policy_version", "tau", "omega", "regime",
-        }  # fmt: skip
+        assert r.local_hashes == tuple(local) and r.seq_hashes == tuple(sequence_hashes(local))
+        assert r.prompt_tokens == 320 and r.uncached_tokens == 320
+        assert r.decode_worker == 1  # all equal: ties go to the lowest id
+        assert r.prefill_worker == 0  # 320 uncached > 16: the prefill pool does it
+        decision = r.decision
+        assert (r.policy_version, decision.tau, decision.omega, r.regime) == (0, 0.0, 1.0, "below")
+        assert isinstance(r, Route) and r.request_id == "r1" and decision.worker == 1
         await router.bus.flush()
         (event,) = seen
         assert isinstance(event, RouteEvent)
@@ -97,13 +96,13 @@ def test_short_or_cached_prompts_prefill_on_the_decode_worker() -> None:
     async def body() -> None:
         router = _router()
         short = await router.route("s", list(range(LOCAL_MAX)))
-        assert short["prefill_worker"] is None and short["uncached_tokens"] == LOCAL_MAX
+        assert short.prefill_worker is None and short.uncached_tokens == LOCAL_MAX
         _store(router, "decode", 3, TOKENS)
         cached = await router.route("c", TOKENS + [7] * 10)
-        assert cached["decode_worker"] == 3  # tau = 0: the overlap wins
-        assert cached["uncached_tokens"] == 10 and cached["prefill_worker"] is None
+        assert cached.decode_worker == 3  # tau = 0: the overlap wins
+        assert cached.uncached_tokens == 10 and cached.prefill_worker is None
         no_pool = _router(prefill_workers=[])
-        assert (await no_pool.route("n", TOKENS))["prefill_worker"] is None
+        assert (await no_pool.route("n", TOKENS)).prefill_worker is None
 
     _run(body)
 
@@ -113,7 +112,7 @@ def test_the_prefill_pool_is_kv_aware_too() -> None:
         router = _router(prefill_workers=[0, 4], decode_workers=[1, 2])
         _store(router, "prefill", 4, TOKENS)
         r = await router.route("p", TOKENS + [9] * 40)
-        assert r["prefill_worker"] == 4
+        assert r.prefill_worker == 4
         stats = await router.stats()
         assert stats["kv_events"]["prefill"]["applied"] == {"stored": 1}
 
@@ -126,17 +125,17 @@ def test_exclude_routes_around_a_failed_worker_and_still_reserves() -> None:
         seen = _events(router)
         _store(router, "decode", 2, TOKENS)
         first = await router.route("x", TOKENS)
-        assert first["decode_worker"] == 2 and first["prefill_worker"] is None
+        assert first.decode_worker == 2 and first.prefill_worker is None
         await router.complete("x")
         retry = await router.route("x", TOKENS, exclude=[2, 0])
-        assert retry["decode_worker"] == 1 and retry["uncached_tokens"] == 320
-        assert retry["prefill_worker"] == 4  # worker 0 is excluded from the prefill pool too
+        assert retry.decode_worker == 1 and retry.uncached_tokens == 320
+        assert retry.prefill_worker == 4  # worker 0 is excluded from the prefill pool too
         await router.bus.flush()
         assert [c.worker_id for c in seen[-1].candidates] == [1, 3]
         stats = await router.stats()
         assert stats["in_flight"] == {"prefill": 1, "decode": 1} and stats["retries"] == 1
         # Its reservation is real: the next request avoids the loaded worker 1.
-        assert (await router.route("y", list(range(5000, 5320))))["decode_worker"] == 3
+        assert (await router.route("y", list(range(5000, 5320)))).decode_worker == 3
         with pytest.raises(ValueError, match="already in flight"):
             await router.route("x", TOKENS, exclude=[2])
         with pytest.raises(ValueError, match="every worker is excluded"):
@@ -144,7 +143,7 @@ def test_exclude_routes_around_a_failed_worker_and_still_reserves() -> None:
         assert (await router.stats())["in_flight"]["decode"] == 2  # z left nothing behind
         # All prefill workers excluded: the decode worker prefills locally.
         local = await router.route("w", list(range(7000, 7320)), exclude=[0, 4])
-        assert local["prefill_worker"] is None
+        assert local.prefill_worker is None
 
     _run(body)
 
@@ -155,7 +154,7 @@ def test_exclude_with_a_temperature_samples_among_the_rest() -> None:
         picks = set()
         for i in range(40):
             r = await router.route(f"t{i}", list(range(i * 400, i * 400 + 40)), exclude=[1])
-            picks.add(r["decode_worker"])
+            picks.add(r.decode_worker)
             await router.complete(f"t{i}")
         assert picks == {2, 3}
 
@@ -167,7 +166,7 @@ def test_set_policy_applies_to_later_decisions_and_refuses_bad_values() -> None:
         router = _router()
         await router.set_policy(0.3, 2.0, 5, "saturated")
         r = await router.route("a", TOKENS)
-        assert (r["tau"], r["omega"], r["policy_version"], r["regime"]) == (
+        assert (r.decision.tau, r.decision.omega, r.policy_version, r.regime) == (
             0.3,
             2.0,
             5,
@@ -197,7 +196,7 @@ def test_pools_change_at_run_time() -> None:
         with pytest.raises(ValueError, match="role"):
             await router.add_worker("both", 8)
         _store(router, "decode", 7, TOKENS)
-        assert (await router.route("a", TOKENS))["decode_worker"] == 7
+        assert (await router.route("a", TOKENS)).decode_worker == 7
         await router.remove_worker("decode", 7)  # its reservation goes with it
         assert (await router.stats())["in_flight"]["decode"] == 0
         assert (await router.stats())["workers"] == {"prefill": [0], "decode": [1, 2, 3]}
@@ -208,7 +207,7 @@ def test_pools_change_at_run_time() -> None:
         with pytest.raises(ValueError, match="last worker"):
             await router.remove_worker("decode", 3)
         await router.remove_worker("prefill", 0)
-        assert (await router.route("b", TOKENS))["prefill_worker"] is None
+        assert (await router.route("b", TOKENS)).prefill_worker is None
         # Events of a worker outside the pool, or of an unknown pool, are counted, never applied.
         assert not router.feed_kv("decode", {"worker_id": 99, "data": "cleared"})
         assert not router.feed_kv("decode", {"garbage": True})
@@ -317,7 +316,7 @@ def test_over_nats_worker_kv_events_reach_the_index_and_route_events_go_out() ->
                 break
             await asyncio.sleep(0.02)
         r = await router.route("again", TOKENS + [1] * 5)
-        assert r["decode_worker"] == 2 and r["uncached_tokens"] == 5
+        assert r.decode_worker == 2 and r.uncached_tokens == 5
         await router.bus.flush()
         for _ in range(100):
             if routes:

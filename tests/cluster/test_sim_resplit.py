@@ -16,7 +16,7 @@ from cluster.sim.loop import EventLoop
 from cluster.sim.profile import PROFILE_DIR, load_profile, parse_profile
 from cluster.sim.records import summarize
 from cluster.sim.scenario import template_source
-from controller import metrics
+from telemetry import metrics
 
 PROFILE = "b200-llama70b-fp8-tp4"
 RESPLIT_AT = 5.0

@@ -21,8 +21,8 @@ from cluster.nats_server import NatsServer
 from cluster.ray.actor_support import MAX_PROMPT_TOKENS, ActorBus
 from cluster.ray.workers import DecodeWorkerActor, PrefillWorkerActor, kv_messages
 from cluster.sim.wallclock import EngineClosed, EngineDraining
-from controller.metrics import EVENTS_DROPPED
 from router import KvIndex, Removed, Stored, block_hashes, parse_kv_event, sequence_hashes
+from telemetry.metrics import EVENTS_DROPPED
 
 PROFILE = "b200-llama70b-fp8-tp4"
 SPEEDUP = 50.0  # an 8.5 ms decode step lasts 0.17 ms of wall time

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from cluster.sim.scenario import ScenarioResult
-from controller import metrics
 from controller.detector import Regime
 from controller.policy import PolicyTable
 from disaggctl import system_demo
+from telemetry import metrics
 
 pytestmark = pytest.mark.slow
 

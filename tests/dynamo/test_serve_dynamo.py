@@ -204,7 +204,7 @@ def test_a_ramp_switches_the_regime_and_the_next_requests_carry_the_override(
         time.sleep(0.5)
     assert poa["n"] > 0 and set(poa["workers"]) <= {1, 2} and poa["impossible"] == []
     assert poa["attribution_rate"] == 1.0
-    override = ray.get(service.handles.router.policy.remote())["override"]
+    override = ray.get(service.handles.router.policy.remote()).override
     assert override == {
         "router_temperature": policy["tau"], "overlap_score_weight": policy["omega"]
     }

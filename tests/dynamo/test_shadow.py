@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from cluster.dynamo.shadow import ShadowRouterActor, dynamo_override
-from cluster.events import RouteEvent
+from cluster.dynamo.shadow import DynamoPolicy, ShadowRouterActor, dynamo_override
 from router import block_hashes, sequence_hashes
 
 BS = 16
@@ -83,64 +82,15 @@ def test_a_restarted_instance_rebinds_and_its_cache_is_forgotten() -> None:
     _run(body)
 
 
-def test_shadow_route_follows_dynamo_and_counts_agreement() -> None:
-    shadow = _shadow()
-    seen: list[RouteEvent] = []
-    shadow.bus.local.append(lambda subject, event: seen.append(event))
-    shadow.feed_kv("prefill", _stored(PREFILL, TOKENS))
-
-    async def body() -> None:
-        # Empty decode pools: a tie at our lowest cost; ours is the lower slot, 1.
-        out = await shadow.shadow_route("r1", TOKENS, "u", PREFILL, DEC_B)
-        assert out["decode_worker"] == 2 and out["prefill_worker"] == 0
-        assert out["agree"] == {"decode": "tie", "prefill": "same"}
-        assert out["uncached_tokens"] == 0  # the prefill worker holds the whole prompt
-        await shadow.bus.flush()
-        event = seen[-1]
-        assert event.worker_id == 2 and [c.worker_id for c in event.candidates] == [1, 2]
-        # r1's blocks are reserved on slot 2 (Dynamo's pick), so slot 1 is now cheaper:
-        # choosing 2 again is a real disagreement in our cost.
-        other = [t + 7 for t in TOKENS]
-        out = await shadow.shadow_route("r2", other, "u", PREFILL, DEC_B)
-        assert out["agree"]["decode"] == "different"
-        out = await shadow.shadow_route("r3", other[:40], "u", PREFILL, DEC_A)
-        assert out["agree"]["decode"] == "same"
-        assert shadow.agreement["decode"] == {"same": 1, "tie": 1, "different": 1}
-        gap = (await shadow.stats())["dynamo"]["cost_gap"]
-        assert gap["prefill"]["mean"] == 0.0  # one prefill worker: never a worse pick
-        assert gap["decode"]["mean"] > 0 and gap["decode"]["mean_lowest_cost"] > 0
-        with pytest.raises(ValueError, match="already in flight"):
-            await shadow.shadow_route("r3", other[:40], "u", PREFILL, DEC_A)
-        await shadow.complete("r1")
-        assert "r1" not in shadow.routers["decode"].loads
-        # An instance no slot holds (a worker just restarted): no event, counted.
-        await shadow.bus.flush()
-        n = len(seen)
-        out = await shadow.shadow_route("r4", TOKENS, "u", PREFILL, 777)
-        await shadow.bus.flush()
-        assert out["decode_worker"] is None and len(seen) == n
-        assert shadow.unbound["route"] == 1
-        for bad in ([], "x"):
-            with pytest.raises(ValueError, match="tokens"):
-                await shadow.shadow_route("r5", bad, "u", PREFILL, DEC_A)  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match="user"):
-            await shadow.shadow_route("r5", TOKENS, "u" * 300, PREFILL, DEC_A)
-        with pytest.raises(RuntimeError, match="shadow_route"):
-            await shadow.route("r6", TOKENS)
-
-    _run(body)
-
-
 def test_policy_is_handed_to_dynamo_in_its_field_names() -> None:
     shadow = _shadow(tau=0.0, omega=1.0)
 
     async def body() -> None:
         await shadow.set_policy(0.8, 0.1, 3, "saturated")
         policy = await shadow.policy()
-        assert policy == {
-            "override": {"router_temperature": 0.8, "overlap_score_weight": 0.1},
-            "policy_version": 3, "regime": "saturated",
-        }  # fmt: skip
+        assert policy == DynamoPolicy(
+            {"router_temperature": 0.8, "overlap_score_weight": 0.1}, 3, "saturated"
+        )
 
     _run(body)
     assert dynamo_override(0, 1) == {"router_temperature": 0.0, "overlap_score_weight": 1.0}

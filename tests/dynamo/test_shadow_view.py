@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 from cluster.dataplane.routing import PoolRouting
-from cluster.dynamo.shadow_view import ShadowView, agreement_text
+from cluster.dynamo.shadow_view import ShadowView, shadow_metrics_text
 from cluster.events import RouteEvent
 from cluster.ray.actor_support import ActorBus
 from cluster.ray.metrics_export import merge_metrics_texts
@@ -63,6 +63,13 @@ def test_every_pick_is_followed_reserved_published_and_compared() -> None:
     unbound = view.follow("r3", TOKENS, "alice", None, 999)  # an instance not bound yet
     asyncio.run(view.bus.flush())
     assert unbound.decode_worker is None and view.unbound["route"] == 1 and len(events) == 2
-    text = merge_metrics_texts([agreement_text(view.agreement)] * 2)  # two replicas, summed
+    # r1 was a tie at our lowest cost, r2 a worse pick in our cost; one prefill worker: no gap.
+    assert view.cost_gap["prefill"].total == 0.0 and view.cost_gap["prefill"].count == 2
+    assert view.cost_gap["decode"].total > 0.0 and view.cost_gap["decode"].count == 2
+    once = shadow_metrics_text(view.agreement, view.cost_gap)
+    text = merge_metrics_texts([once] * 2)  # two replicas, summed
     assert 'disagg_dynamo_router_agreement_total{agree="different",role="decode"} 2.0' in text
     assert 'disagg_dynamo_router_agreement_total{agree="same",role="prefill"} 4.0' in text
+    assert 'disagg_dynamo_router_cost_gap_count{role="decode"} 4.0' in text
+    gap = 2 * view.cost_gap["decode"].total
+    assert f'disagg_dynamo_router_cost_gap_sum{{role="decode"}} {gap!r}' in text

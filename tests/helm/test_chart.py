@@ -29,7 +29,7 @@ from cluster.serve import app_builder
 from cluster.serve.config import ServeConfig
 from cluster.serve.users import UsersFile
 from cluster.sim.profile import available_profiles, load_profile
-from controller.metrics import REGISTRY
+from telemetry.metrics import REGISTRY
 from tests.helm.chart import CHART, EXAMPLES, NAMESPACE, RELEASE, run_helm
 
 CRDS = Path(__file__).resolve().parents[3] / "shared" / "kuberay-crds"
@@ -306,7 +306,7 @@ def test_dashboard_metrics_exist_and_cover_the_panels(render: Any) -> None:
     exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]
     used = _metrics_in("\n".join(exprs))
     unknown = used - _family_names()
-    assert not unknown, f"not in controller.metrics.REGISTRY: {sorted(unknown)}"
+    assert not unknown, f"not in telemetry.metrics.REGISTRY: {sorted(unknown)}"
     wanted = {
         "disagg_poa_hat", "disagg_poa_routing", "disagg_poa_capacity", "disagg_regime",
         "disagg_router_temperature", "disagg_router_overlap_weight", "disagg_pool_workers",

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from ray.exceptions import GetTimeoutError, RayActorError
 
+from cluster.dataplane.routing import Route
 from cluster.ray.router_actor import RouterActor
 from cluster.ray.workers import DecodeWorkerActor, PrefillWorkerActor
 from cluster.sim.profile import load_profile
@@ -70,10 +71,12 @@ def service(ray_session: None, nats_url: str) -> Iterator[Service]:
         ray.kill(actor, no_restart=True)
 
 
-async def _stream(handle: Any, route: dict[str, Any], n: int, local: bool) -> list[list[Any]]:
+async def _stream(
+    handle: Any, route: Route, n: int, local: bool, request_id: str | None = None
+) -> list[list[Any]]:
     gen = handle.generate.remote(
-        route["request_id"], route["prompt_tokens"], route["local_hashes"],
-        route["seq_hashes"], n, local,
+        request_id or route.request_id, route.prompt_tokens, list(route.local_hashes),
+        list(route.seq_hashes), n, local,
     )  # fmt: skip
     rows: list[list[Any]] = []
     async for ref in gen:
@@ -83,17 +86,17 @@ async def _stream(handle: Any, route: dict[str, Any], n: int, local: bool) -> li
     return rows
 
 
-async def _serve(svc: Service, request_id: str, tokens: list[int], n: int) -> dict[str, Any]:
+async def _serve(svc: Service, request_id: str, tokens: list[int], n: int) -> Route:
     """One request the way the ingress runs it: route, [prefill, transfer], decode, complete."""
     route = await svc.router.route.remote(request_id, tokens, "tester")
-    if route["prefill_worker"] is not None:
+    if route.prefill_worker is not None:
         result = await svc.prefill.prefill.remote(
-            request_id, route["prompt_tokens"], route["local_hashes"], route["seq_hashes"]
+            request_id, route.prompt_tokens, list(route.local_hashes), list(route.seq_hashes)
         )
-        assert result["worker_id"] == route["prefill_worker"]
+        assert result["worker_id"] == route.prefill_worker
         await svc.router.finish_prefill.remote(request_id)
     rows = await _stream(
-        svc.decode[route["decode_worker"]], route, n, route["prefill_worker"] is None
+        svc.decode[route.decode_worker], route, n, route.prefill_worker is None
     )
     await svc.router.complete.remote(request_id)
     assert [r[0] for r in rows] == list(range(n))
@@ -123,17 +126,17 @@ def test_requests_stream_and_kv_events_steer_the_next_route(service: Service) ->
         prompt = list(range(2000, 2000 + 330))  # 20 full blocks + 10 tokens
         first = await _serve(service, "kv-1", prompt, 12)
         # Long and uncached: the prefill worker computed it, then the decode worker took it.
-        assert first["prefill_worker"] == 0 and first["uncached_tokens"] == 330
+        assert first.prefill_worker == 0 and first.uncached_tokens == 330
         await _until(lambda s: _stored("prefill")(s) >= 1 and _stored("decode")(s) >= 1, service)
         again = await _serve(service, "kv-2", prompt + [7] * 6, 8)
-        assert again["decode_worker"] == first["decode_worker"]  # tau = 0: the cached prefix
-        assert again["uncached_tokens"] == 16 and again["prefill_worker"] is None
+        assert again.decode_worker == first.decode_worker  # tau = 0: the cached prefix
+        assert again.uncached_tokens == 16 and again.prefill_worker is None
         # A few unrelated requests at once, each streamed to its end.
         others = [list(range(10_000 * k, 10_000 * k + 40)) for k in range(1, 5)]
         routes = await asyncio.gather(
             *(_serve(service, f"many-{k}", p, 10) for k, p in enumerate(others))
         )
-        assert {r["decode_worker"] for r in routes} <= {1, 2}
+        assert {r.decode_worker for r in routes} <= {1, 2}
         stats = await service.router.stats.remote()
         assert stats["in_flight"] == {"prefill": 0, "decode": 0}
         assert "disagg_routing_cost " in await service.router.metrics_text.remote()
@@ -147,7 +150,7 @@ def test_a_killed_decode_actor_comes_back_clears_its_cache_and_serves(service: S
     async def body() -> None:
         prompt = list(range(50_000, 50_000 + 96))
         first = await _serve(service, "restart-1", prompt, 4)
-        victim = first["decode_worker"]
+        victim = first.decode_worker
         handle = service.decode[victim]
         old = await handle.ready.remote()
         await _until(lambda s: _stored("decode")(s) >= 1, service)
@@ -173,11 +176,11 @@ def test_a_killed_decode_actor_comes_back_clears_its_cache_and_serves(service: S
             attempt += 1
             route = await service.router.route.remote(f"restart-2-{attempt}", prompt, "tester")
             await service.router.complete.remote(f"restart-2-{attempt}")
-            if route["uncached_tokens"] == 96:  # nobody holds the prefix any more
+            if route.uncached_tokens == 96:  # nobody holds the prefix any more
                 break
             await asyncio.sleep(0.1)
         # ... and it serves again.
-        rows = await _stream(handle, {**route, "request_id": "restart-3"}, 5, True)
+        rows = await _stream(handle, route, 5, True, request_id="restart-3")
         assert [r[0] for r in rows] == list(range(5))
 
     asyncio.run(asyncio.wait_for(body(), 120))

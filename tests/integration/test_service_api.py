@@ -222,7 +222,7 @@ def test_repeated_long_prompt_reports_cached_tokens(live_service: LiveService) -
 
 
 def test_metrics_has_every_design_metric(live_service: LiveService) -> None:
-    from controller import metrics as design
+    from telemetry import metrics as design
 
     r = httpx.get(live_service.url + "/metrics", timeout=TIMEOUT_S)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
@@ -232,7 +232,7 @@ def test_metrics_has_every_design_metric(live_service: LiveService) -> None:
         for line in generate_latest(design.REGISTRY).decode().splitlines()
         if line.startswith("# TYPE ")
     }
-    assert defined >= DESIGN_METRICS, f"controller/metrics.py lacks {DESIGN_METRICS - defined}"
+    assert defined >= DESIGN_METRICS, f"telemetry/metrics.py lacks {DESIGN_METRICS - defined}"
     assert not defined - exposed, f"/metrics lacks {sorted(defined - exposed)}"
     # One HELP/TYPE per family: the ingress merged the actors' texts.
     types = [line for line in r.text.splitlines() if line.startswith("# TYPE ")]

@@ -8,7 +8,7 @@ import math
 import pytest
 from prometheus_client import generate_latest
 
-from controller import metrics
+from telemetry import metrics
 
 GAUGES = {
     "poa_hat": metrics.POA_HAT,
@@ -88,7 +88,7 @@ def test_possible_values_are_not_flagged(value: float) -> None:
 
 
 def test_the_warning_is_logged_once_per_factor(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="controller.metrics"):
+    with caplog.at_level(logging.WARNING, logger="telemetry.metrics"):
         for _ in range(3):
             metrics.POA_HAT.set(0.49)
         metrics.POA_CAPACITY.set(0.5)

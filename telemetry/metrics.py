@@ -35,6 +35,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Summary,
     disable_created_metrics,
 )
 
@@ -181,5 +182,11 @@ DYNAMO_AGREEMENT = Counter(
     "Our router in shadow against Dynamo's KvRouter, by role: same worker, a tie in our cost, "
     "or different",
     ["role", "agree"],
+    registry=REGISTRY,
+)
+DYNAMO_COST_GAP = Summary(
+    "disagg_dynamo_router_cost_gap",
+    "Our cost of Dynamo's pick minus our lowest cost, by role",
+    ["role"],
     registry=REGISTRY,
 )

@@ -58,7 +58,7 @@ LLAMA, NEMOTRON = "b200-llama70b-fp8-tp4", "b200-nemotron340b-fp8-tp8"
 FRESH = ViewSettings()
 # Four replicas, load reports every 250 ms (the deployment); 10 ms for a report or a KV
 # event to cross NATS and the engine's per-iteration event batching.
-STALE = ViewSettings(replicas=4, delay_s=0.01, report_period_s=0.25)
+STALE = ViewSettings.stale(replicas=4, report_period_s=0.25, delay_s=0.01)
 
 PHASES = (
     NamedPhase("calm", Phase(30.0, 48, ramp=5.0)),
@@ -266,7 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         entry: dict[str, Any] = {
             "profile": case.profile,
             "topology": case.topology,
-            "views": case.views.__dict__,
+            # The deployment this case simulates, as a serve config a user can run, and the
+            # simulated bus's delay.
+            "views": {"serve_config": case.views.serve_config(), "bus_delay_s": case.views.delay_s},
             "arms": list(case.arms),
             "compare": case.compare,
             "thresholds_s": [

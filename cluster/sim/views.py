@@ -7,7 +7,7 @@ reach a replica through the bus, ``delay_s`` late:
 
 - KV events: each replica's index applies a worker's event ``delay_s`` after it was published
   (``delay_s`` = 0: synchronously, the moment the cache changes);
-- load reports (``report_period_s`` > 0): every period the workers' true loads are snapshotted
+- load reports (``routing.report_period_s``): every period the workers' true loads are snapshotted
   and delivered to every replica ``delay_s`` later. The truth is a ``LoadTracker`` per role that
   holds every routed request's reservation (as its deciding replica computed it) until its
   prefill and its completion return it, as a lone router's own bookkeeping would. At delivery a
@@ -15,7 +15,7 @@ reach a replica through the bus, ``delay_s`` late:
   of the requests it routed before the snapshot (the snapshot counts them already), keeping the
   ones routed since (a router knows its own in-flight requests, as Dynamo's does).
 
-``report_period_s`` = 0 means routers see load exactly: every replica reserves every request the
+No ``routing`` section means routers see load exactly: every replica reserves every request the
 moment any replica routes it. One replica with a fresh view (the defaults) is a lone router with
 instant events: the simulator before replicas existed, decision for decision.
 
@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from cluster.dataplane.settings import RoutingSettings
 from cluster.sim.loop import EventLoop
 from router import Decision, KvEvent, LoadTracker, Policy, Reservation, Router
 from router.hashing import Tokens
@@ -58,25 +59,52 @@ def _check_seconds(name: str, value: object) -> float:
 
 @dataclass(frozen=True)
 class ViewSettings:
-    """``replicas`` router replicas; KV events and load reports reach each ``delay_s`` late;
-    loads are reported every ``report_period_s`` (0: every replica sees every request's load at
-    once, i.e. exact load)."""
+    """The deployment's routing views, in the service's own terms: ``replicas`` ingress replicas
+    (the serve config's ``ingress_replicas``), each reporting its loads as ``routing`` says (the
+    serve config's ``routing:`` section, :class:`~cluster.dataplane.settings.RoutingSettings`;
+    None: every replica sees every request's load at once, i.e. exact load), over a bus that
+    delivers ``delay_s`` late (the network's, not a setting of the service).
+
+    So a simulated case is a deployment a user can run: :meth:`serve_config` is its part of the
+    serve config. Of ``routing`` the simulator uses ``report_period_s``; replicas never die
+    here, so ``report_ttl_s`` never expires a report, and the policy reaches every replica at
+    once, so ``view_sync_s`` has nothing to catch up."""
 
     replicas: int = 1
+    routing: RoutingSettings | None = None
     delay_s: float = 0.0
-    report_period_s: float = 0.0
 
     def __post_init__(self) -> None:
         r = self.replicas
         if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= MAX_REPLICAS:
             raise ValueError(f"replicas must be an int in [1, {MAX_REPLICAS}], got {r!r}")
+        if self.routing is not None and not isinstance(self.routing, RoutingSettings):
+            raise ValueError(f"routing must be RoutingSettings or None, got {self.routing!r}")
         object.__setattr__(self, "delay_s", _check_seconds("delay_s", self.delay_s))
-        period = _check_seconds("report_period_s", self.report_period_s)
-        object.__setattr__(self, "report_period_s", period)
+
+    @classmethod
+    def stale(cls, replicas: int, report_period_s: float, delay_s: float) -> ViewSettings:
+        """``replicas`` replicas reporting every ``report_period_s``, the bus ``delay_s`` late
+        (the report TTL: the service's default, or twice the period if that is longer)."""
+        ttl = max(RoutingSettings().report_ttl_s, 2 * report_period_s)
+        routing = RoutingSettings(report_period_s=report_period_s, report_ttl_s=ttl)
+        return cls(replicas, routing, delay_s)
 
     @property
     def exact_load(self) -> bool:
-        return self.report_period_s == 0.0
+        return self.routing is None
+
+    @property
+    def report_period_s(self) -> float:
+        """0 with exact load."""
+        return 0.0 if self.routing is None else self.routing.report_period_s
+
+    def serve_config(self) -> dict[str, object]:
+        """The serve config's part that deploys these views (``disaggctl serve``)."""
+        out: dict[str, object] = {"ingress_replicas": self.replicas}
+        if self.routing is not None:
+            out["routing"] = self.routing.model_dump()
+        return out
 
 
 @dataclass(frozen=True)
@@ -150,8 +178,8 @@ class RouterViews:
         self._truth[role].remove_worker(worker)
 
     def truth(self, role: Role) -> LoadTracker:
-        """The exact load of ``role``'s workers (kept only with ``report_period_s`` > 0: with
-        exact load every replica's own view is the truth)."""
+        """The exact load of ``role``'s workers (kept only with load reports: with exact load
+        every replica's own view is the truth)."""
         return self._truth[role]
 
     def workers(self, role: Role) -> tuple[int, ...]:

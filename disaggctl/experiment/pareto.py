@@ -4,7 +4,7 @@ Llama-3.1-70B FP8 on 2P/4D (two prefill workers, so the prefill router has a cho
 a closed loop at C = 64 and C = 128, every cell of a 4×4 (τ, ω) grid held fixed on every router
 (the policy table with all three regimes equal, so the controller never changes it), with one
 router that sees load exactly (fresh) and with four router replicas whose load views arrive every
-250 ms, 10 ms late (stale; ``ViewSettings(replicas=4, delay_s=0.01, report_period_s=0.25)``, as
+250 ms, 10 ms late (stale; ``ViewSettings.stale(4, report_period_s=0.25, delay_s=0.01)``, as
 ``bench/adaptive.py``). Per cell: throughput, TTFT P99, ITL P99, poa_hat and its factors, the
 prefix-cache hit rate and the regime of the hold's TTFT P99 against the controller's thresholds
 for that view. The throughput–TTFT P99 frontier per (C, view) shows which policies are never
@@ -53,7 +53,7 @@ def _views(view: str) -> Any:
 
     if view == "fresh":
         return ViewSettings()
-    return ViewSettings(replicas=4, delay_s=0.01, report_period_s=0.25)
+    return ViewSettings.stale(replicas=4, report_period_s=0.25, delay_s=0.01)
 
 
 def plan(settings: Settings) -> Plan:

@@ -228,7 +228,7 @@ def test_metrics_follow_the_pools() -> None:
 def test_a_round_trip_faster_than_the_bus_keeps_every_index_true() -> None:
     """A worker leaves prefill and comes back within the bus delay: the old engine's KV events
     still on the bus arrive after the new engine joined and must not reach its index."""
-    views = ViewSettings(replicas=3, delay_s=2.0, report_period_s=0.25)
+    views = ViewSettings.stale(replicas=3, report_period_s=0.25, delay_s=2.0)
     cluster = _quick("2P/4D", switch_s=0.01, views=views)
     ClosedLoop(cluster, template_source(cluster.profile, 1), [Phase(4.0, 96, ramp=0.5)])
 

@@ -19,7 +19,7 @@ from cluster.sim.scenario import template_source
 from router import Policy
 
 PROFILE = "b200-llama70b-fp8-tp4"
-STALE = ViewSettings(replicas=4, delay_s=0.05, report_period_s=0.25)
+STALE = ViewSettings.stale(replicas=4, report_period_s=0.25, delay_s=0.05)
 
 
 def _fingerprint(cluster: SimCluster) -> tuple[str, str]:
@@ -73,7 +73,7 @@ def test_defaults_reproduce_the_lone_router_record_for_record(topology: str, see
     default = _short_run(topology, seed)
     assert len(default.records) == 96
     assert _fingerprint(default) == BEFORE_REPLICAS[topology, seed]
-    explicit = _short_run(topology, seed, views=ViewSettings(1, 0.0, 0.0))
+    explicit = _short_run(topology, seed, views=ViewSettings(1, None, 0.0))
     assert _fingerprint(explicit) == BEFORE_REPLICAS[topology, seed]
     assert len(default.routers) == 1 and default.routers[0].decode is default.decode_router
 
@@ -242,11 +242,25 @@ def test_set_policy_reaches_every_router_of_every_replica() -> None:
         ({"delay_s": math.inf}, "delay_s"),
         ({"delay_s": 10.5}, "delay_s"),
         ({"delay_s": "0.1"}, "delay_s"),
-        ({"report_period_s": -1.0}, "report_period_s"),
-        ({"report_period_s": math.nan}, "report_period_s"),
-        ({"report_period_s": 11}, "report_period_s"),
+        ({"routing": {"report_period_s": 0.25}}, "routing"),
     ],
 )
 def test_bad_view_settings_name_the_field(kwargs: dict[str, Any], field: str) -> None:
     with pytest.raises(ValueError, match=field):
         ViewSettings(**kwargs)
+
+
+@pytest.mark.parametrize("period", [-1.0, 0.0, math.nan, 11])
+def test_a_bad_report_period_is_refused_by_the_service_s_own_model(period: float) -> None:
+    with pytest.raises(ValueError, match="report_period_s"):
+        ViewSettings.stale(2, period, 0.01)
+
+
+def test_a_simulated_case_is_a_deployable_serve_config() -> None:
+    from cluster.serve.config import ServeConfig
+
+    views = ViewSettings.stale(replicas=4, report_period_s=0.25, delay_s=0.01)
+    assert views.report_period_s == 0.25 and not views.exact_load
+    config = ServeConfig.model_validate(views.serve_config())
+    assert config.ingress_replicas == 4 and config.routing == views.routing
+    assert ServeConfig.model_validate(ViewSettings().serve_config()).ingress_replicas == 1

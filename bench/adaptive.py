@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             "topology": case.topology,
             # The deployment this case simulates, as a serve config a user can run, and the
             # simulated bus's delay.
-            "views": {"serve_config": case.views.serve_config(), "bus_delay_s": case.views.delay_s},
+            "views": case.views.record(),
             "arms": list(case.arms),
             "compare": case.compare,
             "thresholds_s": [

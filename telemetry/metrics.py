@@ -20,6 +20,11 @@ estimator, the controller, the auction, the event bus) updates the objects here,
   once every request of the batch has started),
   ``disagg_auction_revenue_total``, ``disagg_events_dropped_total{reason}``,
   ``disagg_capacity_advice_total``;
+- ``disagg_ingress_actor_calls_total{method}`` and ``disagg_ingress_view_requests{replica, role,
+  worker}``: what each ingress replica counts itself (its unary actor calls on requests' paths,
+  its load view), exported by the replica (``cluster/serve/replica_metrics.py``);
+- ``disagg_dynamo_router_agreement_total{role, agree}`` and ``disagg_dynamo_router_cost_gap{role}``
+  (Dynamo backend): our router in shadow against Dynamo's picks;
 - ``disagg_pool_workers{role}`` (gauge), ``disagg_resplits_total`` and
   ``disagg_resplit_in_progress`` (0/1): the pools' sizes, how many re-splits finished (the worker
   serves in its new role) and whether one is under way (docs/design.md §4, "two levers"; an
@@ -188,5 +193,17 @@ DYNAMO_COST_GAP = Summary(
     "disagg_dynamo_router_cost_gap",
     "Our cost of Dynamo's pick minus our lowest cost, by role",
     ["role"],
+    registry=REGISTRY,
+)
+INGRESS_ACTOR_CALLS = Counter(
+    "disagg_ingress_actor_calls",
+    "Unary Ray actor calls this ingress replica made for requests.",
+    ["method"],
+    registry=REGISTRY,
+)
+INGRESS_VIEW_REQUESTS = Gauge(
+    "disagg_ingress_view_requests",
+    "Requests in flight per worker in one ingress replica's load view",
+    ["replica", "role", "worker"],
     registry=REGISTRY,
 )

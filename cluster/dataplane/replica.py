@@ -217,6 +217,17 @@ class ReplicaRouter:
             retries=routing.retries,
         )  # fmt: skip
 
+    def view_requests(self) -> dict[str, dict[int, int]]:
+        """Requests in flight on each worker as this replica sees them: its own exactly, the
+        other replicas' from their unexpired reports. Every replica's converge on the fleet's
+        (within a report period), which ``disagg_ingress_view_requests`` shows."""
+        self.refresh_loads()
+        out: dict[str, dict[int, int]] = {}
+        for role in ROLES:
+            loads = self.routing.routers[role].loads
+            out[role] = {w: loads.view(w).active_requests for w in loads.workers}
+        return out
+
     def stats(self) -> dict[str, Any]:
         routing = self.routing
         policy = routing.policy

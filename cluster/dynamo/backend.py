@@ -25,7 +25,7 @@ from cluster.ray.actor_support import ActorBus
 from cluster.serve.backend import Excluded, Placement
 from cluster.serve.path import ActorRequestPath
 from cluster.serve.path_types import PathRequest, TokenChunk
-from cluster.serve.replica_metrics import routing_cost_text
+from cluster.serve.replica_metrics import routing_cost_text, view_requests_text
 from cluster.serve.replica_path import compose_path
 
 __all__ = ["DynamoBackend", "make_dynamo_path"]
@@ -76,6 +76,7 @@ class DynamoBackend:
     def own_metrics_text(self) -> str:
         cost = self.view.last_cost
         text = "" if cost is None else routing_cost_text(cost)
+        text += view_requests_text(self.view.replica_id, self.view.view_requests())
         return text + shadow_metrics_text(self.view.agreement, self.view.cost_gap)
 
     async def aclose(self) -> None:

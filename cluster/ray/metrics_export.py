@@ -43,6 +43,8 @@ OWNERS: dict[str, tuple[str, ...]] = {
         "disagg_requests",
         "disagg_dynamo_router_agreement",
         "disagg_dynamo_router_cost_gap",
+        "disagg_ingress_actor_calls",
+        "disagg_ingress_view_requests",
     ),
     "router": ("disagg_routing_cost",),
     "auction": (

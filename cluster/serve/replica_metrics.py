@@ -1,14 +1,17 @@
 """What an ingress replica counts itself, as Prometheus text for the merged ``/metrics``
-(docs/design.md §5): its unary actor calls on requests' paths and its last routing decision's
-cost (it routes; the router actor no longer does)."""
+(docs/design.md §5): its unary actor calls on requests' paths, its last routing decision's
+cost (it routes; the router actor no longer does) and its load view."""
 
 from __future__ import annotations
 
 import collections
+from collections.abc import Mapping
 
-__all__ = ["ACTOR_CALLS", "actor_calls_text", "routing_cost_text"]
+__all__ = ["ACTOR_CALLS", "VIEW_REQUESTS", "actor_calls_text", "routing_cost_text",
+           "view_requests_text"]  # fmt: skip
 
 ACTOR_CALLS = "disagg_ingress_actor_calls_total"
+VIEW_REQUESTS = "disagg_ingress_view_requests"
 
 
 def actor_calls_text(calls: collections.Counter[str]) -> str:
@@ -28,3 +31,15 @@ def routing_cost_text(cost: float) -> str:
         "# TYPE disagg_routing_cost gauge\n"
         f"disagg_routing_cost {cost!r}\n"
     )
+
+
+def view_requests_text(replica: str, view: Mapping[str, Mapping[int, int]]) -> str:
+    """``disagg_ingress_view_requests{replica, role, worker}``: the requests in flight on each
+    worker in this replica's load view (its own and its peers' reports)."""
+    lines = [
+        f"# HELP {VIEW_REQUESTS} Requests in flight per worker in one ingress replica's load view",
+        f"# TYPE {VIEW_REQUESTS} gauge",
+    ]
+    lines += [f'{VIEW_REQUESTS}{{replica="{replica}",role="{role}",worker="{w}"}} {n}'
+              for role, loads in sorted(view.items()) for w, n in sorted(loads.items())]
+    return "\n".join(lines) + "\n"

@@ -18,7 +18,7 @@ from cluster.dataplane.replica import ReplicaRouter
 from cluster.dataplane.routing import Route
 from cluster.serve.backend import Excluded, Placement, WorkerFailed
 from cluster.serve.path_types import PathRequest, TokenChunk
-from cluster.serve.replica_metrics import routing_cost_text
+from cluster.serve.replica_metrics import routing_cost_text, view_requests_text
 from cluster.serve.worker_handles import Workers
 from cluster.sim.profile import HardwareProfile
 
@@ -82,7 +82,8 @@ class SimBackend:
 
     def own_metrics_text(self) -> str:
         cost = self.router.last_cost
-        return "" if cost is None else routing_cost_text(cost)
+        text = view_requests_text(self.router.replica_id, self.router.view_requests())
+        return text if cost is None else routing_cost_text(cost) + text
 
     async def aclose(self) -> None:
         await self.router.aclose()

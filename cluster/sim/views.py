@@ -106,6 +106,18 @@ class ViewSettings:
             out["routing"] = self.routing.model_dump()
         return out
 
+    def record(self) -> dict[str, object]:
+        """What a report keeps (JSON): the deployment and the simulated bus's delay."""
+        return {"serve_config": self.serve_config(), "bus_delay_s": self.delay_s}
+
+    def __str__(self) -> str:
+        load = (
+            "exact load"
+            if self.routing is None
+            else f"load reports every {self.routing.report_period_s:g} s"
+        )
+        return f"{self.replicas} replica(s), {load}, KV events and reports {self.delay_s:g} s late"
+
 
 @dataclass(frozen=True)
 class RouterReplica:

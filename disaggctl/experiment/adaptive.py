@@ -13,7 +13,6 @@ targets.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import re
 import sys
@@ -151,7 +150,7 @@ def analyse(plan: Plan, results: list[Any]) -> dict[str, Any]:
         entry: dict[str, Any] = {
             "profile": case.profile,
             "topology": case.topology,
-            "views": dataclasses.asdict(case.views),
+            "views": case.views.record(),
             "arms": list(case.arms),
             "compare": case.compare,
             "thresholds_s": runs[(case.name, "static")][0]["thresholds_s"],

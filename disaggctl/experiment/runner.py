@@ -124,6 +124,7 @@ def run(
                 "seconds_per_unit": sum(seconds) / units / speed if units else None,
                 "machine_speed_vs_reference": round(speed, 3),
                 "quick": settings.quick,
+                "trials": settings.trials,
                 "command": command,
             }
             section.text(

@@ -14,6 +14,7 @@ from cluster.dataplane.replica import ReplicaRouter, peer_report
 from cluster.dataplane.routing import PoolRouting, RoutingView
 from cluster.dataplane.settings import RoutingSettings
 from cluster.events import LoadEvent, PoolsEvent, RegimeEvent
+from cluster.serve.replica_metrics import view_requests_text
 from cluster.wire import decode, encode
 from router import LoadView
 
@@ -132,6 +133,10 @@ def test_two_replicas_see_each_others_load_through_their_reports() -> None:
     b.refresh_loads()
     assert b.routing.routers["decode"].loads.view(1).active_requests == 3
     assert b.route("b0", PROMPT[:20], "u").decode_worker == 2  # the load steers it away
+    # b's view: a's three from its report, its own one exactly; on /metrics as a gauge.
+    assert b.view_requests()["decode"] == {1: 3, 2: 1}
+    text = view_requests_text(b.replica_id, b.view_requests())
+    assert 'disagg_ingress_view_requests{replica="b",role="decode",worker="1"} 3' in text
     a.on_event(a.load_event())  # a replica ignores its own report
     assert a.peers.replicas() == ()
     clock.now += report.ttl_s  # a stops reporting (dead): its load leaves b's view

@@ -1,14 +1,15 @@
 """Ray tasks and ``--no-ray`` give the same numbers: every job is deterministic in its arguments.
 
-A tiny sweep of each kind of job that crosses a process boundary: two closed-loop points (poa)
-and one ``bench.adaptive`` run with its timeline (``bench/`` imported in a Ray worker).
+A tiny job of every kind that crosses a process boundary: two closed-loop points (poa), one
+``bench.adaptive`` run with its timeline (``bench/`` imported in a Ray worker), one fixed-policy
+cell (pareto), one queue through every scheduler (auction) and one repeated auction (autobid).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from disaggctl.experiment import adaptive, poa
+from disaggctl.experiment import adaptive, auction, autobid, pareto, poa
 from disaggctl.experiment.base import Plan
 from disaggctl.experiment.fanout import Job, run_jobs
 from disaggctl.jsonout import strict_dumps
@@ -46,3 +47,32 @@ def test_ray_and_in_process_agree(ray_session: None) -> None:
     (b,), _ = run_jobs([job], use_ray=True, desc="adaptive", quiet=True)
     assert a["timeline"] and strict_dumps(a) == strict_dumps(b)
     assert adaptive.TICK_FIELDS[0] in a["timeline"][0]
+
+
+@pytest.mark.parametrize(
+    ("function", "kwargs", "key"),
+    [
+        (
+            "disaggctl.experiment.pareto:run_cell",
+            {"concurrency": 16, "view": "stale", "tau": 0.8, "omega": 0.1, "seed": 0,
+             "warm_s": 1.0, "hold_s": 2.0},
+            pareto.KEYS[0],
+        ),
+        (
+            "disaggctl.experiment.auction:run_queue",
+            {"workload": "mixshare-50", "n": 16, "Q": 48, "values": "iid", "rho": 0.0, "seed": 0},
+            "dfs-bid",
+        ),
+        ("disaggctl.experiment.autobid:run_repeated", {"spread": "wide", "T": 8, "seed": 0},
+         autobid.KEYS[0]),
+    ],
+)  # fmt: skip
+def test_every_other_kind_of_job_agrees(
+    ray_session: None, function: str, kwargs: dict[str, object], key: str
+) -> None:
+    job = Job(function, kwargs)
+    (a,), _ = run_jobs([job], use_ray=False, desc="job", quiet=True)
+    (b,), _ = run_jobs([job], use_ray=True, desc="job", quiet=True)
+    assert key in a and strict_dumps(a) == strict_dumps(b)
+    if function.endswith("run_queue"):
+        assert set(a) == set(auction.SCHEDULERS)

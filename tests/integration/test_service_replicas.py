@@ -1,15 +1,19 @@
-"""``disaggctl serve`` with two ingress replicas (docs/design.md "Data flow (serve mode)").
+"""``disaggctl serve`` with four and with two ingress replicas (docs/design.md "Data flow
+(serve mode)").
 
 The service runs as a subprocess with a Ray of its own (the harness of test_service_crash), so
-its two Serve replicas do not meet the test session's Serve. Each replica routes in-process and
+its Serve replicas do not meet the test session's Serve. Each replica routes in-process and
 admits under its own lease; the auction actor and the ledger stay one. Checked:
 
-1. below saturation, a burst from one user is answered FCFS (position 0, nothing charged), with
-   no hold in the ledger: admitted by the replicas themselves;
-2. with every request auctioned (``queue_threshold: 0``), concurrent bids from one user, spread
-   by Serve over both replicas, never spend more than the user's budget: what the clients were
-   told they paid is exactly what the ledger captured, no hold is left open, and the bids the
-   budget could not cover got 402;
+1. four replicas, below saturation: a burst from one user is answered FCFS (position 0,
+   nothing charged), with no hold in the ledger: admitted by the replicas themselves. While
+   long requests run, the replicas' load views converge: each replica's
+   ``disagg_ingress_view_requests`` counts every request in flight in the fleet, not only the
+   quarter it routed itself;
+2. two replicas, with every request auctioned (``queue_threshold: 0``): concurrent bids from
+   one user, spread by Serve over both replicas, never spend more than the user's budget: what
+   the clients were told they paid is exactly what the ledger captured, no hold is left open,
+   and the bids the budget could not cover got 402;
 3. a replica SIGKILLed mid-load loses no money and leaks no slot: the requests it carried fail,
    their holds are released when its lease expires, the next requests are all answered (with
    four release slots, they could not be if the dead replica's requests still held theirs), and
@@ -24,11 +28,14 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from auction.ledger import Ledger
 from cluster.serve.users import hash_key
@@ -46,7 +53,7 @@ speedup: 4.0
 namespace: replicas
 ledger_path: {ledger}
 allow_anonymous: false
-ingress_replicas: 2
+ingress_replicas: {replicas}
 auction:
   {{queue_threshold: {threshold}, max_in_prefill: {slots}, batch_size: 8, batch_window_ms: 20}}
 admission: {{lease_ttl_s: {ttl}}}
@@ -54,12 +61,13 @@ admission: {{lease_ttl_s: {ttl}}}
 LEASE_TTL_S = 1.0
 
 
-def _service(tmp_path: Path, threshold: int, slots: int, tag: str) -> tuple[ServeProcess, Path]:
+def _service(
+    tmp_path: Path, threshold: int, slots: int, tag: str, replicas: int
+) -> tuple[ServeProcess, Path]:
     ledger = tmp_path / f"ledger-{tag}.sqlite"
     config = tmp_path / f"serve-{tag}.yaml"
-    config.write_text(
-        CONFIG.format(ledger=ledger, threshold=threshold, slots=slots, ttl=LEASE_TTL_S)
-    )
+    config.write_text(CONFIG.format(ledger=ledger, threshold=threshold, slots=slots,
+                                    ttl=LEASE_TTL_S, replicas=replicas))  # fmt: skip
     users = tmp_path / "users.yaml"
     users.write_text(
         "users:\n"
@@ -102,16 +110,61 @@ def _stop(service: ServeProcess) -> None:
     assert not left, f"left behind: {describe(left)}"
 
 
-def test_below_saturation_both_replicas_admit_on_their_own(tmp_path: Path) -> None:
-    # 64 slots: 32 leased to each replica, more than the burst can take from either.
-    service, ledger_path = _service(tmp_path, threshold=64, slots=64, tag="fcfs")
+def _views_while(url: str, load: Coroutine[Any, Any, list[dict[str, Any]]]) -> tuple[
+    list[dict[str, Any]], dict[str, int]
+]:  # fmt: skip
+    """Run ``load``; meanwhile scrape ``/metrics`` (each scrape answered by one replica) and keep
+    per replica the most decode requests in flight its view ever held."""
+
+    async def scrape() -> dict[str, int]:
+        seen: dict[str, int] = {}
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            while not task.done():
+                text = (await client.get(f"{url}/metrics")).text
+                totals: dict[str, int] = {}
+                for family in text_string_to_metric_families(text):
+                    for s in family.samples:
+                        if s.name == "disagg_ingress_view_requests" and \
+                                s.labels["role"] == "decode":  # fmt: skip
+                            replica = s.labels["replica"]
+                            totals[replica] = totals.get(replica, 0) + int(s.value)
+                for replica, n in totals.items():
+                    seen[replica] = max(seen.get(replica, 0), n)
+                await asyncio.sleep(0.05)
+        return seen
+
+    async def both() -> tuple[list[dict[str, Any]], dict[str, int]]:
+        nonlocal task
+        task = asyncio.ensure_future(load)
+        seen = await scrape()
+        return await task, seen
+
+    task: asyncio.Future[list[dict[str, Any]]]
+    return asyncio.run(both())
+
+
+def test_below_saturation_four_replicas_admit_on_their_own_and_their_views_converge(
+    tmp_path: Path,
+) -> None:
+    # 64 slots: 16 leased to each replica, more than the burst can take from any.
+    service, ledger_path = _service(tmp_path, threshold=64, slots=64, tag="fcfs", replicas=4)
     try:
         service.wait_serving()
         results = asyncio.run(_burst(service.url, "bob", [1.0] * 24))
         assert [r["status"] for r in results] == [200] * 24, results
         assert {(r["mode"], r["position"], r["payment"]) for r in results} == {("fcfs", 0, 0.0)}
+        # 16 long streams at once (1500 tokens at speed-up 4: seconds of decode each), spread
+        # by Serve over the replicas: each replica routes about four of them itself.
+        streams, seen = _views_while(service.url, _burst(service.url, "bob", [1.0] * 16, 1500))
+        assert [r["status"] for r in streams] == [200] * 16, streams
+        assert len(_replicas(service)) == 4
     finally:
         _stop(service)
+    # Every replica that answered a scrape saw all 16 in its view at some moment: its own
+    # and the other three's reports (the scrapes reach the replicas Serve picks, so at least
+    # two, not necessarily all four).
+    assert len(seen) >= 2, seen
+    assert set(seen.values()) == {16}, seen
     with Ledger(ledger_path) as ledger:
         assert ledger.holds() == [], "FCFS under a lease writes nothing to the ledger"
         assert ledger.account("bob").spent == 0.0
@@ -145,7 +198,7 @@ def _answered_after_a_replica_died(url: str) -> list[dict[str, Any]]:
 def test_concurrent_bids_over_two_replicas_never_overspend_even_when_one_dies(
     tmp_path: Path,
 ) -> None:
-    service, ledger_path = _service(tmp_path, threshold=0, slots=4, tag="auction")
+    service, ledger_path = _service(tmp_path, threshold=0, slots=4, tag="auction", replicas=2)
     bids = [0.5 + 0.01 * i for i in range(16)]  # Σ 8.6 > the budget of 2.5
     try:
         service.wait_serving()

@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ import ray
 from ray.util.placement_group import remove_placement_group
 
 from cluster.model_dir import build_model_dir, default_model_dir
+from cluster.models import ConfigError
 from cluster.nats_server import NatsServer
 from cluster.ray.auction_actor import AuctionActor
 from cluster.ray.controller_actor import ControllerActor
@@ -41,6 +44,7 @@ from cluster.ray.worker_factory import (
     worker_name,
 )
 from cluster.serve.config import ServeConfig
+from cluster.serve.deployment import INGRESS_REPLICA_CPUS
 from cluster.serve.users import Users
 from cluster.sim.cluster import Topology
 from cluster.sim.profile import HardwareProfile, load_profile
@@ -56,6 +60,17 @@ log = logging.getLogger(__name__)
 # worker can be placed while its predecessor's bundle is being released.
 SPARE_TP_GROUPS = 1
 READY_TIMEOUT_S = 120.0
+
+
+def check_ingress_cpus(replicas: int, cluster_cpus: float) -> None:
+    """A Ray without the CPUs the ingress replicas reserve would leave Serve waiting for them
+    forever: refuse at start, naming the setting."""
+    need = replicas * INGRESS_REPLICA_CPUS
+    if cluster_cpus < need:
+        raise ConfigError(
+            f"ingress_replicas: {replicas} replicas reserve {need:g} CPUs in Ray "
+            f"({INGRESS_REPLICA_CPUS:g} each), but the Ray cluster joined has {cluster_cpus:g}"
+        )
 
 
 @dataclass
@@ -116,7 +131,15 @@ class Service:
             self.nats_url = self.nats.url
         tp = self.profile.tp
         gpus = self.topology.gpus(tp) + SPARE_TP_GROUPS * tp
-        self.ray = init_ray(address, accelerators=gpus, accelerator=cfg.accelerator_resource)
+        # Each ingress replica reserves INGRESS_REPLICA_CPUS: a local session declares at least
+        # that many logical CPUs (the replicas mostly wait on I/O and share the cores well).
+        cpus = cfg.ingress_replicas * INGRESS_REPLICA_CPUS
+        self.ray = init_ray(
+            address, accelerators=gpus, accelerator=cfg.accelerator_resource,
+            num_cpus=max(2, os.cpu_count() or 2, math.ceil(cpus)),
+        )  # fmt: skip
+        resources = ray.cluster_resources()  # type: ignore[no-untyped-call]  # Ray leaves it untyped
+        check_ingress_cpus(cfg.ingress_replicas, float(resources.get("CPU", 0.0)))
         model_dir = str(
             build_model_dir(Path(cfg.model_dir)) if cfg.model_dir else default_model_dir()
         )

@@ -89,6 +89,11 @@ IngressDeployment = serve.deployment(
 )(serve.ingress()(OpenAIIngress))
 
 
+# What each ingress replica reserves in Ray (Serve's own default, stated so the service can size
+# a local session and check a joined cluster for it).
+INGRESS_REPLICA_CPUS = 1.0
+
+
 def ingress_app(
     path_factory: PathFactory,
     *,
@@ -102,8 +107,9 @@ def ingress_app(
     """The bound ingress, ready for ``serve.run(app, route_prefix="/")``."""
     users = users if users is not None else Users()
     options = IngressDeployment.options(
-        num_replicas=num_replicas, max_ongoing_requests=max_ongoing_requests
-    )
+        num_replicas=num_replicas, max_ongoing_requests=max_ongoing_requests,
+        ray_actor_options={"num_cpus": INGRESS_REPLICA_CPUS},
+    )  # fmt: skip
     return options.bind(
         path_factory, model_name=model_name, model_dir=model_dir, users=users.to_wire(),
         allow_anonymous=users.allow_anonymous, max_body_bytes=max_body_bytes,

@@ -28,7 +28,6 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +77,9 @@ def _service(
 
 
 async def _burst(
-    url: str, user: str, bids: list[float], max_tokens: int = 4
-) -> list[dict[str, Any]]:
+    url: str, user: str, bids: list[float], max_tokens: int = 4,
+    finished: list[float] | None = None,
+) -> list[dict[str, Any]]:  # fmt: skip
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEYS[user], max_retries=0,
                                 timeout=60.0)  # fmt: skip
 
@@ -94,6 +94,8 @@ async def _burst(
         except openai.APIConnectionError:  # its replica died under it
             return {"status": "cut"}
         body = raw.parse()
+        if finished is not None:
+            finished.append(time.monotonic())
         return {"status": 200, **(body.model_extra or {}).get("disagg", {})}
 
     try:
@@ -110,17 +112,24 @@ def _stop(service: ServeProcess) -> None:
     assert not left, f"left behind: {describe(left)}"
 
 
-def _views_while(url: str, load: Coroutine[Any, Any, list[dict[str, Any]]]) -> tuple[
-    list[dict[str, Any]], dict[str, int]
-]:  # fmt: skip
-    """Run ``load``; meanwhile scrape ``/metrics`` (each scrape answered by one replica) and keep
-    per replica the most decode requests in flight its view ever held."""
+SETTLE_S = 1.5  # from the burst's launch until every request is routed and reported
 
-    async def scrape() -> dict[str, int]:
-        seen: dict[str, int] = {}
+
+def _views_during(
+    url: str, n: int, max_tokens: int
+) -> tuple[list[dict[str, Any]], dict[str, set[int]]]:
+    """Launch ``n`` long requests at once; scrape ``/metrics`` meanwhile (each scrape answered
+    by one replica). Per replica: the decode requests in flight in its view, at every scrape
+    taken while all ``n`` surely ran (from ``SETTLE_S`` after the launch until shortly before
+    the first answer came back)."""
+    samples: list[tuple[float, str, int]] = []
+    finished: list[float] = []
+
+    async def scrape(task: asyncio.Future[list[dict[str, Any]]]) -> None:
         async with httpx.AsyncClient(timeout=10.0) as client:
             while not task.done():
                 text = (await client.get(f"{url}/metrics")).text
+                at = time.monotonic()
                 totals: dict[str, int] = {}
                 for family in text_string_to_metric_families(text):
                     for s in family.samples:
@@ -128,19 +137,22 @@ def _views_while(url: str, load: Coroutine[Any, Any, list[dict[str, Any]]]) -> t
                                 s.labels["role"] == "decode":  # fmt: skip
                             replica = s.labels["replica"]
                             totals[replica] = totals.get(replica, 0) + int(s.value)
-                for replica, n in totals.items():
-                    seen[replica] = max(seen.get(replica, 0), n)
+                samples.extend((at, replica, total) for replica, total in totals.items())
                 await asyncio.sleep(0.05)
-        return seen
 
-    async def both() -> tuple[list[dict[str, Any]], dict[str, int]]:
-        nonlocal task
-        task = asyncio.ensure_future(load)
-        seen = await scrape()
-        return await task, seen
+    async def run() -> list[dict[str, Any]]:
+        task = asyncio.ensure_future(_burst(url, "bob", [1.0] * n, max_tokens, finished))
+        await scrape(task)
+        return await task
 
-    task: asyncio.Future[list[dict[str, Any]]]
-    return asyncio.run(both())
+    launched = time.monotonic()
+    results = asyncio.run(run())
+    until = min(finished, default=launched) - 0.2
+    views: dict[str, set[int]] = {}
+    for at, replica, total in samples:
+        if launched + SETTLE_S <= at <= until:
+            views.setdefault(replica, set()).add(total)
+    return results, views
 
 
 def test_below_saturation_four_replicas_admit_on_their_own_and_their_views_converge(
@@ -153,18 +165,18 @@ def test_below_saturation_four_replicas_admit_on_their_own_and_their_views_conve
         results = asyncio.run(_burst(service.url, "bob", [1.0] * 24))
         assert [r["status"] for r in results] == [200] * 24, results
         assert {(r["mode"], r["position"], r["payment"]) for r in results} == {("fcfs", 0, 0.0)}
-        # 16 long streams at once (1500 tokens at speed-up 4: seconds of decode each), spread
+        # 16 long requests at once (1500 tokens at speed-up 4: seconds of decode each), spread
         # by Serve over the replicas: each replica routes about four of them itself.
-        streams, seen = _views_while(service.url, _burst(service.url, "bob", [1.0] * 16, 1500))
+        streams, views = _views_during(service.url, 16, 1500)
         assert [r["status"] for r in streams] == [200] * 16, streams
         assert len(_replicas(service)) == 4
     finally:
         _stop(service)
-    # Every replica that answered a scrape saw all 16 in its view at some moment: its own
-    # and the other three's reports (the scrapes reach the replicas Serve picks, so at least
-    # two, not necessarily all four).
-    assert len(seen) >= 2, seen
-    assert set(seen.values()) == {16}, seen
+    # While all 16 ran, every replica that answered a scrape counted all 16 in its view: its
+    # own and the other three's reports (the scrapes reach the replicas Serve picks, so at
+    # least two, not necessarily all four).
+    assert len(views) >= 2, views
+    assert all(totals == {16} for totals in views.values()), views
     with Ledger(ledger_path) as ledger:
         assert ledger.holds() == [], "FCFS under a lease writes nothing to the ledger"
         assert ledger.account("bob").spent == 0.0

@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             baseline = calm_baseline_p99(
                 load_profile(case.profile), case.topology, views=case.views
             )
-            thresholds[case.name] = Thresholds.calibrated(baseline, 5, 15)
+            thresholds[case.name] = Thresholds.calibrated(baseline)
         runs.setdefault((case.name, arm), []).append(
             run_arm(case, arm, seed, phases, thresholds[case.name])
         )

@@ -50,6 +50,17 @@ import numpy as np
 DEFAULT_MAX_SAMPLES: Final = 100_000
 """Default cap on the samples a detector keeps (module docstring, "Memory is bounded")."""
 
+# The detector's defaults (docs/design.md §4), stated once: the service's ``controller:`` section
+# (cluster/ray/controller_settings.py) takes its defaults from here.
+WINDOW_S: Final = 10.0  # the P99 window, s
+MIN_SAMPLES: Final = 20  # fewer in the window: no P99 this tick
+BETA: Final = 0.3  # the smoothing weight of the newest P99
+HYSTERESIS: Final = 0.2  # moving down needs s below (1 − h)·θ
+DWELL: Final = 3  # consecutive ticks a switch needs
+CALM_MULTIPLES: Final = (5.0, 15.0)
+"""(k1, k2) of ``Thresholds.calibrated``: θ1 = 5× the calm P99 (a queue has clearly formed: a
+request waits several calm prefill times), θ2 = 15× (the queue grows faster than it drains)."""
+
 
 def _finite(name: str, value: object) -> float:
     """``value`` as a float, or ``ValueError`` naming ``name`` unless it is a finite real."""
@@ -91,7 +102,9 @@ class Thresholds:
             raise ValueError(f"thresholds need 0 < theta1 < theta2, got {self}")
 
     @classmethod
-    def calibrated(cls, baseline_p99_s: float, k1: float = 2.0, k2: float = 5.0) -> Thresholds:
+    def calibrated(
+        cls, baseline_p99_s: float, k1: float = CALM_MULTIPLES[0], k2: float = CALM_MULTIPLES[1]
+    ) -> Thresholds:
         """θ1 = k1·baseline, θ2 = k2·baseline, from a measured calm P99."""
         baseline = _finite("baseline_p99_s", baseline_p99_s)
         if baseline <= 0:
@@ -121,11 +134,11 @@ class SaturationDetector:
         self,
         thresholds: Thresholds,
         *,
-        window_s: float = 10.0,
-        min_samples: int = 20,
-        beta: float = 0.3,
-        hysteresis: float = 0.2,
-        dwell: int = 3,
+        window_s: float = WINDOW_S,
+        min_samples: int = MIN_SAMPLES,
+        beta: float = BETA,
+        hysteresis: float = HYSTERESIS,
+        dwell: int = DWELL,
         max_samples: int = DEFAULT_MAX_SAMPLES,
     ) -> None:
         if not isinstance(thresholds, Thresholds):

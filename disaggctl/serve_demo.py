@@ -35,6 +35,7 @@ from cluster.serve.users import Users
 from cluster.service import Service
 from cluster.sim.profile import load_profile
 from cluster.sim.scenario import calm_baseline_p99
+from controller.detector import CALM_MULTIPLES
 from disaggctl.jsonout import strict_dumps
 from disaggctl.load_client import Bidder, ClientResult, LoadPhase, by_phase, run_load
 from disaggctl.serve_cli import format_status, parse_status
@@ -56,10 +57,9 @@ DEMO_SPEEDUP = 0.5
 MAX_TOKENS = 64
 BIDDERS = (("gold", 3.0, 0.06), ("silver", 1.0, 0.06), ("bronze", 0.3, 0.06))  # bid, share
 BUDGET = 1000.0
-# Regime thresholds as multiples of the calm TTFT P99 (docs/design.md §4): the simulator's own
-# calm baseline for this profile, stretched to wall time; 5× marks the knee's onset, 15× a
-# queue that has clearly run away.
-BELOW_X, SATURATED_X = 5.0, 15.0
+# Regime thresholds as multiples of the calm TTFT P99 (docs/design.md §4), the detector's own:
+# the simulator's calm baseline for this profile, stretched to wall time.
+BELOW_X, SATURATED_X = CALM_MULTIPLES
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,7 @@ def run(
     (created and probed first, so an unwritable folder fails before the simulation)."""
     out = writable_dir(Path(out))
     profile = load_profile(PROFILE)
-    thresholds = Thresholds.calibrated(calm_baseline_p99(profile, TOPOLOGY, seed=seed), 5, 15)
+    thresholds = Thresholds.calibrated(calm_baseline_p99(profile, TOPOLOGY, seed=seed))
     total = sum(p.phase.duration for p in PHASES)
     bar = progress_bar(
         total=int(total), desc="1P/5D simulated s", unit="s", progress=progress, quiet=quiet

@@ -16,21 +16,26 @@ from cluster.models import StrictModel
 __all__ = ["AuctionSettingsModel", "UserAccount"]
 
 _B = SETTING_BOUNDS  # one table of bounds for the dataclass and this edge model
+_D = AuctionSettings()  # and one set of defaults: the dataclass's
 
 
 class AuctionSettingsModel(StrictModel):
     """The ``auction:`` section of the service's config (the YAML edge of ``AuctionSettings``)."""
 
-    batch_size: int = Field(default=32, ge=_B["batch_size"][0], le=_B["batch_size"][1])
+    batch_size: int = Field(_D.batch_size, ge=_B["batch_size"][0], le=_B["batch_size"][1])
     batch_window_ms: float = Field(
-        default=50.0, ge=_B["batch_window_ms"][0], le=_B["batch_window_ms"][1]
+        _D.batch_window_ms, ge=_B["batch_window_ms"][0], le=_B["batch_window_ms"][1]
     )
     queue_threshold: int = Field(
-        default=8, ge=_B["queue_threshold"][0], le=_B["queue_threshold"][1]
+        _D.queue_threshold, ge=_B["queue_threshold"][0], le=_B["queue_threshold"][1]
     )
-    max_in_prefill: int = Field(default=64, ge=_B["max_in_prefill"][0], le=_B["max_in_prefill"][1])
-    scheduler: Literal["dfs-bid", "dfs-uniform", "dfs-weight", "bid-sort", "no-sort"] = "dfs-bid"
-    max_queue: int = Field(default=10_000, ge=_B["max_queue"][0], le=_B["max_queue"][1])
+    max_in_prefill: int = Field(
+        _D.max_in_prefill, ge=_B["max_in_prefill"][0], le=_B["max_in_prefill"][1]
+    )
+    scheduler: Literal["dfs-bid", "dfs-uniform", "dfs-weight", "bid-sort", "no-sort"] = (
+        _D.scheduler  # type: ignore[assignment]  # the dataclass's str; the Literal checks it
+    )
+    max_queue: int = Field(_D.max_queue, ge=_B["max_queue"][0], le=_B["max_queue"][1])
 
     def to_settings(self) -> AuctionSettings:
         return AuctionSettings(**self.model_dump())

@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 
 from cluster.models import StrictModel
 from cluster.ray.controller_pools import ResplitSection
+from controller import detector
 from controller.detector import Thresholds
 from controller.policy import PolicyTable, RegimePolicy
 from router.cost import MAX_OMEGA
@@ -46,8 +47,8 @@ class Calibration(StrictModel):
     """θ1 = below_x · baseline, θ2 = saturated_x · baseline (docs/design.md §4)."""
 
     baseline_s: float = Field(gt=0.0)
-    below_x: float = Field(5.0, gt=0.0)
-    saturated_x: float = Field(15.0, gt=0.0)
+    below_x: float = Field(detector.CALM_MULTIPLES[0], gt=0.0)
+    saturated_x: float = Field(detector.CALM_MULTIPLES[1], gt=0.0)
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -58,14 +59,14 @@ class Calibration(StrictModel):
 
 class ControllerSettings(StrictModel):
     tick_s: float = Field(1.0, ge=0.1, le=60.0)
-    window_s: float = Field(10.0, gt=0.0, le=3600.0)
-    min_samples: int = Field(20, ge=1, le=100_000)
-    beta: float = Field(0.3, gt=0.0, le=1.0)
+    window_s: float = Field(detector.WINDOW_S, gt=0.0, le=3600.0)
+    min_samples: int = Field(detector.MIN_SAMPLES, ge=1, le=100_000)
+    beta: float = Field(detector.BETA, gt=0.0, le=1.0)
     theta1_s: float | None = Field(None, gt=0.0)
     theta2_s: float | None = Field(None, gt=0.0)
     calibrate: Calibration | None = None
-    hysteresis: float = Field(0.2, ge=0.0, lt=1.0)
-    dwell: int = Field(3, ge=1, le=1000)
+    hysteresis: float = Field(detector.HYSTERESIS, ge=0.0, lt=1.0)
+    dwell: int = Field(detector.DWELL, ge=1, le=1000)
     policy: PolicySettings = PolicySettings()
     call_timeout_s: float = Field(2.0, gt=0.0, le=60.0)  # each call to the router/auction/PoA
     resplit: ResplitSection = ResplitSection()

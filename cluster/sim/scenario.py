@@ -123,7 +123,7 @@ def run_scenario(
     if adaptive:
         if thresholds is None:
             baseline = calm_baseline_p99(profile, topology, seed=seed)
-            thresholds = Thresholds.calibrated(baseline, 5, 15)
+            thresholds = Thresholds.calibrated(baseline)
         slo = SloTargets(ttft_s=thresholds.theta1, itl_s=1.5 * profile.decode.d0_s)
         advisor = capacity_advisor(
             profile, cluster.topology, slo, lambda: loop_ref[0].arrival_rate()

@@ -118,7 +118,7 @@ def thresholds(case: str) -> Any:
 
     c = _case(case)
     baseline = calm_baseline_p99(load_profile(c.profile), c.topology, views=c.views)
-    return Thresholds.calibrated(baseline, 5, 15)
+    return Thresholds.calibrated(baseline)
 
 
 def run_arm(case: str, arm: str, seed: int, quick: bool, timeline: bool = False) -> dict[str, Any]:

@@ -100,7 +100,7 @@ def thresholds(view: str) -> tuple[float, float, float]:
     from controller.detector import Thresholds
 
     p99 = calm_baseline_p99(load_profile(PROFILE), TOPOLOGY, views=_views(view))
-    th = Thresholds.calibrated(p99, 5, 15)
+    th = Thresholds.calibrated(p99)
     return p99, th.theta1, th.theta2
 
 

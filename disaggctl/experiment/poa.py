@@ -7,7 +7,7 @@ arriving in the hold finishes and counts (TTFT and ITL belong to the hold's arri
 to its completions). Per point: poa_hat and its factors poa_routing and poa_capacity (the mean of
 the estimator's ticks over the hold), TTFT P99, ITL P99, throughput, and the regime the
 controller would call it, from the hold's TTFT P99 against its calibrated thresholds
-(``Thresholds.calibrated(calm_baseline_p99(profile, topology), 5, 15)``).
+(``Thresholds.calibrated(calm_baseline_p99(profile, topology))``: 5× and 15× the calm P99).
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ KEYS = (
     "cache_hit_rate",
     "completed",
 )
-THRESHOLD_MULTIPLES = (5.0, 15.0)
 
 
 def drain_s(concurrency: int) -> float:
@@ -94,7 +93,7 @@ def baseline(profile: str, topology: str) -> dict[str, float]:
     from controller.detector import Thresholds
 
     p99 = calm_baseline_p99(load_profile(profile), topology)
-    th = Thresholds.calibrated(p99, *THRESHOLD_MULTIPLES)
+    th = Thresholds.calibrated(p99)
     return {"baseline_p99_s": p99, "theta1_s": th.theta1, "theta2_s": th.theta2}
 
 

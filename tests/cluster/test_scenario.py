@@ -59,7 +59,7 @@ def profile():
 
 @pytest.fixture(scope="module")
 def thresholds(profile) -> Thresholds:
-    return Thresholds.calibrated(calm_baseline_p99(profile, TOPOLOGY, seconds=20.0), 5, 15)
+    return Thresholds.calibrated(calm_baseline_p99(profile, TOPOLOGY, seconds=20.0))
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +213,7 @@ def test_same_seed_same_run_other_seed_other_run(profile, thresholds) -> None:
 def test_adaptive_without_thresholds_calibrates_them_from_a_calm_run(profile) -> None:
     phases = (NamedPhase("calm", Phase(3.0, 8)),)
     result = run_scenario(profile, TOPOLOGY, phases, adaptive=True, seed=0)
-    expected = Thresholds.calibrated(calm_baseline_p99(profile, TOPOLOGY, seed=0), 5, 15)
+    expected = Thresholds.calibrated(calm_baseline_p99(profile, TOPOLOGY, seed=0))
     assert result.thresholds == expected
 
 

@@ -36,7 +36,7 @@ def test_ramp_is_detected_at_the_knee() -> None:
 
     cluster = SimCluster(profile, "1P/5D", seed=0)
     control = Controller(
-        SaturationDetector(Thresholds.calibrated(baseline, 5, 15)),
+        SaturationDetector(Thresholds.calibrated(baseline)),
         PolicyTable(),
         cluster.decode_router,
     )

@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from cluster.dataplane.settings import LEASE_TTL_S
+
 __all__ = [
     "ANONYMOUS_USERS",
     "LEASE_TTL_S",
@@ -36,9 +38,6 @@ __all__ = [
 ]
 
 ANONYMOUS_USERS = frozenset({"", "anonymous"})
-# A replica renews every third of this: a live replica keeps its share through two lost
-# renewals, and a dead one's slots return to the auction within three seconds.
-LEASE_TTL_S = 3.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from cluster.dataplane.exchange import (
     Refusal,
     Settlement,
 )
+from cluster.dataplane.settings import EXCHANGE_PERIOD_S
 
 __all__ = ["AuctionLink"]
 
@@ -55,7 +56,7 @@ class AuctionLink:
         auction: Any,
         replica: str,
         *,
-        period_s: float = 0.1,
+        period_s: float = EXCHANGE_PERIOD_S,
         give_up_s: float = 5.0,
         calls: collections.Counter[str] | None = None,
         lease_id: Callable[[], str | None] = lambda: None,

@@ -28,7 +28,13 @@ from pydantic import Field, model_validator
 
 from cluster.models import StrictModel
 
-__all__ = ["AdmissionSettings", "RoutingSettings"]
+__all__ = ["EXCHANGE_PERIOD_S", "LEASE_TTL_S", "AdmissionSettings", "RoutingSettings"]
+
+# The admission defaults (module docstring), stated once for the config and the code's defaults.
+# A replica renews every third of the lease: a live replica keeps its share through two lost
+# renewals, and a dead one's slots return to the auction within three seconds.
+LEASE_TTL_S = 3.0
+EXCHANGE_PERIOD_S = 0.1
 
 
 class RoutingSettings(StrictModel):
@@ -47,5 +53,5 @@ class RoutingSettings(StrictModel):
 
 
 class AdmissionSettings(StrictModel):
-    lease_ttl_s: float = Field(default=3.0, gt=0.0, le=600.0)
-    exchange_period_s: float = Field(default=0.1, gt=0.0, le=5.0)
+    lease_ttl_s: float = Field(default=LEASE_TTL_S, gt=0.0, le=600.0)
+    exchange_period_s: float = Field(default=EXCHANGE_PERIOD_S, gt=0.0, le=5.0)

@@ -36,6 +36,7 @@ from cluster.dataplane.admission import AdmissionGate
 from cluster.dataplane.auction_link import AuctionLink
 from cluster.dataplane.exchange import Refusal
 from cluster.dataplane.lease import LeaseKeeper
+from cluster.dataplane.settings import EXCHANGE_PERIOD_S
 from cluster.events import CompleteEvent, FirstTokenEvent
 from cluster.ray.actor_support import ActorBus
 from cluster.ray.metrics_export import merge_metrics_texts
@@ -71,7 +72,7 @@ class ActorRequestPath:
         bus: ActorBus | None = None,
         extra_metrics: tuple[Any, ...] = (),
         gate: AdmissionGate | None = None,
-        exchange_period_s: float = 0.1,
+        exchange_period_s: float = EXCHANGE_PERIOD_S,
     ) -> None:
         self.auction = auction
         self.backend = backend

@@ -11,7 +11,7 @@ from cluster.dataplane.admission import AdmissionGate
 from cluster.dataplane.lease import LeaseKeeper
 from cluster.dataplane.replica import ReplicaRouter
 from cluster.dataplane.routing import PoolRouting
-from cluster.dataplane.settings import RoutingSettings
+from cluster.dataplane.settings import EXCHANGE_PERIOD_S, RoutingSettings
 from cluster.ray.actor_support import ActorBus
 from cluster.serve.backend import Backend
 from cluster.serve.path import ActorRequestPath
@@ -33,7 +33,7 @@ async def make_actor_path(
     seed: int = 0,
     routing: dict[str, Any] | None = None,
     chunk_interval_s: float = 0.0,
-    exchange_period_s: float = 0.1,
+    exchange_period_s: float = EXCHANGE_PERIOD_S,
 ) -> ActorRequestPath:
     """The path an ingress replica builds at start (picklable through ``functools.partial``):
     ``handles``: "router", "auction", "poa", "controller" → a handle each; "prefill", "decode" →

@@ -50,6 +50,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 import numpy as np
 
 from bench.common import add_output_flags, at_least, emit, verdict
+from bench.dynamo_saturated import saturated_point
 from bench.openai_load import (
     MODEL,
     PROMPTS_PER_LEVEL,
@@ -283,6 +284,9 @@ NOTES = [
     "after); with one prefill worker the prefill pick is always the same. cost_gap_tau0: the "
     "mean of cost(Dynamo's pick) − our lowest cost in our router's cost (0: the disagreements "
     "cost nothing in our model).",
+    "saturated (full run only): 64 clients, two of Dynamo's frontends (half the clients each) "
+    "against two of our ingress replicas behind Serve's proxy, the controller calibrated on (b)'s "
+    "1-client TTFT P99; reported, no target.",
     "actor_calls: the unary Ray actor calls the ingress made, over the requests answered in the "
     "counted windows (the calls of warm-up requests included: an upper bound); our router's "
     "shadow decision runs in each ingress replica, not in an actor.",
@@ -302,16 +306,24 @@ def main(argv: list[str] | None = None) -> int:
 
     require_dynamo()
     model_path = str(default_model_dir())
-    prompts = make_prompts(PROMPTS_PER_LEVEL * len(args.levels), args.seed)
+    saturated = not args.reduced and 1 in args.levels  # its controller calibrates on 1 client
+    prompts = make_prompts(PROMPTS_PER_LEVEL * (len(args.levels) + saturated), args.seed)
     tokens = [ChatTokenizer.from_dir(Path(model_path)).encode_chat(m) for m in prompts[:64]]
     tmp = Path(tempfile.mkdtemp(prefix="bench-dynamo-"))
-    bar = progress_bar(total=2 * len(args.levels) + 1, progress=args.progress, quiet=args.quiet,
-                       desc="dynamo bench")  # fmt: skip
+    bar = progress_bar(total=2 * len(args.levels) + 1 + 2 * saturated, progress=args.progress,
+                       quiet=args.quiet, desc="dynamo bench")  # fmt: skip
     try:
         with contextlib.redirect_stdout(sys.stderr):  # Ray prints on stdout: only JSON goes there
             a = run_frontend(DynamoSettings.model_validate(MOCKER), model_path, tmp, prompts,
                              args, bar)  # fmt: skip
             b = run_ingress(tmp, prompts, args, bar)
+            calm = b["levels"].get(1, {}).get("ttft_p99_ms")
+            point = None
+            if saturated and calm is not None:
+                point = saturated_point(
+                    DynamoSettings.model_validate(MOCKER), model_path, tmp,
+                    prompts[len(args.levels) * PROMPTS_PER_LEVEL :], args, bar, calm / 1e3,
+                )  # fmt: skip
     finally:
         bar.close()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -338,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         "cost_gap_tau0": b["cost_gap"],
         "policy": b["policy"],
         "actor_calls": b["actor_calls"],
+        "saturated": point,
     }  # fmt: skip
     if 1 in args.levels:
         f1, i1 = a["levels"][1]["ttft_p50_ms"], b["levels"][1]["ttft_p50_ms"]

@@ -96,6 +96,18 @@ async def closed_loop(base_url: str, prompts: Sequence[Any], clients: int, secon
     return samples
 
 
+async def closed_loop_over(urls: Sequence[str], prompts: Sequence[Any], clients: int,
+                           seconds: float, max_tokens: int) -> list[list[Sample]]:  # fmt: skip
+    """:func:`closed_loop` with the ``clients`` split evenly over ``urls`` (client k on
+    ``urls[k % len(urls)]``, each its own share of the prompts): the samples per URL."""
+    n = len(urls)
+    loops = [
+        closed_loop(url, prompts[i::n], len(range(i, clients, n)), seconds, max_tokens)
+        for i, url in enumerate(urls)
+    ]
+    return list(await asyncio.gather(*loops))
+
+
 def _ms(values: Sequence[float], q: float) -> float | None:
     return round(1e3 * float(np.percentile(values, q)), 2) if values else None
 

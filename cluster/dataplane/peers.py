@@ -62,6 +62,10 @@ class PeerLoads:
                 acc[2] += view.active_requests
         return {w: LoadView(*acc) for w, acc in out.items()}
 
+    def routed_by_replica(self) -> dict[str, int]:
+        """Requests each reporting replica has routed (its last report's count)."""
+        return {replica: r.routed for replica, r in sorted(self._reports.items())}
+
     def counters(self) -> tuple[int, int, dict[Role, dict[int, int]]]:
         """(routed, retries, routed_to) summed over the replicas reporting."""
         routed = sum(r.routed for r in self._reports.values())

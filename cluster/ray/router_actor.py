@@ -234,6 +234,7 @@ class RouterActor:
             "routed_to": routed_to,
             "retries": self.pools.retries + retries,
             "replicas": list(self.replicas.replicas()),
+            "routed_by_replica": self.replicas.routed_by_replica(),
             "nats_connected": self.bus.connected if self.bus.bus is not None else None,
             "events_dropped": self.bus.dropped,
         }

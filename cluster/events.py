@@ -31,7 +31,9 @@ from games.join import CompletionRecord, RouteRecord
 from games.poa import CandidateLoad
 
 VERSION = 1
-KINDS = ("route", "complete", "regime", "auction", "first_token", "pools", "load")
+KINDS = (
+    "route", "complete", "regime", "auction", "first_token", "pools", "load", "engine_load",
+)  # fmt: skip
 
 MAX_ID_CHARS = 256  # request ids, users, publisher ids, auction order entries
 MAX_LABEL_CHARS = 64  # regime names, statuses
@@ -301,15 +303,31 @@ class LoadEvent(EventModel):
         return self
 
 
+class EngineLoadEvent(EventModel):
+    """One worker's load as its engine holds it (docs/design.md "Data flow"): the requests it
+    runs or queues and what they hold, valid for ``ttl_s`` after it arrives. The replicas' own
+    bookkeeping cannot see requests whose router is gone (a killed replica's keep running); this
+    snapshot can, and corrects their views."""
+
+    kind: ClassVar[str] = "engine_load"
+    worker_id: WorkerId
+    role: Literal["prefill", "decode"]
+    t: Seconds
+    ttl_s: Annotated[float, Field(gt=0.0, le=MAX_TTL_S)]
+    prefill_tokens: Count
+    decode_blocks: Count
+    requests: Count
+
+
 Event = (
     RouteEvent | CompleteEvent | RegimeEvent | AuctionEvent | FirstTokenEvent | PoolsEvent
-    | LoadEvent
+    | LoadEvent | EngineLoadEvent
 )
 MODELS: dict[str, type[EventModel]] = {
     m.kind: m
     for m in (
         RouteEvent, CompleteEvent, RegimeEvent, AuctionEvent, FirstTokenEvent, PoolsEvent,
-        LoadEvent,
+        LoadEvent, EngineLoadEvent,
     )
 }
 assert tuple(MODELS) == KINDS  # one model per subject, in the order subject() lists them

@@ -5,8 +5,8 @@ Every message carries ``v``, ``publisher`` (an id that is new each time a publis
 ``seq`` (1, 2, ... per publisher and subject), so a subscriber can count what it missed
 (``cluster.sequence``). The control plane's events (``regime``, ``auction``, ``pools``) go one per
 message, the event's fields beside those three. The data plane's (:data:`BATCHED`: ``route``,
-``first_token``, ``complete``, ``load``) go in batches: ``{"v", "publisher", "seq", "events":
-[...]}``, one message per publisher and subject every few tens of milliseconds
+``first_token``, ``complete``, ``load``, ``engine_load``) go in batches: ``{"v", "publisher",
+"seq", "events": [...]}``, one message per publisher and subject every few tens of milliseconds
 (``cluster.ray.actor_support.ActorBus``), validated once per message, at most
 :data:`MAX_BATCH_EVENTS` events and :data:`MAX_MESSAGE_BYTES` bytes, one ``seq`` per batch.
 
@@ -44,7 +44,7 @@ __all__ = [
 
 # The data plane's subjects, in the order one period's batches leave (a request's route before
 # its first token before its completion: the order its events were published in).
-BATCH_ORDER = ("route", "first_token", "complete", "load")
+BATCH_ORDER = ("route", "first_token", "complete", "load", "engine_load")
 BATCHED = frozenset(BATCH_ORDER)
 MAX_BATCH_EVENTS = 512  # a period's events from one publisher; a full one is sent at once
 

@@ -9,7 +9,8 @@ runs beside the requests, never in their way:
   replicas keep theirs;
 - **loads**: this replica's own in-flight requests exactly (its reservations), plus the other
   replicas' absolute per-worker reports (``load`` events, one every ``report_period_s`` from each
-  replica, each counted for ``report_ttl_s``; ``cluster.dataplane.peers``);
+  replica, each counted for ``report_ttl_s``; ``cluster.dataplane.peers``), corrected by the
+  engines' own snapshots (``engine_load`` events; ``cluster.dataplane.engine_loads``);
 - **policy and pools**: the controller's ``regime`` events (applied when their policy version
   is newer), the ``pools`` events of a re-split, and every ``view_sync_s`` the router actor's
   :class:`~cluster.dataplane.routing.RoutingView` (what catches a replica up after a lost
@@ -30,10 +31,19 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from cluster.dataplane.calls import FailureCount, ask
+from cluster.dataplane.engine_loads import EngineLoads, engine_snapshot
 from cluster.dataplane.peers import PeerLoads, PeerReport
 from cluster.dataplane.routing import ROLES, PoolRouting, Role, Route, RoutingView
 from cluster.dataplane.settings import RoutingSettings
-from cluster.events import Event, LoadEvent, PoolsEvent, RegimeEvent, RouteEvent, WorkerLoad
+from cluster.events import (
+    EngineLoadEvent,
+    Event,
+    LoadEvent,
+    PoolsEvent,
+    RegimeEvent,
+    RouteEvent,
+    WorkerLoad,
+)
 from cluster.kv_wire import kv_subject
 from cluster.ray.actor_support import ActorBus, cancel_all, subscribe_when_connected
 from router import LoadView
@@ -68,6 +78,7 @@ class ReplicaRouter:
         # Where the workers publish KV events: Dynamo's subjects, or (None) the service's.
         self.kv_subjects = dict(kv_subjects) if kv_subjects is not None else None
         self.peers = PeerLoads()
+        self.engines = EngineLoads()
         self.view_syncs = 0
         self._view_failures = FailureCount("routing view sync")
         self.reports = 0
@@ -147,6 +158,8 @@ class ReplicaRouter:
         if isinstance(event, LoadEvent):
             if event.replica != self.replica_id:
                 self.peers.update(peer_report(event, self.clock()))
+        elif isinstance(event, EngineLoadEvent):
+            self.engines.update(engine_snapshot(event, self.clock()))
         elif isinstance(event, RegimeEvent):
             for listener in self.regime_listeners:
                 listener(event.regime)
@@ -158,7 +171,8 @@ class ReplicaRouter:
             self.routing.set_workers(event.prefill_workers, event.decode_workers)
 
     async def _subscribe(self) -> None:
-        await subscribe_when_connected(self.bus, self.on_event, ("load", "regime", "pools"))
+        kinds = ("load", "engine_load", "regime", "pools")
+        await subscribe_when_connected(self.bus, self.on_event, kinds)
 
     async def _sync_loop(self) -> None:
         while True:
@@ -189,10 +203,16 @@ class ReplicaRouter:
         return True
 
     def refresh_loads(self) -> None:
-        """Drop expired peer reports; the peers' totals become each worker's measured load."""
-        self.peers.expire(self.clock())
+        """Drop expired reports and snapshots; the peers' totals, corrected by the engines'
+        snapshots, become each worker's load held elsewhere."""
+        now = self.clock()
+        self.peers.expire(now)
+        self.engines.expire(now)
         for role in ROLES:
-            self.routing.report_loads(role, self.peers.totals(role))
+            peers = self.peers.totals(role)
+            if len(self.engines):
+                peers = self.engines.corrected(role, peers, self.routing.own_loads(role))
+            self.routing.report_loads(role, peers)
 
     def load_event(self) -> LoadEvent:
         """This replica's own loads and counters, absolute (the ``load`` event)."""

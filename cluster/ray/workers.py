@@ -29,6 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
 
+from cluster.dataplane.engine_loads import EngineReporter
 from cluster.events import MAX_WORKER_ID
 from cluster.kv_wire import kv_subject
 from cluster.model_dir import ChatTokenizer, default_model_dir
@@ -123,6 +124,11 @@ class _WorkerActor:
         self._started = False
         self.kv_events = 0  # events the engine emitted
         self._max_blocks = MAX_PROMPT_TOKENS // self.profile.block_size
+        # The engine's own load for the replicas' views (cluster/dataplane/engine_loads.py).
+        self.load_reporter = EngineReporter(
+            self.worker_id, self.role, self._engine_load, self.bus.publish  # type: ignore[arg-type]
+        )
+        self._reporting: asyncio.Task[None] | None = None
 
     def _start(self) -> None:
         """First call from the actor's loop: start publishing, led by ``cleared``."""
@@ -130,6 +136,12 @@ class _WorkerActor:
             self._started = True
             self.bus.start()
             self._sink(Cleared(self.worker_id))
+            if self.bus.bus is not None:  # without NATS nobody would read the snapshots
+                self._reporting = asyncio.get_running_loop().create_task(self.load_reporter.run())
+
+    def _engine_load(self) -> tuple[int, int, int]:
+        load = self.engine.load()
+        return load.active_prefill_tokens, load.active_decode_blocks, load.waiting + load.running
 
     def _sink(self, event: KvEvent) -> None:
         self._pending.append(event)
@@ -192,6 +204,8 @@ class _WorkerActor:
         return owned_metrics_text(OWNERS["worker"])
 
     async def shutdown(self) -> None:
+        if self._reporting is not None:
+            self._reporting.cancel()
         await self.engine.close()
         self._flush_kv()  # what the last iteration emitted still goes out
         await self.bus.close()

@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from cluster.dataplane.engine_loads import EngineReporter
 from cluster.dataplane.peers import PeerLoads, PeerReport
 from cluster.dataplane.replica import ReplicaRouter, peer_report
 from cluster.dataplane.routing import PoolRouting, RoutingView
 from cluster.dataplane.settings import RoutingSettings
-from cluster.events import LoadEvent, PoolsEvent, RegimeEvent
+from cluster.events import EngineLoadEvent, LoadEvent, PoolsEvent, RegimeEvent
 from cluster.serve.replica_metrics import view_requests_text
 from cluster.wire import decode, encode
 from router import LoadView
@@ -232,3 +233,54 @@ def test_routing_settings_keep_a_report_alive_past_one_lost_message() -> None:
     assert RoutingSettings().report_period_s <= 0.1
     with pytest.raises(ValidationError, match="twice report_period_s"):
         RoutingSettings(report_period_s=0.5, report_ttl_s=0.6)
+
+
+def _engine(worker: int, role: str, requests: int, blocks: int = 0, tokens: int = 0,
+            ttl_s: float = 1.0) -> EngineLoadEvent:  # fmt: skip
+    return EngineLoadEvent(worker_id=worker, role=role, t=0.0, ttl_s=ttl_s,  # type: ignore[arg-type]
+                           prefill_tokens=tokens, decode_blocks=blocks, requests=requests)
+
+
+def test_the_engines_snapshots_keep_a_dead_replicas_requests_in_the_view() -> None:
+    clock = Clock()
+    a, b = _replica("a", clock), _replica("b", clock)
+    for k in range(3):
+        a.route(f"a{k}", [*PROMPT[:20], k], "u", exclude=[2])  # three on worker 1
+    b.on_event(a.load_event())
+    b.route("b0", PROMPT[:20], "u", exclude=[1])  # one of b's own on worker 2
+    clock.now += 2.0  # a died: its report expired, but its three still run on worker 1
+    b.refresh_loads()
+    assert b.view_requests()["decode"] == {1: 0, 2: 1}
+    # The engines say what they hold: worker 1 the three, worker 2 b's own one and nothing else.
+    b.on_event(_engine(1, "decode", requests=3, blocks=6))
+    b.on_event(_engine(2, "decode", requests=1, blocks=2))
+    b.refresh_loads()
+    assert b.view_requests()["decode"] == {1: 3, 2: 1}  # b's own is not counted twice
+    assert b.routing.routers["decode"].loads.view(1).active_decode_blocks == 6
+    # A snapshot never lowers what the reports say (it lags requests just routed) ...
+    b.on_event(a.load_event())
+    b.on_event(_engine(1, "decode", requests=0))
+    b.refresh_loads()
+    assert b.view_requests()["decode"][1] == 3
+    # ... a snapshot of another role is not this pool's, and snapshots expire like reports.
+    b.on_event(_engine(2, "prefill", requests=9))
+    clock.now += 2.0
+    b.on_event(_engine(1, "decode", requests=5, ttl_s=0.5))
+    b.refresh_loads()
+    assert b.view_requests()["decode"] == {1: 5, 2: 1}
+    clock.now += 0.5
+    b.refresh_loads()
+    assert b.view_requests()["decode"] == {1: 0, 2: 1}
+
+
+def test_an_engine_reports_on_change_or_as_a_heartbeat() -> None:
+    clock, sent = Clock(), []
+    load = [(0, 0, 0)]
+    reporter = EngineReporter(3, "decode", lambda: load[0], sent.append, ttl_s=0.9, clock=clock)
+    assert reporter.report() and not reporter.report()  # nothing changed since
+    load[0] = (16, 4, 1)
+    assert reporter.report()
+    assert (sent[-1].worker_id, sent[-1].role, sent[-1].requests) == (3, "decode", 1)
+    clock.now += 0.31  # past a third of the TTL: idle, but the views must keep it
+    assert reporter.report() and reporter.reports == len(sent) == 3
+    assert sent[-1].decode_blocks == 4 and sent[-1].ttl_s == 0.9

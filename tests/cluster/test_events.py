@@ -18,10 +18,13 @@ from cluster.events import (
     AuctionEvent,
     Candidate,
     CompleteEvent,
+    EngineLoadEvent,
     FirstTokenEvent,
+    LoadEvent,
     PoolsEvent,
     RegimeEvent,
     RouteEvent,
+    WorkerLoad,
     subject,
 )
 from cluster.wire import (
@@ -79,6 +82,14 @@ AUCTION = AuctionEvent(
 FIRST_TOKEN = FirstTokenEvent(request_id="r1", t=1.7, worker_id=3, prefill_worker_id=0, ttft_s=0.2)
 POOLS = PoolsEvent(
     t=9.0, prefill_workers=(0, 1), decode_workers=(2, 3), action="resplit_start", reason="capacity"
+)
+LOAD = LoadEvent(
+    replica="ingress-a", t=3.0, ttl_s=1.0, routed=5, retries=0,
+    prefill=(WorkerLoad(worker_id=0, prefill_tokens=320, decode_blocks=20, requests=1),),
+    decode=(WorkerLoad(worker_id=1, prefill_tokens=0, decode_blocks=20, requests=1, routed=5),),
+)  # fmt: skip
+ENGINE_LOAD = EngineLoadEvent(
+    worker_id=1, role="decode", t=3.0, ttl_s=1.0, prefill_tokens=16, decode_blocks=42, requests=3
 )
 
 
@@ -308,7 +319,6 @@ _json = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
     max_leaves=20,
 )
-_kinds = st.sampled_from(["route", "complete", "regime", "auction", "first_token", "pools"])
 _valid = {
     "route": ROUTE,
     "complete": COMPLETE,
@@ -316,7 +326,10 @@ _valid = {
     "auction": AUCTION,
     "first_token": FIRST_TOKEN,
     "pools": POOLS,
+    "load": LOAD,
+    "engine_load": ENGINE_LOAD,
 }
+_kinds = st.sampled_from(sorted(_valid))
 
 
 @given(kind=_kinds, data=st.binary(max_size=256))
@@ -380,3 +393,18 @@ def test_a_batch_round_trips_and_is_refused_whole() -> None:
     with pytest.raises(ValueError, match="one batched kind"):
         encode_batch([POOLS], "p", 1)  # the control plane's events go one per message
     assert "events" not in json.loads(encode(POOLS, "p", 1))
+
+
+def test_an_engine_snapshot_is_strict_and_travels_in_batches() -> None:
+    assert "engine_load" in BATCHED
+    batch = [ENGINE_LOAD, ENGINE_LOAD.model_copy(update={"worker_id": 2, "requests": 0})]
+    events, _, seq = decode_all("engine_load", encode_batch(batch, "w", 3))
+    assert list(events) == batch and seq == 3
+    for changes, field in (
+        ({"role": "middle"}, "role"),
+        ({"requests": -1}, "requests"),
+        ({"ttl_s": 0.0}, "ttl_s"),
+        ({"decode_blocks": float("inf")}, "decode_blocks"),
+    ):
+        with pytest.raises(ValidationError, match=field):
+            EngineLoadEvent.model_validate({**ENGINE_LOAD.model_dump(), **changes})

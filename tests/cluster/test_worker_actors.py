@@ -401,3 +401,28 @@ def test_kv_events_go_out_on_nats_in_dynamo_envelopes() -> None:
 
     with NatsServer() as server:
         asyncio.run(asyncio.wait_for(body(server.url), 30))
+
+
+def test_the_engines_load_snapshots_go_out_on_nats() -> None:
+    async def body(url: str) -> None:
+        listener = EventBus(url, "wk")
+        await listener.connect()
+        got: list[Any] = []
+        await listener.subscribe(got.append, kinds=("engine_load",))
+        worker = _decode(worker_id=4, nats_url=url, namespace="wk")
+        assert (await worker.ready())["nats_connected"] is True
+        _, local, seq = _prompt(64)
+        stream = worker.generate("e", 64, local, seq, 400, True)
+        await anext(stream)  # the sequence runs: the engine holds it
+        for _ in range(200):
+            if any(e.requests == 1 for e in got):
+                break
+            await asyncio.sleep(0.02)
+        held = next(e for e in got if e.requests == 1)
+        assert (held.worker_id, held.role) == (4, "decode") and held.decode_blocks >= 4
+        await stream.aclose()
+        await worker.shutdown()
+        await listener.close()
+
+    with NatsServer() as server:
+        asyncio.run(asyncio.wait_for(body(server.url), 30))

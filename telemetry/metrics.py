@@ -207,3 +207,8 @@ INGRESS_VIEW_REQUESTS = Gauge(
     ["replica", "role", "worker"],
     registry=REGISTRY,
 )
+
+# Families only the Dynamo backend exports (its replicas' shadow router): a simulated service's
+# /metrics has every other family of this registry.
+DYNAMO_ONLY = frozenset({"disagg_dynamo_router_agreement", "disagg_dynamo_router_cost_gap"})
+assert DYNAMO_ONLY <= {family.name for family in REGISTRY.collect()}

@@ -164,6 +164,7 @@ def test_every_request_gets_our_breakdown_and_agreement_is_counted(
     assert after["prefill"]["different"] == 0
     text = httpx.get(f"{service.url}/metrics", timeout=10).text
     assert 'disagg_dynamo_router_agreement_total{agree="same",role="prefill"}' in text
+    assert 'disagg_dynamo_router_cost_gap_count{role="prefill"}' in text
     # The workers' own Dynamo metrics, merged into the one /metrics: a series per instance.
     served = {
         int(line.split('worker_id="')[1].split('"')[0], 16)

@@ -77,7 +77,7 @@ class ShadowRouterActor(RouterActor):
         )  # fmt: skip
         if set(components) != set(ROLES):
             raise ValueError(f"components must map exactly {ROLES} to Dynamo component names")
-        self.kv_subjects = {
+        self.kv_subjects: dict[str, str] = {
             role: kv_subject(dynamo_namespace, components[role], dynamo_endpoint) for role in ROLES
         }
         self.slot_of: dict[int, tuple[str, int]] = {}  # instance id → (role, slot)
@@ -87,12 +87,8 @@ class ShadowRouterActor(RouterActor):
             for slot, instance in bound.items():
                 self._bind(role, int(slot), instance)
 
-    async def _start(self) -> None:
-        if not self._subscribed:
-            self._subscribed = True
-            for role in ROLES:
-                await self.bus.subscribe_kv(self.kv_subjects[role], self._kv_handler(role))
-            self.bus.start()
+    def kv_subject_of(self, role: str) -> str:
+        return self.kv_subjects[role]  # Dynamo's, per component
 
     # -- instances ---------------------------------------------------------------------------
 

@@ -91,15 +91,17 @@ class RouterActor:
         if not self._subscribed:
             self._subscribed = True
             for role in ROLES:
-                await self.bus.subscribe_kv(
-                    kv_subject(self._namespace, role), self._kv_handler(role)
-                )
+                await self.bus.subscribe_kv(self.kv_subject_of(role), self._kv_handler(role))
             self.bus.start()
             self._tasks.append(
                 asyncio.get_running_loop().create_task(
                     subscribe_when_connected(self.bus, self._on_event, ("load",))
                 )
             )
+
+    def kv_subject_of(self, role: str) -> str:
+        """Where ``role``'s workers publish their KV events."""
+        return kv_subject(self._namespace, role)
 
     def _on_event(self, event: Event) -> None:
         if isinstance(event, LoadEvent):

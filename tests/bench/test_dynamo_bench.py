@@ -111,6 +111,8 @@ def test_agreement_and_actor_calls_are_reported(run: tuple[dict[str, Any], int, 
     assert set(served) == {"prefill-0", "decode-1", "decode-2"}, served
     for name, value in served.items():
         _positive(value, f"served {name}")
+    # ... and our replicas' routing reached the router actor through their load reports.
+    _positive(sum(report["served"]["ingress_routed_to"]["decode"].values()), "ingress routed")
 
 
 def test_no_process_of_the_run_is_left(run: tuple[dict[str, Any], int, str]) -> None:

@@ -173,6 +173,12 @@ def test_every_request_gets_our_breakdown_and_agreement_is_counted(
         and 'dynamo_endpoint="generate"' in line
     }
     assert set(_stats(service)["dynamo"]["instances"].values()) <= served, served
+    # The replica's load reports reach the shadow router actor: the fleet's routing in its stats.
+    deadline = time.monotonic() + 10.0
+    while sum((stats := _stats(service))["routed_by_replica"].values()) < 12:
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.1)
+    assert sum(stats["routed_to"]["decode"].values()) >= 12, stats
 
 
 def test_a_ramp_switches_the_regime_and_the_next_requests_carry_the_override(

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from cluster.dataplane.peers import ReportGate
 from cluster.dataplane.routing import Role
 from cluster.dataplane.settings import RoutingSettings
 from cluster.events import EngineLoadEvent
@@ -109,21 +109,20 @@ class EngineReporter:
         self.worker_id, self.role = worker_id, role
         self.load, self.publish = load, publish
         self.period_s, self.ttl_s, self.clock = period_s, ttl_s, clock
-        self._last: tuple[int, int, int] | None = None
-        self._last_at = -math.inf
+        self._gate = ReportGate(ttl_s)
         self.reports = 0
 
     def report(self) -> bool:
         """Publish the snapshot if it changed or a heartbeat is due; True if published."""
         now, load = self.clock(), self.load()
-        if load == self._last and now - self._last_at < self.ttl_s / 3:
+        if not self._gate.due(load, now):
             return False
         prefill_tokens, decode_blocks, requests = load
         self.publish(EngineLoadEvent(
             worker_id=self.worker_id, role=self.role, t=time.time(), ttl_s=self.ttl_s,
             prefill_tokens=prefill_tokens, decode_blocks=decode_blocks, requests=requests,
         ))  # fmt: skip
-        self._last, self._last_at = load, now
+        self._gate.sent(load, now)
         self.reports += 1
         return True
 

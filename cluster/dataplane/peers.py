@@ -11,13 +11,31 @@ report costs nothing but staleness.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cluster.dataplane.routing import ROLES, Role
 from router import LoadView
 
-__all__ = ["PeerLoads", "PeerReport"]
+__all__ = ["PeerLoads", "PeerReport", "ReportGate"]
+
+
+class ReportGate:
+    """When a load report is worth sending (a replica's, an engine's): when what it says changed,
+    or as a heartbeat once a third of its ``ttl_s`` has passed, so an idle publisher stays in
+    the views through two lost messages without a message every period."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._last: object = None
+        self._at = -math.inf
+
+    def due(self, key: object, now: float) -> bool:
+        return key != self._last or now - self._at >= self.ttl_s / 3
+
+    def sent(self, key: object, now: float) -> None:
+        self._last, self._at = key, now
 
 
 @dataclass(frozen=True, slots=True)

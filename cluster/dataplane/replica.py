@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,7 +31,7 @@ from typing import Any
 
 from cluster.dataplane.calls import FailureCount, ask
 from cluster.dataplane.engine_loads import EngineLoads, engine_snapshot
-from cluster.dataplane.peers import PeerLoads, PeerReport
+from cluster.dataplane.peers import PeerLoads, PeerReport, ReportGate
 from cluster.dataplane.routing import ROLES, PoolRouting, Role, Route, RoutingView
 from cluster.dataplane.settings import RoutingSettings
 from cluster.events import (
@@ -85,8 +84,7 @@ class ReplicaRouter:
         self.last_cost: float | None = None  # the chosen worker's cost in the last decision
         # Called with each regime the controller announces (the admission gate listens).
         self.regime_listeners: list[Callable[[str], None]] = []
-        self._last_key: object = None
-        self._last_report = -math.inf
+        self._gate = ReportGate(self.settings.report_ttl_s)
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -195,10 +193,10 @@ class ReplicaRouter:
         event = self.load_event()
         now = self.clock()
         key = (event.prefill, event.decode, event.routed, event.retries)
-        if key == self._last_key and now - self._last_report < self.settings.report_ttl_s / 3:
+        if not self._gate.due(key, now):
             return False
         self.bus.publish(event)
-        self._last_key, self._last_report = key, now
+        self._gate.sent(key, now)
         self.reports += 1
         return True
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from cluster.dataplane.engine_loads import EngineReporter
+from cluster.dataplane.routing import Role
 from cluster.events import MAX_WORKER_ID
 from cluster.kv_wire import kv_subject
 from cluster.model_dir import ChatTokenizer, default_model_dir
@@ -106,7 +107,7 @@ def kv_messages(
 class _WorkerActor:
     """What both roles share: clock, profile, KV publishing, load, drain, shutdown."""
 
-    role: ClassVar[str]
+    role: ClassVar[Role]
     engine: PrefillEngine | DecodeEngine
 
     def __init__(
@@ -126,7 +127,7 @@ class _WorkerActor:
         self._max_blocks = MAX_PROMPT_TOKENS // self.profile.block_size
         # The engine's own load for the replicas' views (cluster/dataplane/engine_loads.py).
         self.load_reporter = EngineReporter(
-            self.worker_id, self.role, self._engine_load, self.bus.publish  # type: ignore[arg-type]
+            self.worker_id, self.role, self._engine_load, self.bus.publish
         )
         self._reporting: asyncio.Task[None] | None = None
 
@@ -212,7 +213,7 @@ class _WorkerActor:
 
 
 class PrefillWorkerActor(_WorkerActor):
-    role: ClassVar[str] = "prefill"
+    role: ClassVar[Role] = "prefill"
 
     def __init__(
         self, worker_id: int, profile: str, *, speedup: float, epoch_wall: float, seed: int,
@@ -237,7 +238,7 @@ class PrefillWorkerActor(_WorkerActor):
 
 
 class DecodeWorkerActor(_WorkerActor):
-    role: ClassVar[str] = "decode"
+    role: ClassVar[Role] = "decode"
 
     def __init__(
         self, worker_id: int, profile: str, *, speedup: float, epoch_wall: float, seed: int,

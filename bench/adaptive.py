@@ -44,7 +44,7 @@ if not __package__:  # run as a file: bench/ must not shadow the project's packa
 
 import numpy as np
 
-from bench.common import add_output_flags, at_least, at_most, emit, holds, verdict
+from bench.common import add_output_flags, at_least, at_most, emit, holds, ratio, verdict
 from cluster.progress import progress_bar
 from cluster.sim.loadgen import Phase
 from cluster.sim.profile import load_profile
@@ -170,10 +170,6 @@ def _hold(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return next(r for r in rows if r["phase"] == HOLD)
 
 
-def _ratio(num: float | None, den: float | None) -> float | None:
-    return round(num / den, 4) if num is not None and den else None
-
-
 def summarize_cases(cases: dict[str, Any]) -> dict[str, Any]:
     """Per case: the compared arm's saturated-hold figures over static's."""
     summary = {}
@@ -186,7 +182,7 @@ def summarize_cases(cases: dict[str, Any]) -> dict[str, Any]:
                 for key in RATIO_KEYS
             },
             "late_hold_over_static": {
-                "ttft_p99_s": _ratio(
+                "ttft_p99_s": ratio(
                     entry[entry["compare"]].get("late_hold_ttft_p99_s"),
                     entry["static"].get("late_hold_ttft_p99_s"),
                 )

@@ -54,6 +54,12 @@ def holds(condition: bool, what: str, **detail: Any) -> Target:
     return {"target": what, "measured": bool(condition), "met": bool(condition), **detail}
 
 
+def ratio(num: float | None, den: float | None) -> float | None:
+    """num / den to four places; None when either is missing or den is not positive (every
+    bench's figures are rates, latencies and costs: a ratio over zero says nothing)."""
+    return None if num is None or den is None or den <= 0 else round(num / den, 4)
+
+
 def verdict(targets: Mapping[str, Target]) -> dict[str, Any]:
     """``met`` is true only if there is at least one target and every one is met: a bench that
     judged nothing must not read as a pass."""

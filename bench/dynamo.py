@@ -49,7 +49,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import numpy as np
 
-from bench.common import add_output_flags, at_least, emit, verdict
+from bench.common import add_output_flags, at_least, emit, ratio, verdict
 from bench.dynamo_saturated import saturated_point
 from bench.openai_load import (
     MODEL,
@@ -239,10 +239,6 @@ def run_ingress(tmp: Path, prompts: Sequence[Any], args: argparse.Namespace,
 # -- the verdict and main ----------------------------------------------------------------------
 
 
-def _ratio(num: float | None, den: float | None) -> float | None:
-    return None if num is None or den is None or den <= 0 else round(num / den, 4)
-
-
 def judge(report: dict[str, Any]) -> dict[str, Any]:
     """Per level: ingress requests/s over frontend's >= 0.9 (a level without a ratio misses)."""
     return verdict({
@@ -330,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     points = []
     for c in args.levels:
         fa, ib = a["levels"][c], b["levels"][c]
-        ratios = {k.removesuffix("_ms"): _ratio(ib[k], fa[k]) for k in ("rps", "ttft_p50_ms",
+        ratios = {k.removesuffix("_ms"): ratio(ib[k], fa[k]) for k in ("rps", "ttft_p50_ms",
                                                                         "ttft_p99_ms")}  # fmt: skip
         points.append({"clients": c, "frontend": fa, "ingress": ib,
                        "ingress_over_frontend": ratios})  # fmt: skip

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.common import ratio
 from bench.openai_load import (
     READY_TIMEOUT_S,
     Sample,
@@ -135,16 +136,12 @@ def saturated_point(settings: Any, model_path: str, tmp: Path, prompts: Sequence
     a = run_frontends(settings, model_path, tmp, prompts, args, bar)
     b = run_replicas(tmp, prompts, args, bar, calm_ttft_p99_s)
     fa, ib = a["total"], b["total"]
-
-    def ratio(key: str) -> float | None:
-        num, den = ib[key], fa[key]
-        return None if num is None or den is None or den <= 0 else round(num / den, 4)
-
     return {
         "clients": CLIENTS,
         "frontends": a,
         "ingress_replicas": b,
         "ingress_over_frontends": {
-            k.removesuffix("_ms"): ratio(k) for k in ("rps", "ttft_p50_ms", "ttft_p99_ms")
+            k.removesuffix("_ms"): ratio(ib[k], fa[k])
+            for k in ("rps", "ttft_p50_ms", "ttft_p99_ms")
         },
     }

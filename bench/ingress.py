@@ -51,7 +51,7 @@ if not __package__:  # run as a file: bench/ must not shadow the project's packa
 
 import numpy as np
 
-from bench.common import add_output_flags, at_least, at_most, emit, verdict
+from bench.common import add_output_flags, at_least, at_most, emit, ratio, verdict
 
 TARGET_CLIENTS = 32
 P50_E2E_RATIO_MAX = 1.15  # full / bare, at TARGET_CLIENTS
@@ -241,20 +241,14 @@ def summarize(samples: Sequence[Sample], warmup: float, seconds: float) -> dict[
     }
 
 
-def _ratio(num: float | None, den: float | None) -> float | None:
-    if num is None or den is None or den <= 0:
-        return None
-    return round(num / den, 4)
-
-
 def compare(bare: dict[str, Any], full: dict[str, Any]) -> dict[str, Any]:
     """Added latency (full − bare, ms) and ratios full/bare of one point."""
     keys = ("ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "e2e_p99_ms")
     added = {
         k: None if bare[k] is None or full[k] is None else round(full[k] - bare[k], 2) for k in keys
     }
-    ratios = {k.removesuffix("_ms"): _ratio(full[k], bare[k]) for k in keys}
-    ratios["rps"] = _ratio(full["rps"], bare["rps"])
+    ratios = {k.removesuffix("_ms"): ratio(full[k], bare[k]) for k in keys}
+    ratios["rps"] = ratio(full["rps"], bare["rps"])
     return {"added_ms": added, "ratios": ratios}
 
 
@@ -394,27 +388,27 @@ def judge(report: dict[str, Any]) -> dict[str, Any]:
         point = points.get(clients)
         return (point["bare"], point["full"]) if point else ({}, {})
 
-    def rps_ratio(bare: dict[str, Any], full: dict[str, Any]) -> float | None:
+    def rpsratio(bare: dict[str, Any], full: dict[str, Any]) -> float | None:
         if full.get("rps") == 0:  # nothing answered: a zero throughput ratio, not a missing one
             return 0.0 if bare.get("rps") else None
-        return _ratio(full.get("rps"), bare.get("rps"))
+        return ratio(full.get("rps"), bare.get("rps"))
 
     bare, full = sides(TARGET_CLIENTS)
-    p50 = _ratio(full.get("e2e_p50_ms"), bare.get("e2e_p50_ms"))
+    p50 = ratio(full.get("e2e_p50_ms"), bare.get("e2e_p50_ms"))
     checks = {
         f"p50_e2e_full_over_bare_at_{TARGET_CLIENTS}": at_most(
             p50, P50_E2E_RATIO_MAX,
             full_ms=full.get("e2e_p50_ms"), bare_ms=bare.get("e2e_p50_ms"),
         ),
         f"throughput_full_over_bare_at_{TARGET_CLIENTS}": at_least(
-            rps_ratio(bare, full), THROUGHPUT_RATIO_MIN,
+            rpsratio(bare, full), THROUGHPUT_RATIO_MIN,
             full_rps=full.get("rps"), bare_rps=bare.get("rps"),
         ),
     }  # fmt: skip
     if HIGH_CLIENTS in points:
         bare, full = sides(HIGH_CLIENTS)
         checks[f"throughput_full_over_bare_at_{HIGH_CLIENTS}"] = at_least(
-            rps_ratio(bare, full), HIGH_THROUGHPUT_RATIO_MIN,
+            rpsratio(bare, full), HIGH_THROUGHPUT_RATIO_MIN,
             full_rps=full.get("rps"), bare_rps=bare.get("rps"),
         )  # fmt: skip
     return verdict(checks)

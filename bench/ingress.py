@@ -6,8 +6,9 @@ The same streamed requests go, in one Ray session, first through (a) then throug
     ``cluster.sim.engines.DecodeEngine`` of the profile and speed-up, and streams its tokens as
     SSE completion chunks: no auction, router, worker actor or NATS;
 (b) ``full``: ``cluster.service.Service`` (default topology 0P/1D, so the one decode engine
-    prefills locally as in (a)): OpenAI ingress → auction actor → router actor → decode worker
-    actor, events on an embedded NATS server.
+    prefills locally as in (a)): OpenAI ingress replica (admission under the auction's lease,
+    routing in-process) → decode worker actor through the replica's shared token stream to it,
+    events on an embedded NATS server.
 
 Requests are ``POST /v1/completions`` with ``stream: true``, a prompt of token ids (the
 calibration workload's shape: five shared system templates and a unique question, tokenized
@@ -19,8 +20,10 @@ counted window, errors; the full path's added latency (full − bare) and the ra
 
 Targets (docs/design.md "Data flow"): at 32 clients full-path p50 E2E ≤ 1.15× bare and requests/s
 ≥ 0.9× bare; at 256 clients (when measured) requests/s ≥ 0.7× bare. Per point the full path also
-reports the unary Ray actor calls its ingress made per request (``actor_calls_per_request``, read
-from the ingress's ``disagg_ingress_actor_calls_total``; the decode stream is not counted).
+reports the unary Ray actor calls its ingress made per request, read from the ingress's
+``disagg_ingress_actor_calls_total``: to the control plane (``actor_calls_per_request``: the
+auction's exchange) and to the engines (``engine_calls_per_request``: batches of orders for a
+decode worker's shared stream, prompts to prefill; the bare deployment's engine is in-process).
 ``met`` on top of the JSON says whether every target holds; the exit status is 1 when one does not.
 
     .venv/bin/python -m bench.ingress [--seconds 12] [--quick] [--progress] [--quiet]
@@ -301,19 +304,23 @@ def run_points(
         out[clients] = summarize(samples, args.warmup, args.seconds)
         after = actor_calls(base_url)
         if before is not None and after is not None and samples:
-            calls = {m: after.get(m, 0.0) - before.get(m, 0.0) for m in after}
-            out[clients]["actor_calls_per_request"] = round(sum(calls.values()) / len(samples), 3)
-            out[clients]["actor_calls_by_method"] = {
-                m: round(n / len(samples), 3) for m, n in sorted(calls.items()) if n
-            }
+            calls = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+            for plane in ("control", "engine"):
+                made = {m: n for (m, p), n in calls.items() if p == plane}
+                name = "actor_calls" if plane == "control" else "engine_calls"
+                out[clients][f"{name}_per_request"] = round(sum(made.values()) / len(samples), 3)
+                out[clients][f"{name}_by_method"] = {
+                    m: round(n / len(samples), 3) for m, n in sorted(made.items()) if n
+                }
         bar.update(1)
         time.sleep(1.0)  # let the last requests' bookkeeping settle
     return out
 
 
-def actor_calls(base_url: str) -> dict[str, float] | None:
-    """The ingress's ``disagg_ingress_actor_calls_total`` by method (None: not exported, e.g.
-    the bare deployment). Every request counted by the ingress, warm-up included."""
+def actor_calls(base_url: str) -> dict[tuple[str, str], float] | None:
+    """The ingress's ``disagg_ingress_actor_calls_total`` by (method, plane) (None: not
+    exported, e.g. the bare deployment). Every request counted by the ingress, warm-up
+    included."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -326,8 +333,8 @@ def actor_calls(base_url: str) -> dict[str, float] | None:
     try:
         for family in text_string_to_metric_families(resp.text):
             if family.name == "disagg_ingress_actor_calls":
-                return {s.labels["method"]: s.value for s in family.samples
-                        if s.name.endswith("_total")}  # fmt: skip
+                return {(s.labels["method"], s.labels["plane"]): s.value
+                        for s in family.samples if s.name.endswith("_total")}  # fmt: skip
     except ValueError:
         return None
     return {}  # the family has no sample yet: no call made

@@ -20,9 +20,10 @@ estimator, the controller, the auction, the event bus) updates the objects here,
   once every request of the batch has started),
   ``disagg_auction_revenue_total``, ``disagg_events_dropped_total{reason}``,
   ``disagg_capacity_advice_total``;
-- ``disagg_ingress_actor_calls_total{method}`` and ``disagg_ingress_view_requests{replica, role,
-  worker}``: what each ingress replica counts itself (its unary actor calls on requests' paths,
-  its load view), exported by the replica (``cluster/serve/replica_metrics.py``);
+- ``disagg_ingress_actor_calls_total{method, plane}`` and
+  ``disagg_ingress_view_requests{replica, role, worker}``: what each ingress replica counts
+  itself (its unary actor calls on requests' paths, to the control plane or the engines; its
+  load view), exported by the replica (``cluster/serve/replica_metrics.py``);
 - ``disagg_dynamo_router_agreement_total{role, agree}`` and ``disagg_dynamo_router_cost_gap{role}``
   (Dynamo backend): our router in shadow against Dynamo's picks;
 - ``disagg_pool_workers{role}`` (gauge), ``disagg_resplits_total`` and
@@ -197,8 +198,9 @@ DYNAMO_COST_GAP = Summary(
 )
 INGRESS_ACTOR_CALLS = Counter(
     "disagg_ingress_actor_calls",
-    "Unary Ray actor calls this ingress replica made for requests.",
-    ["method"],
+    "Unary Ray actor calls this ingress replica made for requests, by plane (control, engine) "
+    "and method",
+    ["method", "plane"],
     registry=REGISTRY,
 )
 INGRESS_VIEW_REQUESTS = Gauge(

@@ -24,7 +24,7 @@ import contextlib
 import math
 import time
 import zlib
-from collections.abc import AsyncGenerator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
@@ -43,6 +43,7 @@ from cluster.ray.actor_support import (
     check_request_id,
 )
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
+from cluster.ray.token_streams import DecodeOrder, Frame, StreamHost
 from cluster.sim.engines import DecodeEngine, PrefillEngine, Token
 from cluster.sim.profile import HardwareProfile, load_profile
 from cluster.sim.wallclock import Clock
@@ -254,6 +255,7 @@ class DecodeWorkerActor(_WorkerActor):
             self.worker_id, self.profile, clock=self.clock, seed=self.seed, kv_sink=self._sink,
             token_sampler=self._sample,
         )  # fmt: skip
+        self.streams = StreamHost(self._order_tokens, self._check_order, _token_id)
 
     def _sample(self, request_id: str, n: int) -> list[int]:
         # Seeded by the request id alone: a retry on another worker streams the same text.
@@ -266,12 +268,51 @@ class DecodeWorkerActor(_WorkerActor):
         hashes = check_hashes("seq_hashes", seq_hashes, self._max_blocks)
         return self.engine.uncached_tokens(hashes, prompt)
 
+    # -- the replicas' shared streams (cluster/ray/token_streams.py) ---------------------------
+
+    def _check_order(self, order: DecodeOrder) -> None:
+        self._check_prompt(order.request_id, order.prompt_tokens, list(order.local_hashes),
+                           list(order.seq_hashes))  # fmt: skip
+        check_int("output_tokens", order.output_tokens, 1, self.tokenizer.context_tokens)
+        if type(order.prefill_locally) is not bool:
+            raise ValueError(f"prefill_locally must be a bool, got {order.prefill_locally!r}")
+
+    def _order_tokens(self, order: DecodeOrder) -> AsyncIterator[Token]:
+        return self.engine.generate(
+            order.request_id, order.prompt_tokens, list(order.local_hashes),
+            list(order.seq_hashes), order.output_tokens, prefill_locally=order.prefill_locally,
+        )  # fmt: skip
+
+    async def submit(
+        self, stream_id: str, orders: list[DecodeOrder], withdrawn: list[str] | None = None
+    ) -> list[str | None]:
+        """Start ``orders`` for the stream ``stream_id`` and stop its ``withdrawn`` requests;
+        per order None, or why it was refused."""
+        self._start()
+        return self.streams.submit(stream_id, orders, withdrawn or ())
+
+    async def frames(self, stream_id: str, interval_s: float) -> AsyncGenerator[Frame, None]:
+        """The stream's frames (a Ray streaming generator), until its consumer leaves."""
+        self._start()
+        interval = _check_interval(interval_s, "interval_s")
+        async with contextlib.aclosing(self.streams.frames(stream_id, interval)) as frames:
+            async for frame in frames:
+                yield frame
+
+    async def shutdown(self) -> None:
+        self.streams.close()
+        await super().shutdown()
+
     async def generate(
         self, request_id: str, prompt_tokens: int, local_hashes: list[int],
         seq_hashes: list[int], output_tokens: int, prefill_locally: bool,
         chunk_interval_s: float = 0.0,
     ) -> AsyncGenerator[list[list[Any]], None]:  # fmt: skip
         """Decode ``output_tokens`` tokens; yields chunks ``[[index, token_id, t_virtual], ...]``.
+
+        One request's own stream, with the virtual time of each token: for a caller that holds
+        no shared stream (tools, tests). The service's replicas share one stream per worker
+        (``submit`` and ``frames`` above), which bounds the Ray objects a worker sends.
 
         A chunk holds the tokens produced since the previous one was taken. The first token
         leaves at once (the TTFT); after it, a chunk leaves at most every ``chunk_interval_s``
@@ -321,16 +362,21 @@ class DecodeWorkerActor(_WorkerActor):
 MAX_CHUNK_INTERVAL_S = 1.0
 
 
-def _check_interval(value: object) -> float:
+def _check_interval(value: object, name: str = "chunk_interval_s") -> float:
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
         or not 0.0 <= value <= MAX_CHUNK_INTERVAL_S
     ):
         raise ValueError(
-            f"chunk_interval_s must be a number in [0, {MAX_CHUNK_INTERVAL_S}], got {value!r}"
+            f"{name} must be a number in [0, {MAX_CHUNK_INTERVAL_S}], got {value!r}"
         )
     return float(value)
+
+
+def _token_id(token: object) -> int:
+    assert isinstance(token, Token)
+    return token.token_id
 
 
 def _row(token: Token) -> list[Any]:

@@ -7,20 +7,27 @@ from __future__ import annotations
 import collections
 from collections.abc import Mapping
 
-__all__ = ["ACTOR_CALLS", "VIEW_REQUESTS", "actor_calls_text", "routing_cost_text",
-           "view_requests_text"]  # fmt: skip
+__all__ = ["ACTOR_CALLS", "ENGINE_METHODS", "VIEW_REQUESTS", "actor_calls_text",
+           "routing_cost_text", "view_requests_text"]  # fmt: skip
 
 ACTOR_CALLS = "disagg_ingress_actor_calls_total"
+# Calls to the engines themselves (plane "engine"): a prompt to prefill, a batch of orders for a
+# decode worker's shared stream. Every other method (the auction's exchange) is the control
+# plane's, which the data plane keeps off a request's path (plane "control").
+ENGINE_METHODS = frozenset({"prefill", "submit"})
 VIEW_REQUESTS = "disagg_ingress_view_requests"
 
 
 def actor_calls_text(calls: collections.Counter[str]) -> str:
     """This replica's unary actor calls on requests' paths, by method."""
     lines = [
-        f"# HELP {ACTOR_CALLS} Unary Ray actor calls this ingress replica made for requests.",
+        f"# HELP {ACTOR_CALLS} Unary Ray actor calls this ingress replica made for requests, "
+        "by plane (control, engine) and method",
         f"# TYPE {ACTOR_CALLS} counter",
     ]
-    lines += [f'{ACTOR_CALLS}{{method="{m}"}} {n}' for m, n in sorted(calls.items())]
+    for method, n in sorted(calls.items()):
+        plane = "engine" if method in ENGINE_METHODS else "control"
+        lines.append(f'{ACTOR_CALLS}{{method="{method}",plane="{plane}"}} {n}')
     return "\n".join(lines) + "\n"
 
 

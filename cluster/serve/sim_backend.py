@@ -1,44 +1,29 @@
 """The simulated engines as a :class:`~cluster.serve.backend.Backend`: the replica's own router
 places a request (``cluster.dataplane.replica.ReplicaRouter``, in-process), the prefill worker
 actor computes the prompt, the KV transfer is slept in the engines' virtual time, and the decode
-worker actor streams the tokens through a Ray streaming generator (docs/design.md "Data flow").
+worker streams the tokens through the replica's shared stream to it
+(``cluster/serve/decode_streams.py``; docs/design.md "Data flow", "Tokens").
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Collection
-from typing import Any
+from collections.abc import AsyncIterator, Collection
 
-from ray.exceptions import ActorUnschedulableError, ObjectLostError, RayActorError, RayTaskError
+from ray.exceptions import RayTaskError
 
 from cluster.dataplane.replica import ReplicaRouter
 from cluster.dataplane.routing import Route
+from cluster.ray.token_streams import DecodeOrder
 from cluster.serve.backend import Excluded, Placement, WorkerFailed
+from cluster.serve.decode_streams import DecodeStreams
 from cluster.serve.path_types import PathRequest, TokenChunk
 from cluster.serve.replica_metrics import routing_cost_text, view_requests_text
-from cluster.serve.worker_handles import Workers
+from cluster.serve.worker_handles import RAY_FAILURES, Workers, not_taking_work
 from cluster.sim.profile import HardwareProfile
 
-__all__ = ["RAY_FAILURES", "SimBackend", "ray_cancel"]
-
-# A worker actor that died, is restarting, or cannot be placed. Anything else is our bug and
-# propagates as a 500 with its message.
-RAY_FAILURES: tuple[type[BaseException], ...] = (
-    RayActorError,
-    ObjectLostError,
-    ActorUnschedulableError,
-)
-# Errors a worker raises when it takes no new work: draining for a re-split (cluster/ray/pools.py:
-# the router stopped routing to it a moment ago) or shutting down. The request goes elsewhere.
-_NOT_TAKING_WORK = ("EngineDraining", "EngineClosed")
-
-
-def _not_taking_work(exc: RayTaskError) -> bool:
-    cause = getattr(exc, "cause", None)
-    return any(type(c).__name__ in _NOT_TAKING_WORK for c in (cause, exc))
+__all__ = ["SimBackend"]
 
 
 class SimBackend:
@@ -50,10 +35,18 @@ class SimBackend:
     ) -> None:  # fmt: skip
         self.router, self.workers, self.profile = router, workers, profile
         self.speedup = speedup
-        self.chunk_interval_s = chunk_interval_s  # the decode stream's coalescing (workers.py)
-        self.calls: collections.Counter[str] | None = None  # the lifecycle's (it sets it)
+        self._calls: collections.Counter[str] | None = None  # the lifecycle's (it sets it)
+        self.decode = DecodeStreams(workers, router.replica_id, interval_s=chunk_interval_s)
         self._link_bytes_per_s = profile.link.bandwidth_gbps * 1e9 / 8
         self._routes: dict[str, Route] = {}
+
+    @property
+    def calls(self) -> collections.Counter[str] | None:
+        return self._calls
+
+    @calls.setter
+    def calls(self, calls: collections.Counter[str] | None) -> None:
+        self._calls = self.decode.calls = calls
 
     async def start(self) -> None:
         return None
@@ -67,14 +60,14 @@ class SimBackend:
 
     async def stream(self, req: PathRequest, placement: Placement) -> AsyncIterator[TokenChunk]:
         route = self._routes[req.request_id]
-        decode = self._decode(req, route, route.decode_worker, route.prefill_worker is None)
-        try:
-            if route.prefill_worker is not None:
-                await self._prefill(req, route, route.prefill_worker)
-            async for chunk in decode:
-                yield chunk
-        finally:
-            await decode.aclose()
+        if route.prefill_worker is not None:
+            await self._prefill(req, route, route.prefill_worker)
+        order = DecodeOrder(
+            req.request_id, route.prompt_tokens, tuple(route.local_hashes),
+            tuple(route.seq_hashes), req.max_tokens, route.prefill_worker is None,
+        )  # fmt: skip
+        async for token_ids in self.decode.tokens(route.decode_worker, order):
+            yield TokenChunk(token_ids=list(token_ids))
 
     async def release(self, request_id: str) -> None:
         self._routes.pop(request_id, None)
@@ -86,6 +79,7 @@ class SimBackend:
         return text if cost is None else routing_cost_text(cost) + text
 
     async def aclose(self) -> None:
+        await self.decode.aclose()
         await self.router.aclose()
 
     # -- the workers -------------------------------------------------------------------------
@@ -105,7 +99,7 @@ class SimBackend:
             self.workers.forget("prefill", worker, handle)
             raise WorkerFailed("prefill", worker, type(exc).__name__) from None
         except RayTaskError as exc:
-            if not _not_taking_work(exc):
+            if not not_taking_work(exc):
                 raise
             raise WorkerFailed("prefill", worker, "takes no new work (draining)") from None
         self.router.finish_prefill(req.request_id)
@@ -114,45 +108,3 @@ class SimBackend:
             route.uncached_tokens * self.profile.kv_bytes_per_token / self._link_bytes_per_s
         )
         await asyncio.sleep(virtual_s / self.speedup)
-
-    async def _decode(
-        self, req: PathRequest, route: Route, worker: int, prefill_locally: bool
-    ) -> AsyncGenerator[TokenChunk, None]:
-        handle = await self.workers.get("decode", worker)
-        if handle is None:
-            raise WorkerFailed("decode", worker, "not in the pool")
-        refs = handle.generate.remote(
-            req.request_id, route.prompt_tokens, list(route.local_hashes),
-            list(route.seq_hashes), req.max_tokens, prefill_locally, self.chunk_interval_s,
-        )  # fmt: skip
-        try:
-            async for ref in refs:
-                try:
-                    chunk = await ref
-                except RAY_FAILURES as exc:
-                    self.workers.forget("decode", worker, handle)
-                    raise WorkerFailed("decode", worker, type(exc).__name__) from None
-                except RayTaskError as exc:
-                    if not _not_taking_work(exc):
-                        raise
-                    raise WorkerFailed("decode", worker, "takes no new work (draining)") from None
-                yield TokenChunk(token_ids=[int(token[1]) for token in chunk])
-        except RAY_FAILURES as exc:
-            self.workers.forget("decode", worker, handle)
-            raise WorkerFailed("decode", worker, type(exc).__name__) from None
-        finally:
-            # A consumer that stops (client gone) cancels the worker's generator, which
-            # withdraws the sequence from the engine.
-            ray_cancel(refs)
-
-
-def ray_cancel(refs: Any) -> None:
-    import ray
-
-    # Outside a Ray session there is nothing to cancel; calling ray.cancel there would start
-    # a local Ray of its own (Ray's API auto-initialises).
-    if not ray.is_initialized():
-        return
-    # Already finished, or the actor is gone: nothing is left to cancel.
-    with contextlib.suppress(Exception):
-        ray.cancel(refs)

@@ -9,11 +9,44 @@ the actor died so that the next request looks again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Workers", "named_worker_resolver"]
+from ray.exceptions import ActorUnschedulableError, ObjectLostError, RayActorError, RayTaskError
+
+__all__ = ["RAY_FAILURES", "Workers", "named_worker_resolver", "not_taking_work", "ray_cancel"]
+
+# A worker actor that died, is restarting, or cannot be placed. Anything else is our bug and
+# propagates as a 500 with its message.
+RAY_FAILURES: tuple[type[BaseException], ...] = (
+    RayActorError,
+    ObjectLostError,
+    ActorUnschedulableError,
+)
+# Errors a worker raises when it takes no new work: draining for a re-split (cluster/ray/pools.py:
+# the router stopped routing to it a moment ago) or shutting down. The request goes elsewhere.
+_NOT_TAKING_WORK = ("EngineDraining", "EngineClosed")
+
+
+def not_taking_work(exc: RayTaskError) -> bool:
+    """Whether a worker's error says it takes no new work (the request goes elsewhere)."""
+    cause = getattr(exc, "cause", None)
+    return any(type(c).__name__ in _NOT_TAKING_WORK for c in (cause, exc))
+
+
+def ray_cancel(refs: Any) -> None:
+    """Cancel a call (a streaming one: its generator) if Ray runs and it still runs."""
+    import ray
+
+    # Outside a Ray session there is nothing to cancel; calling ray.cancel there would start
+    # a local Ray of its own (Ray's API auto-initialises).
+    if not ray.is_initialized():
+        return
+    # Already finished, or the actor is gone: nothing is left to cancel.
+    with contextlib.suppress(Exception):
+        ray.cancel(refs)
 
 Resolver = Callable[[str, int], Any]
 

@@ -5,6 +5,7 @@ always close — the auction's hold captured only for an answered request."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -18,6 +19,7 @@ from cluster.dataplane.exchange import ExchangeIn, ExchangeOut, Refused, Settled
 from cluster.dataplane.replica import ReplicaRouter
 from cluster.dataplane.routing import PoolRouting, Route
 from cluster.events import CompleteEvent, FirstTokenEvent, RouteEvent
+from cluster.ray.token_streams import DecodeOrder, StreamHost
 from cluster.serve.errors import as_api_error
 from cluster.serve.path import ActorRequestPath, Workers
 from cluster.serve.path_types import (
@@ -29,6 +31,7 @@ from cluster.serve.path_types import (
     Routed,
     TokenChunk,
 )
+from cluster.serve.replica_metrics import ENGINE_METHODS
 from cluster.serve.replica_path import make_actor_path
 from cluster.serve.sim_backend import SimBackend
 from cluster.sim.profile import load_profile
@@ -137,29 +140,31 @@ class Control:
 
 
 class Decode:
-    """Streams ``n`` tokens one chunk each; ``die_after`` chunks, then the actor dies."""
+    """A decode worker's shared token streams over the real ``StreamHost``: every order streams
+    its ``output_tokens`` tokens (ids 100, 101, ...); with ``die_after``, the actor dies once
+    that many frames have left (each stream then fails where it stands)."""
 
     def __init__(self, die_after: int | None = None) -> None:
-        def generate(
-            rid: str,
-            prompt: int,
-            lh: list[int],
-            sh: list[int],
-            n: int,
-            local: bool,
-            interval: float = 0.0,
-        ):
-            return self._stream(n, die_after)
-
-        self.generate = Method(generate)
+        self.die_after = die_after
+        self.frames_sent = 0
+        self.host = StreamHost(self._tokens, lambda order: None, lambda token: int(token))  # type: ignore[call-overload]
+        self.submit = Method(self.host.submit)
+        self.frames = Method(self._frames)
         self.metrics_text = Method(lambda: ActorDiedError())  # a dead actor: left out
 
-    async def _stream(self, n: int, die_after: int | None) -> AsyncIterator[Any]:
-        for i in range(n):
-            if die_after is not None and i >= die_after:
-                yield _awaitable(ActorDiedError())
-                return
-            yield _awaitable([[i, 100 + i, 0.01 * i]])
+    async def _tokens(self, order: DecodeOrder) -> AsyncIterator[int]:
+        for i in range(order.output_tokens):
+            await asyncio.sleep(0)
+            yield 100 + i
+
+    async def _frames(self, stream_id: str, interval_s: float) -> AsyncIterator[Any]:
+        async with contextlib.aclosing(self.host.frames(stream_id, interval_s)) as frames:
+            async for frame in frames:
+                if self.die_after is not None and self.frames_sent >= self.die_after:
+                    yield _awaitable(ActorDiedError())
+                    return
+                self.frames_sent += 1
+                yield _awaitable(frame)
 
 
 class Prefill:
@@ -259,7 +264,8 @@ def test_below_saturation_a_leased_replica_admits_with_no_actor_call() -> None:
     assert events[0] == Admitted(position=0, payment=0.0, batch_id=None, mode="fcfs")
     assert events[-1] == Finished(payment_charged=0.0)
     assert auction.messages == []
-    assert sum(path.calls.values()) == 0
+    # No control-plane call; the engine got the order in one submit to its shared stream.
+    assert path.calls == {"submit": 1} and path.calls.keys() <= ENGINE_METHODS
     assert gate.in_flight == gate.in_prefill == 0 and gate.admitted == 1
 
 
@@ -416,7 +422,7 @@ def test_make_actor_path_builds_from_handles_without_nats() -> None:
 def test_cancelling_outside_a_ray_session_does_not_start_one() -> None:
     import ray
 
-    from cluster.serve.sim_backend import ray_cancel
+    from cluster.serve.worker_handles import ray_cancel
 
     assert not ray.is_initialized()
     ray_cancel(object())

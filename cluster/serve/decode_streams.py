@@ -1,0 +1,201 @@
+"""An ingress replica's token streams, one per decode worker (docs/design.md "Tokens"; the worker
+side and the frame rule: ``cluster/ray/token_streams.py``).
+
+A request joins the stream of its decode worker: its order waits for the link's next ``submit``
+(one call in flight per link; orders that arrive meanwhile ride the next one, so a lone request
+waits for nothing and a burst shares a call), and its tokens come back in the link's frames,
+sorted into one queue per request by a reader task. The link is opened on first use and
+dropped when its stream fails; every request it carried then fails with ``WorkerFailed`` (before
+the first token the lifecycle places it again; after it, the stream ends with an error). A
+request whose consumer leaves early is withdrawn in the link's next ``submit``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ray.exceptions import RayTaskError
+
+from cluster.ray.token_streams import MAX_ORDERS_PER_SUBMIT, DecodeOrder, Frame, StreamPart
+from cluster.serve.backend import WorkerFailed
+from cluster.serve.worker_handles import RAY_FAILURES, Workers, ray_cancel
+
+__all__ = ["DecodeStreams"]
+
+log = logging.getLogger(__name__)
+
+_Item = StreamPart | BaseException
+# A submit that failed: the worker died (RAY_FAILURES) or raised (a bad batch: our bug).
+_SUBMIT_FAILED: tuple[type[BaseException], ...] = (*RAY_FAILURES, RayTaskError)
+
+
+class _Link:
+    """One stream to one decode worker: the frames it reads, the orders it sends."""
+
+    def __init__(
+        self, owner: DecodeStreams, worker: int, handle: Any, interval_s: float
+    ) -> None:  # fmt: skip
+        self.owner, self.worker, self.handle = owner, worker, handle
+        self.stream_id = f"{owner.replica}.{uuid.uuid4().hex[:12]}"
+        self.queues: dict[str, asyncio.Queue[_Item]] = {}
+        self.orders: list[DecodeOrder] = []
+        self.withdrawn: list[str] = []
+        self.sending = False
+        self.failed: WorkerFailed | None = None
+        # Opened before the first submit: Ray starts one caller's tasks on an actor in order.
+        self.frames = handle.frames.remote(self.stream_id, interval_s)
+        self.reader = asyncio.get_running_loop().create_task(self._read())
+
+    def join(self, order: DecodeOrder) -> asyncio.Queue[_Item]:
+        queue: asyncio.Queue[_Item] = asyncio.Queue()
+        if self.failed is not None:  # dropped already: the caller places the request again
+            queue.put_nowait(self.failed)
+            return queue
+        self.queues[order.request_id] = queue
+        self.orders.append(order)
+        self._kick()
+        return queue
+
+    def leave(self, request_id: str, ended: bool) -> None:
+        if self.queues.pop(request_id, None) is not None and not ended and self.failed is None:
+            self.withdrawn.append(request_id)
+            self._kick()
+
+    def _kick(self) -> None:
+        if not self.sending and self.failed is None:
+            self.sending = True
+            self.owner.spawn(self._send())
+
+    async def _send(self) -> None:
+        try:
+            while (self.orders or self.withdrawn) and self.failed is None:
+                room = MAX_ORDERS_PER_SUBMIT
+                orders, self.orders = self.orders[:room], self.orders[room:]
+                room -= len(orders)
+                withdrawn, self.withdrawn = self.withdrawn[:room], self.withdrawn[room:]
+                self.owner.count("submit")
+                try:
+                    refused = await self.handle.submit.remote(self.stream_id, orders, withdrawn)
+                except _SUBMIT_FAILED as exc:
+                    self.fail(type(exc).__name__, forget=not isinstance(exc, RayTaskError))
+                    return
+                for order, why in zip(orders, refused, strict=True):
+                    queue = self.queues.get(order.request_id)
+                    if why is not None and queue is not None:
+                        queue.put_nowait(ValueError(f"decode worker {self.worker}: {why}"))
+        finally:
+            self.sending = False
+
+    async def _read(self) -> None:
+        seq = 0
+        why = "its token stream ended"
+        try:
+            async for ref in self.frames:
+                frame: Frame = await ref
+                if frame.seq != seq + 1:  # Ray delivers a stream's items in order, or fails it
+                    raise RuntimeError(f"frame {frame.seq} after {seq}")
+                seq = frame.seq
+                for part in frame.parts:
+                    queue = self.queues.get(part.request_id)
+                    if queue is not None:
+                        queue.put_nowait(part)
+        except RAY_FAILURES as exc:
+            self.fail(type(exc).__name__, forget=True)
+            return
+        except RayTaskError as exc:
+            why = f"its token stream failed: {exc.cause!r}"
+        except asyncio.CancelledError:
+            why = "the replica closed its token streams"
+            raise
+        finally:
+            self.fail(why, forget=False)
+
+    def fail(self, why: str, *, forget: bool) -> None:
+        if self.failed is not None:
+            return
+        self.failed = WorkerFailed("decode", self.worker, why)
+        self.owner.dropped(self, forget=forget)
+        for queue in self.queues.values():
+            queue.put_nowait(self.failed)
+        ray_cancel(self.frames)
+
+
+class DecodeStreams:
+    """This replica's links to the decode workers, opened on demand."""
+
+    def __init__(
+        self, workers: Workers, replica: str, *, interval_s: float,
+        calls: collections.Counter[str] | None = None,
+    ) -> None:  # fmt: skip
+        self.workers, self.replica, self.interval_s = workers, replica, interval_s
+        self.calls = calls
+        self._links: dict[int, _Link] = {}
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def tokens(self, worker: int, order: DecodeOrder) -> AsyncIterator[tuple[int, ...]]:
+        """The order's token ids as they come, run on decode worker ``worker``. Raises
+        ``WorkerFailed`` (the worker failed or takes no new work) or ``ValueError`` (it refused
+        the order)."""
+        link = await self._link(worker)
+        queue = link.join(order)
+        ended = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    ended = True
+                    raise item
+                if item.token_ids:
+                    yield item.token_ids
+                if item.end is not None:
+                    ended = True
+                    if item.end == "done":
+                        return
+                    if item.end == "invalid":
+                        raise ValueError(f"decode worker {worker}: {item.message}")
+                    raise WorkerFailed("decode", worker, f"takes no new work ({item.end})")
+        finally:
+            link.leave(order.request_id, ended)
+
+    async def _link(self, worker: int) -> _Link:
+        link = self._links.get(worker)
+        if link is None:
+            handle = await self.workers.get("decode", worker)
+            if handle is None:
+                raise WorkerFailed("decode", worker, "not in the pool")
+            link = self._links.get(worker)  # another request may have opened it meanwhile
+            if link is None:
+                link = self._links[worker] = _Link(self, worker, handle, self.interval_s)
+        return link
+
+    def dropped(self, link: _Link, *, forget: bool) -> None:
+        if self._links.get(link.worker) is link:
+            del self._links[link.worker]
+        if forget:  # the actor died: look it up again next time
+            self.workers.forget("decode", link.worker, link.handle)
+
+    def count(self, method: str) -> None:
+        if self.calls is not None:
+            self.calls[method] += 1
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def aclose(self) -> None:
+        for link in list(self._links.values()):
+            link.reader.cancel()
+        tasks = [link.reader for link in self._links.values()] + list(self._background)
+        for task in self._background:
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._links.clear()
+

@@ -48,7 +48,8 @@ class _Link:
         self.withdrawn: list[str] = []
         self.sending = False
         self.failed: WorkerFailed | None = None
-        # Opened before the first submit: Ray starts one caller's tasks on an actor in order.
+        # Whichever of this call and the first submit reaches the worker first opens the
+        # stream's outbox there; the other finds it.
         self.frames = handle.frames.remote(self.stream_id, interval_s)
         self.reader = asyncio.get_running_loop().create_task(self._read())
 

@@ -3,7 +3,8 @@
 
     place: choose (Dynamo's KvRouters, with the override of the policy this replica syncs) →
            follow (our router in shadow, in-process: our breakdown, the route event)
-    stream: prefill on Dynamo's prefill worker → decode stream from Dynamo's decode worker
+    stream: prefill on Dynamo's prefill worker → decode stream from Dynamo's decode worker,
+            its tokens gathered into chunks (``stream_chunk_s``)
 
 The request's lifecycle (admission, the one retry, events, money) is
 ``cluster/serve/path.py``'s, as for the simulated engines. A Dynamo worker that fails raises
@@ -12,9 +13,11 @@ The request's lifecycle (admission, the one retry, events, money) is
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from cluster.coalesce import coalesced
 from cluster.dataplane.routing import ROLES, PoolRouting
 from cluster.dynamo.routing import DynamoRoutes
 from cluster.dynamo.settings import DynamoSettings
@@ -34,8 +37,13 @@ __all__ = ["DynamoBackend", "make_dynamo_path"]
 class DynamoBackend:
     """Dynamo's routers and workers, followed by our router in shadow (``view``)."""
 
-    def __init__(self, *, dynamo: DynamoRoutes, view: ShadowView) -> None:
+    def __init__(
+        self, *, dynamo: DynamoRoutes, view: ShadowView, chunk_interval_s: float = 0.0
+    ) -> None:
         self.dynamo = dynamo
+        # Dynamo's workers answer one token per message; the replica gathers them (the same
+        # stream_chunk_s as the simulated workers' frames; cluster/coalesce.py says why).
+        self.chunk_interval_s = chunk_interval_s
         self.view = view  # the policy and our router in shadow (synced, never asked per request)
         self.overrides: dict[str, Any] = {}  # the last override sent, for tests and stats
         self._placed: dict[str, tuple[list[int], int, int, Mapping[str, float]]] = {}
@@ -62,8 +70,9 @@ class DynamoBackend:
         params = await self.dynamo.prefill(tokens, prefill_id, override, rid)
         self.view.finish_prefill(rid)
         decode = self.dynamo.decode(tokens, decode_id, params, req.max_tokens, override, rid)
-        async for ids in decode:
-            yield TokenChunk(token_ids=ids)
+        async with contextlib.aclosing(coalesced(decode, self.chunk_interval_s)) as chunks:
+            async for ids in chunks:
+                yield TokenChunk(token_ids=ids)
 
     async def release(self, request_id: str) -> None:
         """No reservation of the request stays in Dynamo's load view or in ours. Local calls;
@@ -94,6 +103,7 @@ async def make_dynamo_path(
     discovery_dir: str,
     model_name: str,
     exchange_period_s: float = 0.1,
+    chunk_interval_s: float = 0.0,
 ) -> ActorRequestPath:
     """The path an ingress replica builds at start (picklable through ``functools.partial``);
     ``handles`` as :func:`cluster.serve.replica_path.make_actor_path` takes them, "router" being the
@@ -116,6 +126,7 @@ async def make_dynamo_path(
                           model_name=model_name)  # fmt: skip
     return await compose_path(
         handles=handles, namespace=namespace, bus=bus, view=view,
-        backend=lambda _: DynamoBackend(dynamo=dynamo, view=view),
+        backend=lambda _: DynamoBackend(dynamo=dynamo, view=view,
+                                        chunk_interval_s=chunk_interval_s),
         exchange_period_s=exchange_period_s,
     )  # fmt: skip

@@ -102,6 +102,7 @@ class DynamoService(Service):
             nats_url=self.nats_url, namespace=cfg.namespace,
             settings=cfg.dynamo.model_dump(), discovery_dir=self.discovery_dir,
             model_name=cfg.dynamo.model_name, exchange_period_s=cfg.admission.exchange_period_s,
+            chunk_interval_s=cfg.stream_chunk_s,
         )  # fmt: skip
 
     def stop(self) -> None:

@@ -29,6 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
 
+from cluster.coalesce import coalesced
 from cluster.dataplane.engine_loads import EngineReporter
 from cluster.dataplane.routing import Role
 from cluster.events import MAX_WORKER_ID
@@ -328,35 +329,9 @@ class DecodeWorkerActor(_WorkerActor):
             raise ValueError(f"prefill_locally must be a bool, got {prefill_locally!r}")
         interval = _check_interval(chunk_interval_s)
         tokens = self.engine.generate(*args, n, prefill_locally=prefill_locally)
-        ready: list[list[Any]] = []
-        more = asyncio.Event()
-
-        async def pump() -> None:
-            async with contextlib.aclosing(tokens):
-                async for token in tokens:
-                    ready.append(_row(token))
-                    more.set()
-
-        task = asyncio.get_running_loop().create_task(pump(), name=f"decode-{request_id}")
-        try:
-            while True:
-                waiter = asyncio.ensure_future(more.wait())
-                await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
-                if ready:
-                    chunk = ready[:]
-                    ready.clear()
-                    more.clear()
-                    yield chunk
-                    if interval > 0:  # gather what decodes meanwhile; the end cuts it short
-                        await asyncio.wait({task}, timeout=interval)
-                elif task.done():
-                    task.result()  # the engine's error (EngineClosed, ValueError), if any
-                    return
-        finally:
-            if not task.done():  # the consumer left: the engine drops the sequence
-                task.cancel()
-            await asyncio.wait({task})
+        async with contextlib.aclosing(coalesced(_rows(tokens), interval)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
 
 MAX_CHUNK_INTERVAL_S = 1.0
@@ -372,6 +347,12 @@ def _check_interval(value: object, name: str = "chunk_interval_s") -> float:
             f"{name} must be a number in [0, {MAX_CHUNK_INTERVAL_S}], got {value!r}"
         )
     return float(value)
+
+
+async def _rows(tokens: AsyncIterator[Token]) -> AsyncGenerator[list[list[Any]], None]:
+    async with contextlib.aclosing(tokens):  # type: ignore[type-var]
+        async for token in tokens:
+            yield [_row(token)]
 
 
 def _token_id(token: object) -> int:

@@ -89,13 +89,12 @@ def test_first_tokens_and_ends_leave_at_once_the_rest_every_interval() -> None:
         interval = 0.05
         arrivals: list[tuple[float, Frame]] = []
         async with contextlib.aclosing(worker.frames("r0.b", interval)) as frames:
-            t0 = time.monotonic()
             await worker.submit("r0.b", [_order("long", 30)])
             parts = await _until_ended(frames, {"long"}, arrivals)
         ids = [t for p in parts["long"] for t in p.token_ids]
         assert len(ids) == 30  # nothing lost
         # The first token did not wait for the interval...
-        assert arrivals[0][0] - t0 < interval and len(arrivals[0][1].parts[0].token_ids) == 1
+        assert len(arrivals[0][1].parts[0].token_ids) == 1  # alone, not ~6 of an interval
         # ...and between the first frame and the end the others were gathered per interval:
         # 29 tokens of ~8.5 ms in far fewer frames, each at least an interval after the last.
         middle = [t for t, _ in arrivals[:-1]]

@@ -68,6 +68,17 @@ for _reason in sorted(DROP_REASONS):
 _SEND_ERRORS = (nats.errors.Error, OSError, asyncio.TimeoutError)
 
 
+def redact_url(url: str) -> str:
+    """``url`` fit for a log or an error: the user and password (a token) replaced by ``***``.
+    NATS URLs may carry credentials (``nats://user:token@host:4222``); a message that names the
+    server must not hand them to whoever reads the logs."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    userinfo, at, host = rest.rpartition("@")
+    return f"{scheme}://***@{host}" if at and userinfo else url
+
+
 class BusError(RuntimeError):
     """A programming error (publishing before connect() or after close()), never an outage."""
 
@@ -127,24 +138,32 @@ class EventBus:
 
         # The client reconnects forever once connected; the first connection we retry here, so
         # a bus started before its server (or during an outage) waits instead of failing.
-        deadline = asyncio.get_running_loop().time() + self._first_connect_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._first_connect_s
         while True:
             try:
-                self._nc = await nats.connect(
-                    servers=[self.url],
-                    name=self.publisher,
-                    allow_reconnect=True,
-                    max_reconnect_attempts=-1,
-                    reconnect_time_wait=self._reconnect_wait,
-                    connect_timeout=self._connect_timeout,
-                    disconnected_cb=disconnected,
-                    reconnected_cb=reconnected,
-                    error_cb=error,
+                # With unlimited reconnects nats-py retries a first connection forever as well:
+                # the deadline is ours to keep.
+                self._nc = await asyncio.wait_for(
+                    nats.connect(
+                        servers=[self.url],
+                        name=self.publisher,
+                        allow_reconnect=True,
+                        max_reconnect_attempts=-1,
+                        reconnect_time_wait=self._reconnect_wait,
+                        connect_timeout=self._connect_timeout,
+                        disconnected_cb=disconnected,
+                        reconnected_cb=reconnected,
+                        error_cb=error,
+                    ),
+                    timeout=max(deadline - loop.time(), self._connect_timeout),
                 )
                 return
             except (OSError, nats.errors.Error, TimeoutError) as exc:
-                if asyncio.get_running_loop().time() > deadline:
-                    raise BusError(f"cannot reach NATS at {self.url}: {exc}") from exc
+                if loop.time() >= deadline:
+                    raise BusError(
+                        f"cannot reach NATS at {redact_url(self.url)}: {exc}"
+                    ) from exc
                 await asyncio.sleep(self._reconnect_wait)
 
     @property

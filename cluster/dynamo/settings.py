@@ -23,6 +23,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from cluster.bus import redact_url
 from cluster.models import StrictModel
 
 __all__ = [
@@ -169,7 +170,7 @@ def dynamo_env(
     """The variables a Dynamo process needs besides the inherited environment: file discovery
     (no etcd), NATS for events, TCP requests, offline Hugging Face, everything on loopback."""
     if not nats_url.startswith(("nats://", "tls://")):
-        raise ValueError(f"nats_url must be a nats:// URL, got {nats_url!r}")
+        raise ValueError(f"nats_url must be a nats:// URL, got {redact_url(nats_url)!r}")
     env = {
         "DYN_NAMESPACE": settings.namespace,
         "DYN_DISCOVERY_BACKEND": "file",

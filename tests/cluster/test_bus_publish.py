@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cluster.bus import EventBus
+from cluster.bus import BusError, EventBus, redact_url
 from cluster.events import AuctionEvent
 from cluster.outbox import Outbox, Outgoing
 from cluster.wire import decode
@@ -146,3 +146,25 @@ def test_what_is_still_buffered_at_close_is_counted() -> None:
 
 async def _noop() -> None:
     pass
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("nats://alice:s3cret@nats.internal:4222", "nats://***@nats.internal:4222"),
+        ("tls://tok3n@10.0.0.1:4222", "tls://***@10.0.0.1:4222"),
+        ("nats://127.0.0.1:4222", "nats://127.0.0.1:4222"),
+        ("not a url", "not a url"),
+    ],
+)
+def test_urls_in_messages_never_carry_credentials(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+def test_a_bus_that_cannot_connect_names_the_server_without_its_token() -> None:
+    # Port 9 (discard) on loopback: nothing listens; the first connection gives up at once.
+    bus = EventBus("nats://alice:s3cret@127.0.0.1:9", "t", first_connect_s=0.0,
+                   connect_timeout_s=0.2)  # fmt: skip
+    with pytest.raises(BusError) as err:
+        asyncio.run(bus.connect())
+    assert "s3cret" not in str(err.value) and "nats://***@127.0.0.1:9" in str(err.value)

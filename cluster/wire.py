@@ -67,6 +67,10 @@ DROP_REASONS = frozenset(
         "closed",  # still buffered when the bus was closed
         "kv_malformed",  # an undecodable Dynamo KV envelope
         "kv_too_large",
+        # Well-formed, impossible for the deployment (cluster/plausibility.py):
+        "implausible_unrouted",  # a first token for a request no route announced
+        "implausible_worker",  # a worker id outside the deployment
+        "implausible_time",  # a future time, or a TTFT the request's times rule out
     }
 )
 

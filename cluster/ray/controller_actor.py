@@ -32,6 +32,7 @@ from typing import Any
 
 from cluster.events import Event, FirstTokenEvent, RegimeEvent, RouteEvent
 from cluster.models import validate_model
+from cluster.plausibility import Plausibility
 from cluster.ray.actor_support import (
     ActorBus,
     actor_info,
@@ -132,6 +133,9 @@ class ControllerActor:
         )
         self.target = _PendingTarget(lambda: detector.regime.label)
         self.arrivals = ArrivalMeter()
+        # A TTFT is used only for a request the deployment routed (cluster/plausibility.py).
+        ids = None if workers is None else [w for pool in workers.values() for w in pool]
+        self.plausible = Plausibility(started_wall=epoch_wall, workers=ids)
         self.pools: ActorPools | None = None
         self.resplitter: Resplitter | None = None
         if workers is not None and worker_spec is not None:
@@ -208,17 +212,16 @@ class ControllerActor:
         self._subscribed = await subscribe_when_connected(self.bus, self.on_event, kinds)
 
     def on_event(self, event: Event) -> None:
-        """A decoded event (the bus callback); never raises."""
-        if isinstance(event, RouteEvent):
-            self.arrivals.observe(self.now())
-            return
-        if not isinstance(event, FirstTokenEvent):
-            return
-        try:
-            self.controller.observe(self.now(), event.ttft_s)
-            self.observed += 1
-        except ValueError:
-            self.errors += 1
+        """A decoded event (the bus callback); never raises. Only plausible ones count."""
+        for usable in self.plausible.admit(event):
+            if isinstance(usable, RouteEvent):
+                self.arrivals.observe(self.now())
+            elif isinstance(usable, FirstTokenEvent):
+                try:
+                    self.controller.observe(self.now(), usable.ttft_s)
+                    self.observed += 1
+                except ValueError:
+                    self.errors += 1
 
     # -- ticks -------------------------------------------------------------------------------
 
@@ -233,6 +236,7 @@ class ControllerActor:
 
     async def tick(self) -> dict[str, Any]:
         """One control step: signals, Controller.tick, push what is pending; the snapshot."""
+        self.plausible.expire()  # first tokens whose route never came
         await self._sync_router()
         queue_depth, poa = await asyncio.gather(self._queue_depth(), self._poa_values())
         signals = {"queue_depth": queue_depth, **poa}
@@ -403,7 +407,7 @@ class ControllerActor:
                 {**dataclasses.asdict(ch), "regime": ch.regime.label}
                 for ch in c.changes[-MAX_CHANGES:]
             ],
-            "dropped": {} if bus is None else dict(bus.dropped),
+            "dropped": {**({} if bus is None else bus.dropped), **self.plausible.dropped},
             "pools": None if self.pools is None else self.pools.snapshot(),
             "resplits": [
                 {**dataclasses.asdict(d), "before": str(d.before), "goal": str(d.goal)}

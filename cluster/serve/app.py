@@ -62,7 +62,6 @@ from cluster.serve.path_types import (
     Routed,
     TokenChunk,
 )
-from cluster.serve.scrape_cache import ScrapeCache
 from cluster.serve.sse import DONE, RunState, Shapes, TextStream, sse_json
 from cluster.serve.streaming import (
     PAYMENT_HEADER,
@@ -99,8 +98,7 @@ def build_app(
 ) -> FastAPI:
     """The ingress app over ``path``. ``metrics_text`` returns the Prometheus text of everything
     the ingress does not own (the actors' families, merged; it must not repeat the ingress's
-    own three), fetched at most once a second (``ScrapeCache``). ``clock`` times TTFT/ITL (wall
-    seconds); ``on_shutdown`` runs at app shutdown."""
+    own three). ``clock`` times TTFT/ITL (wall seconds); ``on_shutdown`` runs at app shutdown."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -114,8 +112,6 @@ def build_app(
     edge = _Edge(path, users, tokenizer, model_name, max_body_bytes, IngressMetrics(registry),
                  clock)
     app.state.edge = edge
-    actors = ScrapeCache(metrics_text) if metrics_text is not None else None
-    app.state.scrapes = actors
     created = int(time.time())
     model_card = {"id": model_name, "object": "model", "created": created, "owned_by": "disaggctl"}
 
@@ -145,9 +141,9 @@ def build_app(
     @app.get("/metrics")
     async def metrics() -> Response:
         parts = [edge.metrics.text()]
-        if actors is not None:
+        if metrics_text is not None:
             try:
-                parts.append(await asyncio.wait_for(actors.text(), METRICS_TIMEOUT_S))
+                parts.append(await asyncio.wait_for(metrics_text(), METRICS_TIMEOUT_S))
             except Exception:  # the ingress's own families are still worth a scrape
                 log.warning("metrics_text failed; serving the ingress's metrics only",
                             exc_info=True)

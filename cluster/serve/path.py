@@ -50,6 +50,7 @@ from cluster.serve.path_types import (
     Routed,
 )
 from cluster.serve.replica_metrics import actor_calls_text
+from cluster.serve.scrape_cache import ScrapeCache
 from cluster.serve.worker_handles import Workers
 
 __all__ = ["ActorRequestPath", "WorkerFailed", "Workers", "complete_event"]
@@ -88,6 +89,7 @@ class ActorRequestPath:
         self.calls: collections.Counter[str] = collections.Counter()
         if hasattr(backend, "calls"):
             backend.calls = self.calls
+        self._actors_metrics = ScrapeCache(self._fetch_actors_metrics)  # for metrics_text
         self.link = AuctionLink(
             auction, replica, period_s=exchange_period_s, calls=self.calls,
             lease_id=self._overflowed_lease,
@@ -174,8 +176,14 @@ class ActorRequestPath:
     # -- what the ingress asks of its path ---------------------------------------------------
 
     async def metrics_text(self) -> str:
-        """Every actor's own metric families, merged (docs/design.md §5: one ``/metrics``).
-        An actor that does not answer within a second is left out of this scrape."""
+        """Every actor's own metric families, merged (docs/design.md §5: one ``/metrics``):
+        this replica's counts at every scrape, the actors' at most once a second."""
+        # First in the merge: this replica's gauges win over the actors' (they no longer route).
+        own = actor_calls_text(self.calls) + self.backend.own_metrics_text()
+        return merge_metrics_texts([own, await self._actors_metrics.text()])
+
+    async def _fetch_actors_metrics(self) -> str:
+        """The actors' families; one that does not answer within a second is left out."""
         workers = self.workers.handles() if self.workers is not None else []
         actors = [self.auction, *self.extra_metrics, *(h for _, _, h in workers)]
         refs = [a.metrics_text.remote() for a in actors]
@@ -187,9 +195,7 @@ class ActorRequestPath:
         for (role, worker, handle), result in zip(workers, done[fixed:], strict=True):
             if isinstance(result, RayActorError) and self.workers is not None:
                 self.workers.forget(role, worker, handle)  # stopped by a re-split, or dead
-        # First in the merge: this replica's gauges win over the actors' (they no longer route).
-        own = actor_calls_text(self.calls) + self.backend.own_metrics_text()
-        return merge_metrics_texts([own, *(t for t in done if isinstance(t, str))])
+        return merge_metrics_texts([t for t in done if isinstance(t, str)])
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run bookkeeping in the background, kept until done (``settle`` waits for it)."""

@@ -4,7 +4,9 @@ A scrape of the ingress merges the metric families of every actor of the service
 each). Prometheus, a dashboard and ``disaggctl status --watch`` may all scrape every replica, so
 the fan-out is cached: a scrape within ``max_age_s`` of the last fetch gets that fetch's text,
 and scrapes that arrive while a fetch runs wait for it instead of starting their own. A fetch
-that fails is not kept: the next scrape tries again. The ingress's own families are not cached.
+that fails is not kept: the next scrape tries again. The replica's own families (its actor
+calls, its load view, on Dynamo its agreement counts) are not cached: every scrape reads them
+(``cluster/serve/path.py: ActorRequestPath.metrics_text``).
 """
 
 from __future__ import annotations

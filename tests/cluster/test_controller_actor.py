@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -13,10 +14,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.bus import EventBus
-from cluster.events import FirstTokenEvent, RegimeEvent
+from cluster.events import FirstTokenEvent, RegimeEvent, RouteEvent
 from cluster.models import ConfigError
 from cluster.ray.controller_actor import DEFAULT_THETA_S, ControllerActor, ControllerSettings
 from controller.policy import PolicyTable
+from tests.cluster.test_events import ROUTE
 from tests.waiting import until
 
 # Fast settings: 0.1 s ticks, no smoothing, two ticks of dwell; θ1 = 0.5 s, θ2 = 1 s.
@@ -95,12 +97,21 @@ async def started(
     return actor, pub, ns, events
 
 
+def routed(rid: str) -> RouteEvent:
+    return ROUTE.model_copy(update={"request_id": rid, "t": time.time()})
+
+
+def first_token(rid: str, ttft: float) -> FirstTokenEvent:
+    return FirstTokenEvent(request_id=rid, t=time.time(), worker_id=ROUTE.worker_id, ttft_s=ttft)
+
+
 async def ttfts(pub: EventBus, actor: ControllerActor, values: list[float]) -> None:
-    """Publish first_token events and wait until the actor has observed them all."""
+    """Publish routed requests' first_token events; wait until the actor observed them all."""
     want = actor.observed + len(values)
     for i, ttft in enumerate(values):
         rid = f"r{uuid.uuid4().hex[:6]}{i}"
-        await pub.publish(FirstTokenEvent(request_id=rid, t=1.0, worker_id=2, ttft_s=ttft))
+        await pub.publish(routed(rid))
+        await pub.publish(first_token(rid, ttft))
     await pub.flush()
     await until(lambda: actor.observed >= want)
 
@@ -223,8 +234,9 @@ def test_no_handles_and_no_nats() -> None:
         actor = ControllerActor(nats_url=None, router=None, auction=None, poa=None, settings=FAST)
         info = await actor.ready()
         assert info["nats"] and not info["subscribed"]
-        for _ in range(10):
-            actor.on_event(FirstTokenEvent(request_id="r", t=0.0, worker_id=1, ttft_s=5.0))
+        for i in range(10):
+            actor.on_event(routed(f"r{i}"))
+            actor.on_event(first_token(f"r{i}", 5.0))
         await until(lambda: actor.controller.regime.label == "saturated")
         snap = await actor.snapshot()
         assert snap["version"] == 2 and not snap["pending"] and snap["delivered_version"] == 0

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cluster.events import PoolsEvent
+from cluster.events import PoolsEvent, RouteEvent
 from cluster.models import ConfigError, validate_model
 from cluster.ray.controller_actor import ControllerActor, ControllerSettings
 from cluster.ray.controller_pools import ArrivalMeter, WallPlanner
@@ -251,8 +251,13 @@ def test_controller_actor_resplits_through_its_pools_and_reports_them() -> None:
         events: list[Any] = []
         actor.bus.local.append(lambda subject, event: events.append((subject, event)))
         assert actor.pools is not None and actor.pools.warmup_s == pytest.approx(0.03)
-        for i in range(5):  # route events feed the arrival rate the resplitter is ticked with
-            actor.on_event(ROUTE.model_copy(update={"request_id": f"r{i}"}))
+        # Route events feed the arrival rate the resplitter is ticked with: routes to worker 1,
+        # one of this deployment's (a route to a worker outside it would be dropped).
+        on_1 = RouteEvent.model_validate(ROUTE.model_dump() | {
+            "worker_id": 1, "candidates": (ROUTE.candidates[0].model_dump() | {"worker_id": 1},)
+        })  # fmt: skip
+        for i in range(5):
+            actor.on_event(on_1.model_copy(update={"request_id": f"r{i}"}))
         snap = await actor.tick()
         assert snap["ticks"] == 1 and actor.tick_errors == 0
         assert snap["signals"]["arrival_rate"] > 0

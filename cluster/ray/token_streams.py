@@ -141,16 +141,15 @@ class _Outbox:
 
 
 class StreamHost:
-    """A decode worker's open streams. ``generate(order)`` is the engine's token stream for one
+    """A decode worker's open streams. ``generate(order)`` is the engine's token ids for one
     order, ``check(order)`` its validation (ValueError naming the field)."""
 
     def __init__(
         self,
-        generate: Callable[[DecodeOrder], AsyncIterator[object]],
+        generate: Callable[[DecodeOrder], AsyncIterator[int]],
         check: Callable[[DecodeOrder], None],
-        token_id: Callable[[object], int],
     ) -> None:
-        self._generate, self._check, self._token_id = generate, check, token_id
+        self._generate, self._check = generate, check
         self._streams: dict[str, _Outbox] = {}
 
     def submit(
@@ -189,8 +188,8 @@ class StreamHost:
         rid = order.request_id
         try:
             async with contextlib.aclosing(self._generate(order)) as tokens:  # type: ignore[type-var]
-                async for token in tokens:
-                    box.put(rid, self._token_id(token))
+                async for token_id in tokens:
+                    box.put(rid, token_id)
             box.end(rid, "done")
         except EngineDraining as exc:  # subclass first: draining is a kind of closed
             box.end(rid, "draining", str(exc))

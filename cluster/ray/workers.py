@@ -256,7 +256,7 @@ class DecodeWorkerActor(_WorkerActor):
             self.worker_id, self.profile, clock=self.clock, seed=self.seed, kv_sink=self._sink,
             token_sampler=self._sample,
         )  # fmt: skip
-        self.streams = StreamHost(self._order_tokens, self._check_order, _token_id)
+        self.streams = StreamHost(self._order_ids, self._check_order)
 
     def _sample(self, request_id: str, n: int) -> list[int]:
         # Seeded by the request id alone: a retry on another worker streams the same text.
@@ -278,11 +278,14 @@ class DecodeWorkerActor(_WorkerActor):
         if type(order.prefill_locally) is not bool:
             raise ValueError(f"prefill_locally must be a bool, got {order.prefill_locally!r}")
 
-    def _order_tokens(self, order: DecodeOrder) -> AsyncIterator[Token]:
-        return self.engine.generate(
+    async def _order_ids(self, order: DecodeOrder) -> AsyncGenerator[int, None]:
+        tokens = self.engine.generate(
             order.request_id, order.prompt_tokens, list(order.local_hashes),
             list(order.seq_hashes), order.output_tokens, prefill_locally=order.prefill_locally,
         )  # fmt: skip
+        async with contextlib.aclosing(tokens):
+            async for token in tokens:
+                yield token.token_id
 
     async def submit(
         self, stream_id: str, orders: list[DecodeOrder], withdrawn: list[str] | None = None
@@ -353,11 +356,6 @@ async def _rows(tokens: AsyncIterator[Token]) -> AsyncGenerator[list[list[Any]],
     async with contextlib.aclosing(tokens):  # type: ignore[type-var]
         async for token in tokens:
             yield [_row(token)]
-
-
-def _token_id(token: object) -> int:
-    assert isinstance(token, Token)
-    return token.token_id
 
 
 def _row(token: Token) -> list[Any]:

@@ -98,7 +98,10 @@ def test_a_dead_worker_fails_its_stream_and_the_next_request_opens_a_new_one() -
 def test_a_refused_order_raises_the_worker_reason() -> None:
     async def body() -> None:
         decode = Decode()
-        decode.host._check = lambda order: (_ for _ in ()).throw(ValueError("output_tokens bad"))
+        def refuse(order: DecodeOrder) -> None:
+            raise ValueError("output_tokens bad")
+
+        decode.host._check = refuse
         streams, _ = _streams(decode)
         with pytest.raises(ValueError, match="decode worker 1: output_tokens bad"):
             await _tokens(streams, _order("bad"))

@@ -147,7 +147,7 @@ class Decode:
     def __init__(self, die_after: int | None = None) -> None:
         self.die_after = die_after
         self.frames_sent = 0
-        self.host = StreamHost(self._tokens, lambda order: None, lambda token: int(token))  # type: ignore[call-overload]
+        self.host = StreamHost(self._tokens, lambda order: None)
         self.submit = Method(self.host.submit)
         self.frames = Method(self._frames)
         self.metrics_text = Method(lambda: ActorDiedError())  # a dead actor: left out

@@ -123,6 +123,7 @@ def run_frontend(settings: Any, model_path: str, tmp: Path, prompts: Sequence[An
     started: list[Any] = []
     t0 = time.perf_counter()
     with NatsServer() as nats:
+        nats.export_credentials()  # the Dynamo processes connect as the dynamo role
         frontend = DynamoFrontend(settings, nats_url=nats.url, discovery_dir=discovery,
                                   log_path=tmp / "logs" / "frontend.log")  # fmt: skip
         try:
@@ -149,7 +150,7 @@ def service_config(tmp: Path) -> Any:
     return ServeConfig.model_validate({
         "backend": "dynamo", "topology": TOPOLOGY, "model_name": MODEL,
         "ledger_path": str(tmp / "ledger.sqlite"), "dynamo": dict(MOCKER),
-        "controller": CONTROLLER,
+        "controller": CONTROLLER, "metrics_port": 0,
     })  # fmt: skip
 
 
@@ -168,14 +169,15 @@ def agreement(counts: dict[str, dict[str, int]]) -> dict[str, Any]:
 
 
 def metric_counts(
-    base_url: str, family: str, sample: str = "_total"
+    metrics_url: str, family: str, sample: str = "_total"
 ) -> dict[tuple[str, ...], float]:
     """The ``sample`` samples (a counter's ``_total``, a summary's ``_sum`` or ``_count``) of
-    ``family`` on ``base_url``'s ``/metrics``, by their label values (sorted by label name)."""
+    ``family`` at ``metrics_url`` (the service's metrics server), by their label values (sorted
+    by label name)."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(f"{base_url}/metrics", timeout=10.0).text
+    text = httpx.get(metrics_url, timeout=10.0).text
     return {
         tuple(v for _, v in sorted(s.labels.items())): s.value
         for f in text_string_to_metric_families(text) if f.name == family
@@ -183,21 +185,21 @@ def metric_counts(
     }  # fmt: skip
 
 
-def agreement_counts(base_url: str) -> dict[str, dict[str, int]]:
+def agreement_counts(metrics_url: str) -> dict[str, dict[str, int]]:
     """``disagg_dynamo_router_agreement_total`` by role and verdict, every replica summed."""
     out: dict[str, dict[str, int]] = {r: {"same": 0, "tie": 0, "different": 0}
                                       for r in ("prefill", "decode")}  # fmt: skip
-    for (agree, role), n in metric_counts(base_url, "disagg_dynamo_router_agreement").items():
+    for (agree, role), n in metric_counts(metrics_url, "disagg_dynamo_router_agreement").items():
         out.setdefault(role, {})[agree] = int(n)
     return out
 
 
-def cost_gaps(base_url: str) -> dict[str, float | None]:
+def cost_gaps(metrics_url: str) -> dict[str, float | None]:
     """Per role, the mean of cost(Dynamo's pick) − our lowest cost over every followed pick
     (``disagg_dynamo_router_cost_gap``, every replica summed)."""
     family = "disagg_dynamo_router_cost_gap"
-    sums = metric_counts(base_url, family, "_sum")
-    counts = metric_counts(base_url, family, "_count")
+    sums = metric_counts(metrics_url, family, "_sum")
+    counts = metric_counts(metrics_url, family, "_count")
     return {role: round(sums.get((role,), 0.0) / n, 6) if n else None
             for (role,), n in sorted(counts.items())}  # fmt: skip
 
@@ -214,19 +216,21 @@ def run_ingress(tmp: Path, prompts: Sequence[Any], args: argparse.Namespace,
     try:
         port = free_port()
         svc.start(host="127.0.0.1", port=port)
-        url = f"http://127.0.0.1:{port}"
+        url, metrics = f"http://127.0.0.1:{port}", str(svc.metrics_url)
         startup, router = time.perf_counter() - t0, svc.handles.router
         before = ray.get(router.stats.remote(), timeout=30)["policy"]
-        calls_before = metric_counts(url, "disagg_ingress_actor_calls")
+        calls_before = metric_counts(metrics, "disagg_ingress_actor_calls")
         levels = run_levels(f"{url}/v1", prompts, args, bar)
-        time.sleep(1.5)  # the replicas' last load reports reach the router actor
+        # The replicas' last load reports reach the router actor, and their last metrics push
+        # (every PUSH_PERIOD_S = 1 s) the metrics server.
+        time.sleep(1.5)
         stats = ray.get(router.stats.remote(), timeout=30)
-        calls = metric_counts(url, "disagg_ingress_actor_calls")
+        calls = metric_counts(metrics, "disagg_ingress_actor_calls")
         made = {m[0]: n - calls_before.get(m, 0.0) for m, n in calls.items()}
         requests = sum(level["requests"] for level in levels.values())
         bar.update(1)
         return {"levels": levels, "startup_s": round(startup, 2), "routed_to": stats["routed_to"],
-                "agreement": agreement(agreement_counts(url)), "cost_gap": cost_gaps(url),
+                "agreement": agreement(agreement_counts(metrics)), "cost_gap": cost_gaps(metrics),
                 "actor_calls": {
                     "per_request": round(sum(made.values()) / requests, 4) if requests else None,
                     "by_method": {m: int(n) for m, n in sorted(made.items()) if n},

@@ -63,6 +63,7 @@ def run_frontends(settings: Any, model_path: str, tmp: Path, prompts: Sequence[A
     discovery = tempfile.mkdtemp(prefix="discovery-saturated-", dir=tmp)
     started: list[Any] = []
     with NatsServer() as nats:
+        nats.export_credentials()  # the Dynamo processes connect as the dynamo role
         logs = [tmp / "logs" / f"frontend-saturated-{i}.log" for i in range(REPLICAS)]
         fronts = [
             DynamoFrontend(settings, nats_url=nats.url, discovery_dir=discovery, log_path=log)

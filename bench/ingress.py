@@ -290,19 +290,27 @@ def _wait_ready(base_url: str, body: dict[str, Any], timeout_s: float = 120.0) -
 
 
 def run_points(
-    base_url: str, model: str, prompts: Sequence[list[int]], args: argparse.Namespace, bar: Any
+    base_url: str, model: str, prompts: Sequence[list[int]], args: argparse.Namespace, bar: Any,
+    metrics_url: str | None = None,
 ) -> dict[int, dict[str, Any]]:
+    """Each client count in turn; with ``metrics_url`` (the full path's metrics server) also
+    the actor calls per request."""
+    from cluster.ray.metrics_server import PUSH_PERIOD_S
+
     warm = {"model": model, "prompt": prompts[0], "max_tokens": args.max_tokens, "stream": True}
     _wait_ready(base_url, warm)
     out = {}
     for clients in args.clients:
-        before = actor_calls(base_url)
+        before = actor_calls(metrics_url)
         samples = asyncio.run(
             closed_loop(base_url, prompts, clients=clients, seconds=args.seconds,
                         max_tokens=args.max_tokens, model=model)
         )  # fmt: skip
         out[clients] = summarize(samples, args.warmup, args.seconds)
-        after = actor_calls(base_url)
+        # The replicas push their counts every PUSH_PERIOD_S: wait for the last push, which
+        # also lets the last requests' bookkeeping settle.
+        time.sleep(PUSH_PERIOD_S + 0.5)
+        after = actor_calls(metrics_url)
         if before is not None and after is not None and samples:
             calls = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
             for plane in ("control", "engine"):
@@ -313,22 +321,23 @@ def run_points(
                     m: round(n / len(samples), 3) for m, n in sorted(made.items()) if n
                 }
         bar.update(1)
-        time.sleep(1.0)  # let the last requests' bookkeeping settle
     return out
 
 
-def actor_calls(base_url: str) -> dict[tuple[str, str], float] | None:
-    """The ingress's ``disagg_ingress_actor_calls_total`` by (method, plane) (None: not
-    exported, e.g. the bare deployment). Every request counted by the ingress, warm-up
+def actor_calls(metrics_url: str | None) -> dict[tuple[str, str], float] | None:
+    """The ingress's ``disagg_ingress_actor_calls_total`` by (method, plane) (None: no metrics
+    server, e.g. the bare deployment). Every request counted by the ingress, warm-up
     included."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
+    if metrics_url is None:
+        return None
     try:
-        resp = httpx.get(f"{base_url}/metrics", timeout=10.0)
+        resp = httpx.get(metrics_url, timeout=10.0)
     except httpx.HTTPError:
         return None
-    if resp.status_code != 200:  # the bare deployment has no /metrics
+    if resp.status_code != 200:
         return None
     try:
         for family in text_string_to_metric_families(resp.text):
@@ -376,9 +385,9 @@ def run_full(
     with Service(config) as service:  # stop() on the way out: actors, Serve, NATS
         service.start(host="127.0.0.1", port=port)
         startup = time.perf_counter() - t0
-        return run_points(f"http://127.0.0.1:{port}", config.model_name, prompts, args, bar), (
-            startup
-        )
+        points = run_points(f"http://127.0.0.1:{port}", config.model_name, prompts, args, bar,
+                            metrics_url=service.metrics_url)  # fmt: skip
+        return points, startup
 
 
 # -- the verdict -------------------------------------------------------------------------------
@@ -478,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         chunk = {} if args.stream_chunk_s is None else {"stream_chunk_s": args.stream_chunk_s}
         config = ServeConfig(
             profile=args.profile, speedup=args.speedup, topology=args.topology, seed=args.seed,
-            ledger_path=str(Path(tmp) / "ledger.sqlite"), **chunk,
+            ledger_path=str(Path(tmp) / "ledger.sqlite"), metrics_port=0, **chunk,
         )  # fmt: skip
     except (ConfigError, ValueError) as exc:
         print(f"bench.ingress: {exc}", file=sys.stderr)

@@ -20,7 +20,7 @@ where ``published`` counts messages the client accepted (core NATS is at most on
 accepted just before the connection died can still be lost; subscribers count it as a gap).
 Every attempt takes a sequence number, so what a publisher drops shows as a gap downstream too.
 
-    bus = EventBus("nats://127.0.0.1:4222", namespace="prod")
+    bus = EventBus("nats://127.0.0.1:4222", namespace="prod", role="observer")
     await bus.connect()
     await bus.subscribe(on_event)          # on_event(RouteEvent | CompleteEvent | ...)
     await bus.publish(RouteEvent(...))
@@ -43,6 +43,7 @@ from nats.aio.msg import Msg
 
 from cluster.events import KINDS, MAX_ID_CHARS, Event, subject
 from cluster.kv_wire import decode_kv_events, encode_kv_events
+from cluster.nats_auth import connect_options
 from cluster.outbox import MAX_BYTES, MAX_MESSAGES, Outbox, Outgoing
 from cluster.sequence import SequenceTracker
 from cluster.wire import (
@@ -89,6 +90,7 @@ class EventBus:
         url: str,
         namespace: str,
         *,
+        role: str | None = None,
         name: str = "disaggctl",
         reconnect_wait_s: float = 0.1,
         connect_timeout_s: float = 2.0,
@@ -100,6 +102,10 @@ class EventBus:
         subject(namespace, "route")  # validates the namespace
         self.url = url
         self.namespace = namespace
+        # The role's credentials (cluster.nats_auth): read now, so a missing or malformed
+        # secret fails the constructor with its path instead of a refused connection later.
+        self.role = role
+        self._auth = connect_options(role)
         # A new id per start: a restarted publisher is a new stream, never a run of duplicates.
         self.publisher = f"{name}-{uuid.uuid4().hex[:12]}"
         if len(self.publisher) > MAX_ID_CHARS:  # subscribers would refuse every message
@@ -122,6 +128,7 @@ class EventBus:
         self.disconnects = 0
         self.reconnects = 0
         self.errors = 0
+        self.permission_errors = 0
 
     # -- connection --------------------------------------------------------------------------
 
@@ -135,6 +142,13 @@ class EventBus:
 
         async def error(exc: Exception) -> None:
             self.errors += 1  # the client retries; the disconnect/reconnect counts tell the story
+            if "permissions violation" in str(exc).lower():
+                # A role sending or reading what it may not: a deployment bug, said each time
+                # it doubles so it cannot flood the log.
+                self.permission_errors += 1
+                n = self.permission_errors
+                if n & (n - 1) == 0:
+                    logger.error("NATS (role %s): %s (%d so far)", self.role, exc, n)
 
         # The client reconnects forever once connected; the first connection we retry here, so
         # a bus started before its server (or during an outage) waits instead of failing.
@@ -155,14 +169,16 @@ class EventBus:
                         disconnected_cb=disconnected,
                         reconnected_cb=reconnected,
                         error_cb=error,
+                        **self._auth,
                     ),
                     timeout=max(deadline - loop.time(), self._connect_timeout),
                 )
                 return
             except (OSError, nats.errors.Error, TimeoutError) as exc:
                 if loop.time() >= deadline:
+                    as_role = f" as role {self.role}" if "user" in self._auth else ""
                     raise BusError(
-                        f"cannot reach NATS at {redact_url(self.url)}: {exc}"
+                        f"cannot reach NATS at {redact_url(self.url)}{as_role}: {exc}"
                     ) from exc
                 await asyncio.sleep(self._reconnect_wait)
 

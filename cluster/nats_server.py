@@ -11,6 +11,11 @@ JetStream is on, with its store in a private directory. The server never outlive
   all stop the server and delete its store. The SIGTERM handler then re-raises the signal with the
   default action, so the owner still dies of SIGTERM; it is installed only from the main thread,
   only over ``SIG_DFL``, and removed again when the last server closes.
+- Every server has credentials (``cluster.nats_auth``): one user per role with its permissions,
+  in a config file inside the private store (0600), never on the command line. The server takes
+  the ``credentials_dir`` given, else the one this process names in ``DISAGG_NATS_CREDENTIALS``,
+  else generates a fresh set per run in ``<store>/credentials`` (see
+  :attr:`NatsServer.credentials_dir`; the service exports it to its processes).
 - A store this module created is ``<tmp>/disagg-nats-<owner pid>-<random>`` and holds a lock
   (``flock``) for as long as its owner lives. Every new server first deletes the stores whose lock
   is free (where ``flock`` is missing: whose owner pid is dead), so even an owner and watchdog
@@ -33,6 +38,13 @@ import time
 import weakref
 from pathlib import Path
 from types import FrameType, TracebackType
+
+from cluster.nats_auth import (
+    CREDENTIALS_ENV,
+    authorization_block,
+    credentials_directory,
+    generate_credentials,
+)
 
 try:
     import fcntl
@@ -173,7 +185,14 @@ def _sigterm_release() -> None:
 
 
 class NatsServer:
-    def __init__(self, port: int | None = None, store_dir: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        store_dir: str | Path | None = None,
+        *,
+        credentials_dir: str | Path | None = None,
+        tls: tuple[str | Path, str | Path] | None = None,
+    ) -> None:
         self.port = port or free_port()
         own_store = store_dir is None
         if own_store:
@@ -185,6 +204,33 @@ class NatsServer:
         if own_store:
             self._handle.lock_store()
         self._finalizer = weakref.finalize(self, self._handle.close)
+        # The credentials this process names (DISAGG_NATS_CREDENTIALS), else a fresh set.
+        credentials_dir = credentials_dir or credentials_directory()
+        self.credentials_dir = Path(credentials_dir or self.store_dir / "credentials")
+        self._generate = credentials_dir is None
+        self._exported = False
+        self.tls = None if tls is None else (Path(tls[0]), Path(tls[1]))  # (cert, key)
+
+    @property
+    def config_path(self) -> Path:
+        return self.store_dir / "nats.conf"
+
+    def _write_config(self) -> None:
+        """The server's whole configuration, credentials included (0600, in the store)."""
+        self.store_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self._generate and not self.credentials_dir.exists():
+            generate_credentials(self.credentials_dir)
+        text = (
+            f"listen: 127.0.0.1:{self.port}\n"
+            f'jetstream {{ store_dir: "{self.store_dir}" }}\n'
+            + authorization_block(self.credentials_dir)
+        )
+        if self.tls is not None:  # clients verify it against the credentials' ca.crt
+            cert, key = self.tls
+            text += f'tls {{ cert_file: "{cert}", key_file: "{key}" }}\n'
+        fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
 
     @property
     def url(self) -> str:
@@ -212,14 +258,14 @@ class NatsServer:
             self._finalizer = weakref.finalize(self, self._handle.close)
         if self._handle.own_store:
             self._handle.lock_store()
+        self._write_config()
         main_thread = threading.current_thread() is threading.main_thread()
         command = [sys.executable, "-I", "-S", str(_WATCHDOG), "--owner-pid", str(os.getpid())]
         if main_thread:
             command.append("--arm-pdeathsig")  # see nats_watchdog: the main-thread caveat
         if self._handle.own_store:
             command += ["--remove-store", str(self.store_dir)]
-        command += ["--", nats_server_binary(), "-js", "-sd", str(self.store_dir)]
-        command += ["-a", "127.0.0.1", "-p", str(self.port)]
+        command += ["--", nats_server_binary(), "-c", str(self.config_path)]
         process = subprocess.Popen(
             command,
             stdin=subprocess.PIPE,
@@ -266,12 +312,32 @@ class NatsServer:
                 time.sleep(0.05)
         raise TimeoutError(f"nats-server did not listen on port {self.port} in {timeout_s} s")
 
+    def export_credentials(self) -> None:
+        """Name this server's credentials in this process's environment (``DISAGG_NATS_
+        CREDENTIALS``), for the clients and child processes it starts; no-op when the process
+        already names some (the server then uses those). :meth:`close` takes it back."""
+        if credentials_directory() is None:
+            os.environ[CREDENTIALS_ENV] = str(self.credentials_dir)
+            self._exported = True
+
+    @property
+    def exported(self) -> bool:
+        """Whether :meth:`export_credentials` named this server's credentials (they are new to
+        this process's environment, so processes started before do not have them)."""
+        return self._exported
+
+    def _unexport(self) -> None:
+        if self._exported and os.environ.get(CREDENTIALS_ENV) == str(self.credentials_dir):
+            del os.environ[CREDENTIALS_ENV]
+        self._exported = False
+
     def stop(self, kill: bool = False) -> None:
         """Stop the server (SIGKILL with ``kill``: an outage, not a shutdown); keeps the store."""
         self._handle.stop(kill)
 
     def close(self) -> None:
         """Stop the server and delete the store this object created."""
+        self._unexport()
         self._finalizer()
 
     def __enter__(self) -> NatsServer:

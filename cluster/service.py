@@ -30,9 +30,11 @@ from ray.util.placement_group import remove_placement_group
 
 from cluster.model_dir import build_model_dir, default_model_dir
 from cluster.models import ConfigError
+from cluster.nats_auth import exported_env
 from cluster.nats_server import NatsServer
 from cluster.ray.auction_actor import AuctionActor
 from cluster.ray.controller_actor import ControllerActor
+from cluster.ray.metrics_server import MetricsServerActor
 from cluster.ray.poa_actor import PoaActor
 from cluster.ray.router_actor import RouterActor
 from cluster.ray.runtime import LocalRay, init_ray
@@ -83,14 +85,23 @@ class ServiceHandles:
     auction: Any = None
     poa: Any = None
     controller: Any = None
+    metrics: Any = None  # cluster.ray.metrics_server: /metrics on its own port
     placement_groups: list[Any] = field(default_factory=list)
 
     def actors(self) -> list[Any]:
-        singles = [self.controller, self.poa, self.auction, self.router]
+        singles = [self.metrics, self.controller, self.poa, self.auction, self.router]
         return [a for a in singles if a is not None] + [
             *self.decode.values(),
             *self.prefill.values(),
         ]
+
+
+def _head_node_id() -> str:
+    """Ray's head node (the one holding ``node:__internal_head__``), else this process's."""
+    for node in ray.nodes():  # type: ignore[no-untyped-call]  # Ray leaves it untyped
+        if node.get("Alive") and "node:__internal_head__" in node.get("Resources", {}):
+            return str(node["NodeID"])
+    return str(ray.get_runtime_context().get_node_id())
 
 
 class Service:
@@ -109,6 +120,8 @@ class Service:
         self.ray: LocalRay | None = None
         self.nats_url: str | None = config.nats_url
         self.url: str | None = None
+        self.metrics_url: str | None = None  # http://host:port/metrics once started
+        self.actor_env: dict[str, str] = {}  # what actors need that Ray does not pass on
         self.epoch_wall = 0.0
         self._lifetime: str | None = None  # "detached": see start_actors
 
@@ -127,8 +140,7 @@ class Service:
     def _start(self, host: str, port: int, address: str | None) -> None:
         cfg = self.config
         if self.nats_url is None:
-            self.nats = NatsServer().start()
-            self.nats_url = self.nats.url
+            self._start_embedded_nats()
         tp = self.profile.tp
         gpus = self.topology.gpus(tp) + SPARE_TP_GROUPS * tp
         # Each ingress replica reserves INGRESS_REPLICA_CPUS: a local session declares at least
@@ -138,6 +150,11 @@ class Service:
             address, accelerators=gpus, accelerator=cfg.accelerator_resource,
             num_cpus=max(2, os.cpu_count() or 2, math.ceil(cpus)),
         )  # fmt: skip
+        # A Ray session that this process started after naming the bus's credentials passes
+        # them on to every actor; one that ran before (joined) does not: then each actor and
+        # replica gets them in its runtime_env (a directory's name, no secret).
+        if self.nats is not None and self.nats.exported and not self.ray.owned:
+            self.actor_env = exported_env()
         resources = ray.cluster_resources()  # type: ignore[no-untyped-call]  # Ray leaves it untyped
         check_ingress_cpus(cfg.ingress_replicas, float(resources.get("CPU", 0.0)))
         model_dir = str(
@@ -150,6 +167,14 @@ class Service:
         self.start_actors(shared)
         self._deploy_ingress(host, port, shared)
         self.url = f"http://{host}:{port}"
+
+    def _start_embedded_nats(self) -> None:
+        """The laptop's nats-server: with the credentials this process already names (a test
+        session, an operator's), else a fresh set for this run, exported to every process the
+        service starts (``cluster.nats_auth``)."""
+        self.nats = NatsServer().start()
+        self.nats.export_credentials()
+        self.nats_url = self.nats.url
 
     def start_actors(self, model_dir: str | None, *, lifetime: str | None = None) -> ServiceHandles:
         """Start the worker and control-plane actors on the Ray session already joined, talking
@@ -165,6 +190,7 @@ class Service:
         self.epoch_wall = time.time()
         self._start_workers(model_dir)
         self._start_control_plane()
+        self._start_metrics_server()
         return self.handles
 
     def _existing(self, name: str) -> Any:
@@ -187,7 +213,7 @@ class Service:
             epoch_wall=self.epoch_wall, seed=cfg.seed, nats_url=self.nats_url,
             namespace=cfg.namespace, model_dir=model_dir,
             accelerator_resource=cfg.accelerator_resource, request_gpus=cfg.request_gpus,
-            max_restarts=cfg.worker_max_restarts,
+            max_restarts=cfg.worker_max_restarts, env_vars=self.actor_env,
         )  # fmt: skip
 
     def _start_workers(self, model_dir: str | None) -> None:
@@ -223,6 +249,7 @@ class Service:
             "max_task_retries": 0,
             "max_concurrency": max(10_000, concurrency),
             **self._lifetime_option(),
+            **({"runtime_env": {"env_vars": self.actor_env}} if self.actor_env else {}),
         }
 
     def _start_control_plane(self) -> None:
@@ -245,7 +272,8 @@ class Service:
         h.poa = self._control(
             "poa",
             PoaActor,
-            dict(profile=cfg.profile, speedup=cfg.speedup, epoch_wall=self.epoch_wall, **nats),
+            dict(profile=cfg.profile, speedup=cfg.speedup, epoch_wall=self.epoch_wall,
+                 workers={"prefill": list(h.prefill), "decode": list(h.decode)}, **nats),
         )
         h.controller = self._control(
             "controller",
@@ -266,6 +294,25 @@ class Service:
             ),
         )
         self._await_ready([h.router, h.auction, h.poa, h.controller])
+
+    def _start_metrics_server(self) -> None:
+        """``/metrics`` on ``metrics_host:metrics_port``, on Ray's head node (where an operator
+        looks for it; on Kubernetes the head pod, which the chart's ServiceMonitor selects)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        cfg, h = self.config, self.handles
+        head = NodeAffinitySchedulingStrategy(node_id=_head_node_id(), soft=False)
+        options = {**self._control_options("metrics"), "scheduling_strategy": head}
+        existing = self._existing(f"{cfg.namespace}-metrics")
+        h.metrics = existing or ray.remote(MetricsServerActor).options(**options).remote(
+            host=cfg.metrics_host, port=cfg.metrics_port, namespace=cfg.namespace,
+            actors={"router": h.router, "auction": h.auction, "poa": h.poa,
+                    "controller": h.controller},
+            prefill=h.prefill, decode=h.decode,
+        )  # fmt: skip
+        where = ray.get(h.metrics.ready.remote(), timeout=READY_TIMEOUT_S)
+        host = where["host"] if where["host"] not in ("0.0.0.0", "::") else "127.0.0.1"
+        self.metrics_url = f"http://{host}:{where['port']}/metrics"
 
     def _router_actor(self) -> tuple[type, dict[str, Any]]:
         """The router actor's class and arguments (the Dynamo backend's differ)."""
@@ -309,6 +356,8 @@ class Service:
             users=self.users,
             num_replicas=cfg.ingress_replicas,
             max_ongoing_requests=cfg.max_ongoing_requests,
+            metrics_sink=self.handles.metrics,
+            env_vars=self.actor_env,
         )
 
     def _handle_map(self) -> dict[str, Any]:

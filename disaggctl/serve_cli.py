@@ -4,7 +4,8 @@
 URLs, and runs until Ctrl-C or SIGTERM, then takes everything down. With no users file it makes
 one demo user and prints its key (the key itself is never stored; only its SHA-256 is).
 
-``status`` reads the service's ``/metrics`` (the names of docs/design.md §5) and prints regime,
+``status`` reads the service's ``/metrics`` on its metrics port (``metrics_port``, 9464 by
+default; the names of docs/design.md §5) and prints regime,
 τ, ω, poa_hat and its factors, smoothed TTFT P99, queue depth and revenue; ``--watch`` repeats.
 """
 
@@ -18,6 +19,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -45,13 +47,17 @@ class ServeOptions(StrictModel):
     users: Annotated[str | None, AfterValidator(_optional_file)] = None
     host: str = Field(default="127.0.0.1", min_length=1, max_length=253)
     port: int = Field(default=8000, ge=1, le=65535)
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
     address: str | None = Field(default=None, max_length=512)
     quiet: bool = False
     backend: Literal["sim", "dynamo"] | None = None
 
 
+METRICS_URL = "http://127.0.0.1:9464/metrics"  # ServeConfig's metrics_host and metrics_port
+
+
 class StatusOptions(StrictModel):
-    url: str = Field(default="http://127.0.0.1:8000", pattern=r"^https?://[^\s]{1,500}$")
+    url: str = Field(default=METRICS_URL, pattern=r"^https?://[^\s]{1,500}$")
     watch: bool = False
     interval: float = Field(default=2.0, ge=0.2, le=3600.0)
     count: int | None = Field(default=None, ge=1, le=1_000_000)
@@ -76,6 +82,11 @@ def add_parser(
     serve.add_argument("--host", default="127.0.0.1", help="address the HTTP ingress binds")
     serve.add_argument("--port", type=int, default=8000, help="port of the HTTP ingress")
     serve.add_argument(
+        "--metrics-port", type=int,
+        help="port of /metrics, apart from the API (default: the config's metrics_port, 9464; "
+        "0: any free port)",
+    )  # fmt: skip
+    serve.add_argument(
         "--address", help="Ray cluster to join, e.g. auto (default: start a local Ray)"
     )
     serve.add_argument("--quiet", action="store_true", help="print only the URLs and the key")
@@ -92,7 +103,8 @@ def add_parser(
         help="regime, tau, omega, PoA, TTFT P99, queue and revenue of a running service",
         formatter_class=formatter,
     )
-    status.add_argument("--url", default="http://127.0.0.1:8000", help="the service's base URL")
+    status.add_argument("--url", default=METRICS_URL,
+                        help="the service's metrics URL (its metrics_port, not the API's)")
     status.add_argument("--watch", action="store_true", help="repeat every --interval seconds")
     status.add_argument("--interval", type=float, default=2.0, help="seconds between readings")
     status.add_argument("--count", type=int, help="with --watch: stop after this many readings")
@@ -122,6 +134,8 @@ def _serve(args: argparse.Namespace) -> int:
         config = validate_model(
             ServeConfig, {**config.model_dump(), "backend": o.backend}, "--backend"
         )
+    if o.metrics_port is not None:
+        config = config.model_copy(update={"metrics_port": o.metrics_port})
     if config.backend == "dynamo":
         require_dynamo()  # before anything starts: the install command, not a traceback
     if o.users is not None:
@@ -145,7 +159,7 @@ def _serve(args: argparse.Namespace) -> int:
         # so that SIGTERM stops the service cleanly like Ctrl-C does.
         for s in previous:
             signal.signal(s, _on_signal)
-        print(f"serving {config.model_name} at {service.url}/v1  (metrics: {service.url}/metrics)")
+        print(f"serving {config.model_name} at {service.url}/v1  (metrics: {service.metrics_url})")
         if demo_key is not None:
             print(
                 f"demo user {DEMO_USER!r}, budget {DEMO_BUDGET:g}: Authorization: Bearer {demo_key}"
@@ -204,7 +218,10 @@ def parse_status(text: str) -> dict[str, Any]:
 
 
 def read_status(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{url.rstrip('/')}/metrics", timeout=timeout_s) as resp:
+    """The status at ``url``: the metrics server's ``/metrics`` (a bare host:port gets it)."""
+    if urllib.parse.urlsplit(url).path in ("", "/"):
+        url = f"{url.rstrip('/')}/metrics"
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
         return parse_status(resp.read().decode())
 
 

@@ -78,6 +78,7 @@ def demo_config(out: Path, speedup: float, seed: int) -> ServeConfig:
             "speedup": speedup,
             "seed": seed,
             "ledger_path": str(out / "ledger.sqlite"),
+            "metrics_port": 0,  # any free port: the demo reads it from the service
             "controller": {
                 "calibrate": {
                     "baseline_s": baseline / speedup,
@@ -90,7 +91,7 @@ def demo_config(out: Path, speedup: float, seed: int) -> ServeConfig:
 
 
 async def _poll(
-    url: str, start: float, phases: Sequence[LoadPhase], samples: list[Sample], live: bool
+    metrics_url: str, start: float, phases: Sequence[LoadPhase], samples: list[Sample], live: bool
 ) -> None:
     from disaggctl.load_client import concurrency_at
 
@@ -99,7 +100,7 @@ async def _poll(
             t = time.perf_counter() - start
             phase, clients = concurrency_at(phases, t)
             try:
-                status = parse_status((await client.get(f"{url}/metrics")).text)
+                status = parse_status((await client.get(metrics_url)).text)
             except httpx.HTTPError:
                 status = {}
             samples.append(Sample(t, phase, clients, status))
@@ -111,6 +112,7 @@ async def _poll(
 
 async def _drive(
     url: str,
+    metrics_url: str,
     phases: Sequence[LoadPhase],
     bidders: Sequence[Bidder],
     seed: int,
@@ -119,7 +121,7 @@ async def _drive(
 ) -> tuple[list[ClientResult], list[Sample], float]:
     samples: list[Sample] = []
     start = time.perf_counter()
-    poller = asyncio.create_task(_poll(url, start, phases, samples, live))
+    poller = asyncio.create_task(_poll(metrics_url, start, phases, samples, live))
     try:
         run = await run_load(
             url, phases, bidders=bidders, max_tokens=MAX_TOKENS, model=model, seed=seed
@@ -348,13 +350,15 @@ def run_serve_demo(
             print(f"starting the service ({config.profile} {config.topology}, "
                   f"speed-up {speedup}) ...", file=sys.stderr)  # fmt: skip
         service.start(port=port)
-        assert service.url is not None
+        assert service.url is not None and service.metrics_url is not None
         if not quiet:
             print(f"serving at {service.url}/v1; driving {sum(p.seconds for p in phases):.0f} s "
                   "of load", file=sys.stderr)  # fmt: skip
         start_wall = time.time()
         results, samples, seconds = asyncio.run(
-            _drive(service.url, phases, bidders, seed, live, config.model_name)
+            _drive(
+                service.url, service.metrics_url, phases, bidders, seed, live, config.model_name
+            )
         )
         auction = _auction_stats(service)
         resplits = resplit_table(_controller_snapshot(service), start_wall)

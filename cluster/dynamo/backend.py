@@ -109,7 +109,7 @@ async def make_dynamo_path(
     ``handles`` as :func:`cluster.serve.replica_path.make_actor_path` takes them, "router" being the
     shadow router."""
     del profile  # the engines are Dynamo's: no simulated profile on this path
-    bus = ActorBus(nats_url, namespace, name="ingress")
+    bus = ActorBus(nats_url, namespace, role="ingress", name="ingress")
     dyn = DynamoSettings.model_validate(settings)
     # Every request of a disaggregated Dynamo deployment is prefilled on a prefill worker.
     pools = PoolRouting(

@@ -25,6 +25,7 @@ from pydantic import Field, field_validator
 
 from cluster.bus import redact_url
 from cluster.models import StrictModel
+from cluster.nats_auth import dynamo_auth_env
 
 __all__ = [
     "DEFAULT_COMPONENTS",
@@ -168,7 +169,8 @@ def dynamo_env(
     settings: DynamoSettings, *, nats_url: str, discovery_dir: str, system_port: int | None
 ) -> dict[str, str]:
     """The variables a Dynamo process needs besides the inherited environment: file discovery
-    (no etcd), NATS for events, TCP requests, offline Hugging Face, everything on loopback."""
+    (no etcd), NATS for events (as the ``dynamo`` role when the bus has credentials), TCP
+    requests, offline Hugging Face, everything on loopback."""
     if not nats_url.startswith(("nats://", "tls://")):
         raise ValueError(f"nats_url must be a nats:// URL, got {redact_url(nats_url)!r}")
     env = {
@@ -177,7 +179,7 @@ def dynamo_env(
         "DYN_FILE_KV": discovery_dir,
         "DYN_EVENT_PLANE": "nats",
         "DYN_REQUEST_PLANE": "tcp",
-        "NATS_SERVER": nats_url,
+        **dynamo_auth_env(nats_url),  # NATS_SERVER, and the dynamo role's credentials
         "HF_HUB_OFFLINE": "1",
         "DYN_TCP_RPC_HOST": LOOPBACK,
         "DYN_TCP_RESPONSE_STREAM_HOST": LOOPBACK,

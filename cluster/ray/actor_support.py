@@ -108,6 +108,7 @@ class ActorBus:
         nats_url: str | None,
         namespace: str,
         *,
+        role: str,
         name: str,
         max_pending: int = MAX_PENDING,
         batch_period_s: float = BATCH_PERIOD_S,
@@ -118,7 +119,7 @@ class ActorBus:
         self.batch_period_s = batch_period_s if nats_url is not None else 0.0
         self.bus: EventBus | None = None
         if nats_url is not None:
-            self.bus = EventBus(nats_url, namespace, name=name)
+            self.bus = EventBus(nats_url, namespace, role=role, name=name)
         self.local: list[LocalSink] = []
         self._queue: asyncio.Queue[tuple[str, str, Any, int]] = asyncio.Queue(max_pending)
         self._held: list[tuple[str, str, Any, int]] = []  # this period's batched events

@@ -156,7 +156,7 @@ class AuctionActor(ReplicaExchange):
 
     async def ready(self) -> dict[str, Any]:
         if self._nats_url is not None and self._bus is None:
-            self._bus = EventBus(self._nats_url, self.namespace, name="auction")
+            self._bus = EventBus(self._nats_url, self.namespace, role="auction", name="auction")
             self._spawn(self._connect(self._bus))
         node_id = None
         ray = sys.modules.get("ray")  # imported in every Ray worker; absent in unit tests

@@ -122,7 +122,7 @@ class ControllerActor:
         s = self.settings
         self.router, self.auction, self.poa = router, auction, poa
         self.now = service_clock(epoch_wall)
-        self.bus = ActorBus(nats_url, namespace, name="controller")
+        self.bus = ActorBus(nats_url, namespace, role="controller", name="controller")
         detector = SaturationDetector(
             s.thresholds(),
             window_s=s.window_s,

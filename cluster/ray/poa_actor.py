@@ -38,6 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cluster.events import CompleteEvent, Event, FirstTokenEvent, RouteEvent
+from cluster.plausibility import Plausibility
 from cluster.ray.actor_support import (
     ActorBus,
     actor_info,
@@ -102,6 +103,7 @@ class PoaActor:
         epoch_wall: float | None = None,
         max_requests: int = MAX_REQUESTS,
         ttl_s: float = 60.0,
+        workers: dict[str, list[int]] | None = None,
     ) -> None:
         for name, value in (("window_s", window_s), ("tick_s", tick_s), ("speedup", speedup)):
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
@@ -110,8 +112,12 @@ class PoaActor:
         self.tick_s = float(tick_s)
         self.estimator = PoaEstimator(max_requests, float(window_s), unloaded_latency_s=unloaded_s)
         self.joiner = EventJoiner(ttl_s=ttl_s)
+        # What the deployment rules out (cluster/plausibility.py), as at the controller: a
+        # forged route or first token must also name its workers and a possible time.
+        ids = None if workers is None else [w for pool in workers.values() for w in pool]
+        self.plausible = Plausibility(started_wall=epoch_wall, workers=ids)
         self.now = service_clock(epoch_wall)
-        self.bus = ActorBus(nats_url, namespace, name="poa")
+        self.bus = ActorBus(nats_url, namespace, role="poa", name="poa")
         self.received: dict[str, int] = dict.fromkeys(KINDS, 0)
         self.errors = 0  # events that decoded but the joiner or estimator refused
         self.ticks = 0
@@ -155,9 +161,11 @@ class PoaActor:
         self._subscribed = await subscribe_when_connected(self.bus, self.on_event, KINDS)
 
     def on_event(self, event: Event) -> None:
-        """One decoded event (the bus callback). Never raises: a bad one is counted."""
+        """One decoded event (the bus callback). Never raises: a bad one is counted; an
+        impossible one is dropped (``implausible_*``)."""
         try:
-            self._feed(event)
+            for usable in self.plausible.admit(event):
+                self._feed(usable)
         except Exception:
             self.errors += 1
             if self.errors & (self.errors - 1) == 0:  # 1st, 2nd, 4th, ...: never a flood
@@ -195,6 +203,7 @@ class PoaActor:
         """Expire stale halves, estimate over the window, set the gauges; the snapshot."""
         now = self.now()
         self.joiner.expire(now)
+        self.plausible.expire()  # first tokens whose route never came
         window = self.estimator.window(now)
         estimate = self.estimator.estimate(now) if window else None
         self.last, self.last_t = estimate, now
@@ -237,5 +246,5 @@ class PoaActor:
             "joiner": dict(self.joiner.counts),
             "received": dict(self.received),
             "errors": self.errors,
-            "dropped": {} if bus is None else dict(bus.dropped),
+            "dropped": {**({} if bus is None else bus.dropped), **self.plausible.dropped},
         }

@@ -62,7 +62,7 @@ class RouterActor:
         self.routers: dict[str, Router] = self.pools.routers  # type: ignore[assignment]
         self.block_size = block_size
         self.local_prefill_max_tokens = local_prefill_max_tokens
-        self.bus = ActorBus(nats_url, namespace, name="router")
+        self.bus = ActorBus(nats_url, namespace, role="router", name="router")
         self._namespace = namespace
         self._subscribed = False
         self.replicas = PeerLoads()  # the ingress replicas' load reports

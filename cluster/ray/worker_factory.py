@@ -85,6 +85,9 @@ class WorkerSpec(StrictModel):
     accelerator_resource: str = "B200"
     request_gpus: bool = False
     max_restarts: int = Field(3, ge=0)
+    # Variables each worker's process needs that its Ray session does not pass on (the bus's
+    # credentials directory, cluster.nats_auth, when the service started NATS after Ray).
+    env_vars: dict[str, str] = Field(default_factory=dict, max_length=16)
     # The Dynamo backend (docs/design.md §6): the workers are Dynamo processes, each owned by a
     # ``cluster.dynamo.worker_actor.DynamoWorkerActor``; None: the simulated engines.
     dynamo: DynamoWorkerSpec | None = None
@@ -135,6 +138,8 @@ def start_worker(
         "max_concurrency": 10_000,
         "scheduling_strategy": PlacementGroupSchedulingStrategy(placement),
     }
+    if spec.env_vars:
+        options["runtime_env"] = {"env_vars": dict(spec.env_vars)}
     if lifetime is not None:
         options["lifetime"] = lifetime
     if spec.dynamo is not None:

@@ -120,7 +120,9 @@ class _WorkerActor:
         self.seed = check_int("seed", seed, 0, 2**63 - 1)
         self.profile: HardwareProfile = load_profile(profile)
         self.clock = _clock(speedup, epoch_wall)
-        self.bus = ActorBus(nats_url, namespace, name=f"{self.role}-{worker_id}")
+        self.bus = ActorBus(
+            nats_url, namespace, role="worker", name=f"{self.role}-{worker_id}"
+        )
         self.kv_subject = kv_subject(namespace, component=self.role)
         self._pending: list[KvEvent] = []
         self._flush_scheduled = False

@@ -95,10 +95,13 @@ def build_app(
     registry: CollectorRegistry | None = None,
     clock: Callable[[], float] = time.monotonic,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
+    metrics_route: bool = True,
 ) -> FastAPI:
     """The ingress app over ``path``. ``metrics_text`` returns the Prometheus text of everything
     the ingress does not own (the actors' families, merged; it must not repeat the ingress's
-    own three). ``clock`` times TTFT/ITL (wall seconds); ``on_shutdown`` runs at app shutdown."""
+    own three). ``clock`` times TTFT/ITL (wall seconds); ``on_shutdown`` runs at app shutdown.
+    ``metrics_route`` False: no ``/metrics`` here (the service's metrics server has its own
+    port, docs/design.md "Security model"); ``app.state.edge.metrics`` still counts."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -137,6 +140,9 @@ def build_app(
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok", "model": model_name}
+
+    if not metrics_route:
+        return app
 
     @app.get("/metrics")
     async def metrics() -> Response:

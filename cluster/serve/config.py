@@ -49,6 +49,11 @@ class ServeConfig(StrictModel):
     model_dir: str | None = Field(default=None, max_length=4096)
     ledger_path: str = Field(default="results/serve/ledger.sqlite", max_length=4096)
     allow_anonymous: bool = True
+    # /metrics on its own port, never the API's (docs/design.md "Security model"): a scraper is
+    # not a client. 0: any free port (the service says which). The Helm chart binds 0.0.0.0
+    # and lets only the ServiceMonitor's Prometheus reach it.
+    metrics_host: str = Field(default="127.0.0.1", pattern=r"^[A-Za-z0-9.:-]{1,253}$")
+    metrics_port: int = Field(default=9464, ge=0, le=65_535)
     ingress_replicas: int = Field(default=1, ge=1, le=64)
     # Ray Serve's default of 5 collapses a burst to ~12 req/s (docs/design.md §6 "Ray").
     max_ongoing_requests: int = Field(default=2000, ge=1, le=100_000)

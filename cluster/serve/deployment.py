@@ -11,19 +11,24 @@ and picklable callables; actor handles pickle):
 - ``path_factory``: a zero-argument callable, run once on the replica, returning the
   :class:`RequestPath` (or an awaitable of it, for a path that must connect to NATS first),
   e.g. ``functools.partial(make_path, auction=auction_handle, router=router_handle, ...)``.
-  Optional extras on the returned object: ``async metrics_text() -> str`` (the actors' metric
-  families, merged; /metrics appends it to the ingress's own) and ``async aclose()`` (run at
-  replica shutdown: close NATS, …);
+  Optional extras on the returned object: ``own_metrics_text() -> str`` (the replica's own
+  families beyond the edge's, pushed to the metrics server), ``async metrics_text() -> str``
+  (the actors' families too, for an app that serves ``/metrics`` itself: no ``metrics_sink``)
+  and ``async aclose()`` (run at replica shutdown: close NATS, …);
 - ``model_name`` (the served name clients put in ``model``) and ``model_dir`` (a directory of
   ``cluster.model_dir.build_model_dir``; None for ``default_model_dir()``, built on the node);
 - ``users``: ``Users.to_wire()`` of the users file (name, key hash, budget; never keys), or None
-  for no file; ``allow_anonymous``; ``max_body_bytes``.
+  for no file; ``allow_anonymous``; ``max_body_bytes``;
+- ``metrics_sink``: the service's metrics server actor (``cluster.ray.metrics_server``): the
+  replica pushes its families there every second and its API port serves no ``/metrics``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -33,11 +38,15 @@ from ray import serve
 from ray.serve import Application
 
 from cluster.model_dir import ChatTokenizer, default_model_dir
+from cluster.ray.metrics_export import merge_metrics_texts
+from cluster.ray.metrics_server import PUSH_PERIOD_S
 from cluster.serve.app import MAX_BODY_BYTES, build_app
 from cluster.serve.path_types import RequestPath
 from cluster.serve.users import Users
 
 __all__ = ["MAX_ONGOING_REQUESTS", "IngressDeployment", "OpenAIIngress", "ingress_app"]
+
+log = logging.getLogger(__name__)
 
 # Requests wait in the auction, not in Serve's queue: a replica must accept far more concurrent
 # requests than run at once, or Serve's back-pressure would reorder them before the auction does.
@@ -58,8 +67,11 @@ class OpenAIIngress:
         users: list[dict[str, Any]] | None = None,
         allow_anonymous: bool = True,
         max_body_bytes: int = MAX_BODY_BYTES,
+        metrics_sink: Any = None,
     ) -> None:
         self._path_factory = path_factory
+        self._metrics_sink = metrics_sink
+        self._push_task: asyncio.Task[None] | None = None
         self._model_name = model_name
         self._model_dir = model_dir
         # Validated here, in the constructor, so a bad users list fails the deployment at once.
@@ -76,12 +88,58 @@ class OpenAIIngress:
         # Building or reading the tokenizer files is disk work: keep the replica's loop free.
         tokenizer = await asyncio.to_thread(
             lambda: ChatTokenizer.from_dir(model_dir or default_model_dir()))
-        return build_app(
+        sink = self._metrics_sink
+        app = build_app(
             path, self._users, tokenizer, model_name=self._model_name,
             max_body_bytes=self._max_body_bytes,
-            metrics_text=getattr(path, "metrics_text", None),
-            on_shutdown=getattr(path, "aclose", None),
+            # With a metrics server the API port serves no /metrics: this replica pushes.
+            metrics_text=None if sink is not None else getattr(path, "metrics_text", None),
+            metrics_route=sink is None,
+            on_shutdown=self._shutdown,
         )
+        if sink is not None:
+            own = _own_metrics(app.state.edge.metrics.text, path)
+            self._push_task = asyncio.get_running_loop().create_task(
+                push_metrics(sink, _replica_id(), own), name="metrics-push"
+            )
+        return app
+
+    async def _shutdown(self) -> None:
+        if self._push_task is not None:
+            self._push_task.cancel()
+        close = getattr(self.path, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def _own_metrics(edge_text: Callable[[], str], path: RequestPath) -> Callable[[], str]:
+    """This replica's own families: the edge's (requests, TTFT, ITL) and the path's."""
+    path_text: Callable[[], str] | None = getattr(path, "own_metrics_text", None)
+
+    def text() -> str:
+        parts = [edge_text(), path_text() if path_text is not None else ""]
+        return merge_metrics_texts([p for p in parts if p])
+
+    return text
+
+
+def _replica_id() -> str:
+    try:
+        return str(serve.get_replica_context().replica_id.unique_id)
+    except Exception:  # outside a Serve replica (tests): any id unique to this process
+        return uuid.uuid4().hex
+
+
+async def push_metrics(sink: Any, replica: str, text: Callable[[], str],
+                       period_s: float = PUSH_PERIOD_S) -> None:  # fmt: skip
+    """Every ``period_s``, hand the metrics server this replica's whole text (not a delta: a
+    lost push costs one period's freshness, never a count). Never raises but to stop."""
+    while True:
+        try:
+            await sink.push.remote(replica, text())
+        except Exception:  # the server restarting: the next period tries again
+            log.warning("metrics push failed", exc_info=True)
+        await asyncio.sleep(period_s)
 
 
 IngressDeployment = serve.deployment(
@@ -103,14 +161,23 @@ def ingress_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     num_replicas: int = 1,
     max_ongoing_requests: int = MAX_ONGOING_REQUESTS,
+    metrics_sink: Any = None,
+    env_vars: dict[str, str] | None = None,
 ) -> Application:
-    """The bound ingress, ready for ``serve.run(app, route_prefix="/")``."""
+    """The bound ingress, ready for ``serve.run(app, route_prefix="/")``. With
+    ``metrics_sink`` (a ``cluster.ray.metrics_server.MetricsServerActor``) every replica pushes
+    its own metric families there and the API port serves no ``/metrics``. ``env_vars``: what
+    the replicas' processes need that their Ray session does not pass on."""
     users = users if users is not None else Users()
     options = IngressDeployment.options(
         num_replicas=num_replicas, max_ongoing_requests=max_ongoing_requests,
-        ray_actor_options={"num_cpus": INGRESS_REPLICA_CPUS},
+        ray_actor_options={
+            "num_cpus": INGRESS_REPLICA_CPUS,
+            **({"runtime_env": {"env_vars": env_vars}} if env_vars else {}),
+        },
     )  # fmt: skip
     return options.bind(
         path_factory, model_name=model_name, model_dir=model_dir, users=users.to_wire(),
         allow_anonymous=users.allow_anonymous, max_body_bytes=max_body_bytes,
+        metrics_sink=metrics_sink,
     )

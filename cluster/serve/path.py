@@ -175,12 +175,17 @@ class ActorRequestPath:
 
     # -- what the ingress asks of its path ---------------------------------------------------
 
+    def own_metrics_text(self) -> str:
+        """This replica's own families (its actor calls, its backend's counts): what it pushes
+        to the service's metrics server (cluster/ray/metrics_server.py)."""
+        return actor_calls_text(self.calls) + self.backend.own_metrics_text()
+
     async def metrics_text(self) -> str:
-        """Every actor's own metric families, merged (docs/design.md §5: one ``/metrics``):
-        this replica's counts at every scrape, the actors' at most once a second."""
+        """Every actor's own metric families, merged (docs/design.md §5: one ``/metrics``), for
+        an app that serves ``/metrics`` itself: this replica's counts at every scrape, the
+        actors' at most once a second."""
         # First in the merge: this replica's gauges win over the actors' (they no longer route).
-        own = actor_calls_text(self.calls) + self.backend.own_metrics_text()
-        return merge_metrics_texts([own, await self._actors_metrics.text()])
+        return merge_metrics_texts([self.own_metrics_text(), await self._actors_metrics.text()])
 
     async def _fetch_actors_metrics(self) -> str:
         """The actors' families; one that does not answer within a second is left out."""

@@ -40,7 +40,7 @@ async def make_actor_path(
     {worker id: handle}. The replica's router starts from the router actor's view."""
     from cluster.sim.profile import load_profile
 
-    bus = ActorBus(nats_url, namespace, name="ingress")
+    bus = ActorBus(nats_url, namespace, role="ingress", name="ingress")
     settings = RoutingSettings.model_validate(routing or {})
     pools = PoolRouting(
         block_size=block_size, local_prefill_max_tokens=local_prefill_max_tokens, seed=seed,

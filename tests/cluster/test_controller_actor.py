@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cluster.bus import EventBus
 from cluster.events import FirstTokenEvent, RegimeEvent, RouteEvent
 from cluster.models import ConfigError
+from cluster.nats_auth import connect_options
 from cluster.ray.controller_actor import DEFAULT_THETA_S, ControllerActor, ControllerSettings
 from controller.policy import PolicyTable
 from tests.cluster.test_events import ROUTE
@@ -90,7 +91,7 @@ async def started(
     actor = ControllerActor(namespace=ns, nats_url=url, **args)
     info = await actor.ready()
     assert info["nats"] and info["subscribed"] and info["role"] == "controller"
-    pub = EventBus(url, ns, name="ingress")
+    pub = EventBus(url, ns, role="ingress", name="ingress")
     await pub.connect()
     events: list[RegimeEvent] = []
     await pub.subscribe(events.append, kinds=("regime",))  # type: ignore[arg-type]
@@ -210,7 +211,7 @@ def test_malformed_messages_and_bad_signals_are_not_fatal(nats_url: str) -> None
         poa = FakePoa({"poa_hat": float("nan"), "poa_routing": "high", "poa_capacity": True})
         auction = FakeAuction(queue_depth=None)
         actor, pub, ns, _ = await started(nats_url, auction=auction, poa=poa)
-        raw = await nats.connect(nats_url)
+        raw = await nats.connect(nats_url, **connect_options("ingress"))
         try:
             await raw.publish(f"disagg.{ns}.first_token", b"\x00garbage")
             await raw.publish(f"disagg.{ns}.first_token", b'{"v": 1, "ttft_s": -1}')

@@ -12,6 +12,7 @@ import uuid
 import nats
 
 from cluster.events import FirstTokenEvent, RouteEvent
+from cluster.nats_auth import connect_options
 from cluster.plausibility import Plausibility
 from cluster.ray.controller_actor import ControllerActor
 from cluster.wire import encode
@@ -105,7 +106,9 @@ def test_memory_and_the_hold_are_bounded() -> None:
 def test_forged_ttfts_on_the_bus_leave_an_idle_controller_below(nats_url: str) -> None:
     async def main() -> None:
         actor, pub, ns, _ = await started(nats_url)
-        raw = await nats.connect(nats_url)  # no credentials, as any local process
+        # The ingress's own credentials: a process without them is refused by the server
+        # (tests/integration/test_nats_permissions.py); this is what a replica could forge.
+        raw = await nats.connect(nats_url, **connect_options("ingress"))
         try:
             for i in range(400):
                 forged = FirstTokenEvent(request_id=f"forged-{uuid.uuid4().hex[:8]}",
@@ -131,3 +134,20 @@ def test_the_controller_knows_its_deployment_workers() -> None:
     actor = ControllerActor(nats_url=None, router=None, auction=None, poa=None, settings=FAST,
                             workers={"prefill": [0], "decode": [1, 2]})  # fmt: skip
     assert actor.plausible.workers == {0, 1, 2}
+
+
+def test_the_poa_estimator_drops_what_the_deployment_rules_out() -> None:
+    from cluster.ray.poa_actor import PoaActor
+
+    actor = PoaActor(nats_url=None, epoch_wall=time.time() - 10.0,
+                     workers={"prefill": [0], "decode": [1, 2]})  # fmt: skip
+    assert actor.plausible.workers == {0, 1, 2}
+    now = time.time()
+    actor.on_event(_route("outside", t=now, worker=9))  # not a worker of this deployment
+    actor.on_event(_first("long", ttft=60.0, t=now, worker=1))  # longer than the service ran
+    actor.on_event(_first("unrouted", t=now, worker=1))  # held for its route, which never comes
+    actor.plausible.hold_s = 0.0
+    actor.tick()
+    assert actor.received["route"] == actor.received["first_token"] == 0
+    assert actor._snapshot()["dropped"] == {
+        "implausible_worker": 1, "implausible_time": 1, "implausible_unrouted": 1}  # fmt: skip

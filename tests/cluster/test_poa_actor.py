@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.bus import EventBus
 from cluster.events import Candidate, CompleteEvent, FirstTokenEvent, RouteEvent
+from cluster.nats_auth import connect_options
 from cluster.ray.poa_actor import PoaActor
 from telemetry import metrics
 from tests.waiting import until
@@ -71,7 +72,7 @@ async def started(url: str, **kwargs: object) -> tuple[PoaActor, EventBus, str]:
     actor = PoaActor(namespace=ns, nats_url=url, **kwargs)  # type: ignore[arg-type]
     info = await actor.ready()
     assert info["nats"] and info["subscribed"] and info["pid"] > 0
-    publisher = EventBus(url, ns, name="test")
+    publisher = EventBus(url, ns, role="ingress", name="test")
     await publisher.connect()
     return actor, publisher, ns
 
@@ -144,7 +145,7 @@ def test_complete_stands_in_for_a_lost_first_token_and_counts_failures(nats_url:
 def test_malformed_messages_are_counted_not_fatal(nats_url: str) -> None:
     async def main() -> None:
         actor, pub, ns = await started(nats_url, tick_s=60.0)
-        raw = await nats.connect(nats_url)
+        raw = await nats.connect(nats_url, **connect_options("ingress"))
         try:
             await raw.publish(f"disagg.{ns}.route", b"\xff not json")
             await raw.publish(f"disagg.{ns}.first_token", b'{"v": 1, "request_id": 7}')
@@ -158,7 +159,9 @@ def test_malformed_messages_are_counted_not_fatal(nats_url: str) -> None:
             actor.joiner.add_route = None  # type: ignore[assignment,method-assign]  # a bug
             actor.on_event(route(10, 2))
             assert actor.errors == 1
-            await pub.publish(first_token(11, 2, 0.1))  # the subscription still delivers
+            # The subscription still delivers (a first token counts once its route is known).
+            await pub.publish(route(11, 2))
+            await pub.publish(first_token(11, 2, 0.1))
             await pub.flush()
             await until(lambda: actor.received["first_token"] == 2)
             snap = actor.tick()

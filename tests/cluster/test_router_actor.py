@@ -296,7 +296,7 @@ def test_metrics_text_holds_the_routing_cost_only() -> None:
 
 def test_over_nats_worker_kv_events_reach_the_index_and_route_events_go_out() -> None:
     async def body(url: str) -> None:
-        listener = EventBus(url, "rt")
+        listener = EventBus(url, "rt", role="observer")
         await listener.connect()
         routes: list[Any] = []
         await listener.subscribe(routes.append, kinds=("route",))

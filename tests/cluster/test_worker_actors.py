@@ -92,7 +92,7 @@ def test_kv_messages_of_a_million_token_prompt_stay_under_the_nats_limit() -> No
 
 def test_a_full_queue_drops_and_counts_instead_of_blocking() -> None:
     async def body() -> None:
-        bus = ActorBus(None, "disagg", name="t", max_pending=2)
+        bus = ActorBus(None, "disagg", role="worker", name="t", max_pending=2)
         got: list[Any] = []
         bus.local.append(lambda subject, item: got.append(item))
         before = EVENTS_DROPPED.labels("buffer_full")._value.get()
@@ -380,7 +380,7 @@ def test_metrics_text_holds_only_what_workers_own() -> None:
 
 def test_kv_events_go_out_on_nats_in_dynamo_envelopes() -> None:
     async def body(url: str) -> None:
-        listener = EventBus(url, "wk")
+        listener = EventBus(url, "wk", role="observer")
         await listener.connect()
         got: list[Any] = []
         await listener.subscribe_kv(kv_subject("wk", "prefill"), got.append)
@@ -405,7 +405,7 @@ def test_kv_events_go_out_on_nats_in_dynamo_envelopes() -> None:
 
 def test_the_engines_load_snapshots_go_out_on_nats() -> None:
     async def body(url: str) -> None:
-        listener = EventBus(url, "wk")
+        listener = EventBus(url, "wk", role="observer")
         await listener.connect()
         got: list[Any] = []
         await listener.subscribe(got.append, kinds=("engine_load",))

@@ -111,7 +111,7 @@ def test_requests_stream_and_dead_workers_are_routed_around(
         view = ShadowView(
             PoolRouting(block_size=SETTINGS.block_size, local_prefill_max_tokens=0,
                         prefill_workers=[0], decode_workers=[1, 2]),
-            ActorBus(None, "t", name="ingress"), control=Handle(shadow),
+            ActorBus(None, "t", role="ingress", name="ingress"), control=Handle(shadow),
         )  # fmt: skip
         view.bus.local.append(lambda subject, event: routes.append(event))
         # The shadow router's policy and the instances' slots, as a replica starts.

@@ -31,6 +31,7 @@ from cluster.dynamo.routing import DynamoRoutes
 from cluster.dynamo.service import DynamoService
 from cluster.model_dir import ChatTokenizer, default_model_dir
 from cluster.nats_server import free_port
+from cluster.ray.metrics_server import PUSH_PERIOD_S
 from cluster.serve.config import ServeConfig
 from tests.dynamo.conftest import pid_gone
 
@@ -52,6 +53,7 @@ def service(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
         "topology": "1P/2D",
         "namespace": "dyn-test",
         "ledger_path": str(tmp / "ledger.sqlite"),
+        "metrics_port": 0,
         "dynamo": {"num_gpu_blocks": BLOCKS, "speedup_ratio": 1.0},
         # Thresholds of wall TTFT on this 2-core machine: one client at a time is served in
         # ~0.1 s; 48 at once queue for seconds (measured when written).
@@ -149,20 +151,28 @@ async def _dynamo_overlaps(routes: DynamoRoutes, tokens: list[int]) -> dict[int,
 def test_every_request_gets_our_breakdown_and_agreement_is_counted(
     service: DynamoService,
 ) -> None:
-    before = agreement_counts(service.url)
+    assert service.metrics_url is not None
+    metrics_url = service.metrics_url
+    time.sleep(PUSH_PERIOD_S + 0.5)  # the replica's last push holds every earlier request
+    before = agreement_counts(metrics_url)
 
     async def traffic() -> None:
         c = _client(service)
         await asyncio.gather(*(_ask(c, 100 + i, k=i % 3) for i in range(12)))
 
     asyncio.run(traffic())
-    after = agreement_counts(service.url)  # counted in the ingress replica, summed on /metrics
-    for role in ("prefill", "decode"):
-        counted = sum(after[role].values()) - sum(before[role].values())
-        assert counted == 12, (role, before, after)
+    # Counted in the ingress replica, pushed to the metrics server every second.
+    deadline = time.monotonic() + 10.0
+    while True:
+        after = agreement_counts(metrics_url)
+        counted = [sum(after[r].values()) - sum(before[r].values()) for r in ("prefill", "decode")]
+        if counted == [12, 12] or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert counted == [12, 12], (before, after)
     # One prefill worker: the two routers cannot differ there.
     assert after["prefill"]["different"] == 0
-    text = httpx.get(f"{service.url}/metrics", timeout=10).text
+    text = httpx.get(metrics_url, timeout=10).text
     assert 'disagg_dynamo_router_agreement_total{agree="same",role="prefill"}' in text
     assert 'disagg_dynamo_router_cost_gap_count{role="prefill"}' in text
     # The workers' own Dynamo metrics, merged into the one /metrics: a series per instance.

@@ -25,6 +25,7 @@ from cluster.dynamo.settings import (
     worker_command,
 )
 from cluster.dynamo.worker_actor import DynamoWorkerActor, dynamo_worker_name
+from cluster.nats_auth import CREDENTIALS_ENV
 
 METRICS = """\
 # HELP dynamo_component_inflight_requests Number of requests currently being processed
@@ -75,7 +76,10 @@ def test_the_frontend_command_binds_loopback() -> None:
         frontend_command(DynamoSettings(), 80, router_mode="; rm")
 
 
-def test_the_environment_is_file_discovery_nats_events_tcp_requests_on_loopback() -> None:
+def test_the_environment_is_file_discovery_nats_events_tcp_requests_on_loopback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(CREDENTIALS_ENV)  # a bus without credentials: tests/cluster has the rest
     env = dynamo_env(DynamoSettings(namespace="n2"), nats_url="nats://127.0.0.1:4222",
                      discovery_dir="/d", system_port=9090)
     assert env == {

@@ -25,7 +25,8 @@ class Handle:
 def _view() -> tuple[ShadowView, list[RouteEvent]]:
     pools = PoolRouting(block_size=BS, local_prefill_max_tokens=0, prefill_workers=[0],
                         decode_workers=[1, 2])  # fmt: skip
-    view = ShadowView(pools, ActorBus(None, "t", name="ingress"), control=Handle(_shadow()))
+    bus = ActorBus(None, "t", role="ingress", name="ingress")
+    view = ShadowView(pools, bus, control=Handle(_shadow()))
     events: list[RouteEvent] = []
     view.bus.local.append(lambda subject, event: events.append(event))
     assert asyncio.run(view.sync_view())  # policy, pools and the instances, as a replica starts

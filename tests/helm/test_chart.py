@@ -22,6 +22,7 @@ import yaml
 
 from cluster.dataplane.settings import AdmissionSettings, RoutingSettings
 from cluster.models import validate_model
+from cluster.nats_auth import ROLES, chart_authorization, chart_password_env
 from cluster.ray.auction_settings import AuctionSettingsModel
 from cluster.ray.controller_pools import ResplitSection
 from cluster.ray.controller_settings import ControllerSettings
@@ -42,12 +43,11 @@ CASES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     **{e.stem: ((str(e),), ()) for e in EXAMPLES},
     "sim-on-gpus": ((), ("accelerator.gpu=true",)),
     "external-nats": ((), ("nats.enabled=false", "nats.external.url=nats://nats.ops:4222",
-                          "nats.external.tokenSecret.name=nats-client")),
+                          "nats.auth.existingSecret=nats-client")),
+    "nats-tls": ((), ("backend=dynamo", "nats.tls.enabled=true", "nats.tls.secretName=nats-tls")),
     "monitoring": ((), ("monitoring.serviceMonitor.enabled=true",
                         "monitoring.prometheusRule.enabled=true")),
 }  # fmt: skip
-TOKEN = "tok-3f9c2b7e1d0a5c48e6b2"  # a NATS token given in values: must end up in a Secret only
-SECRET_SETS = (f"nats.auth.token={TOKEN}",)
 
 
 def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -130,7 +130,7 @@ def test_template_renders_every_part(render: Any, case: str) -> None:
         assert "StatefulSet" not in kinds
     else:
         assert ("StatefulSet", f"{FULLNAME}-nats") in names
-        assert ("Secret", f"{FULLNAME}-nats-auth") in names
+        assert ("Secret", f"{FULLNAME}-nats-credentials") in names
     for d in docs:
         assert d["metadata"].get("labels", {}).get("app.kubernetes.io/instance") == RELEASE, d
 
@@ -275,9 +275,11 @@ def test_dynamo_engine_commands(render: Any, example: Path) -> None:
         assert args[args.index("--disaggregation-mode") + 1] == group
         assert args[args.index("--tensor-parallel-size") + 1] == str(tp)
         env = {e["name"]: e for e in engine["env"]}
-        # the token comes from the Secret through $(VAR) expansion, never inline
-        assert env["NATS_SERVER"]["value"].startswith("nats://$(DISAGG_NATS_TOKEN)@")
-        assert "secretKeyRef" in env["DISAGG_NATS_TOKEN"]["valueFrom"]
+        # the engine is the dynamo role; its password comes from the Secret, never inline
+        assert env["NATS_SERVER"]["value"].startswith("nats://") and "@" not in str(env)
+        assert env["NATS_AUTH_USERNAME"]["value"] == "dynamo"
+        assert env["NATS_AUTH_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+            "name": f"{FULLNAME}-nats-credentials", "key": "dynamo-password"}  # fmt: skip
 
 
 def test_the_chart_knows_every_profiles_tp(render: Any) -> None:
@@ -339,21 +341,36 @@ def test_alert_rules(render: Any) -> None:
     assert rules["DisaggResplitStuck"]["for"] == "10m"
     monitor = one(docs, "ServiceMonitor")
     (endpoint,) = monitor["spec"]["endpoints"]
-    assert endpoint["port"] == "serve" and endpoint["path"] == "/metrics"
-    serve = one(docs, "RayService")["spec"]["serveService"]
-    assert serve["metadata"]["labels"].items() >= monitor["spec"]["selector"]["matchLabels"].items()
-    assert serve["spec"]["ports"][0]["name"] == "serve"
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    # Not the Serve port: the metrics server on the Ray head, on its own port.
+    metrics = one(docs, "Service", f"{FULLNAME}-metrics")
+    selected = monitor["spec"]["selector"]["matchLabels"]
+    assert metrics["metadata"]["labels"].items() >= selected.items()
+    (port,) = metrics["spec"]["ports"]
+    assert port["name"] == "metrics" and port["targetPort"] == "disagg-metrics"
+    assert metrics["spec"]["selector"]["disaggctl.io/ray-node"] == "head"
+    config = service_config(docs)
+    assert (config["metrics_host"], config["metrics_port"]) == ("0.0.0.0", port["port"])
+    head = ray_groups(docs)[0][2]["spec"]["containers"][0]
+    assert {"name": "disagg-metrics", "containerPort": port["port"]} in head["ports"]
+    # The metrics port is open to the monitoring peers only, never to the API's clients.
+    policy = one(docs, "NetworkPolicy", f"{FULLNAME}-ray")
+    for rule in policy["spec"]["ingress"]:
+        ports = {p["port"] for p in rule.get("ports", [])}
+        if port["port"] in ports:
+            assert rule["from"] and 8080 in ports, rule
 
 
 def test_no_secret_outside_secrets(render: Any) -> None:
     example = CHART / "examples" / "sim-laptop.yaml"
-    docs = render((str(example),), SECRET_SETS)
+    docs = render((str(example),))
     secrets = by_kind(docs, "Secret")
     values: set[str] = set()
     for s in secrets:
         values |= {base64.b64decode(v).decode() for v in s.get("data", {}).values()}
         values |= set(s.get("stringData", {}).values())
-    assert TOKEN in values
+    passwords = one(docs, "Secret", f"{FULLNAME}-nats-credentials")["data"]
+    assert set(passwords) == {f"{role}-password" for role in ROLES}
     users = yaml.safe_load(one(docs, "Secret", f"{FULLNAME}-users")["stringData"]["users.yaml"])
     validate_model(UsersFile, users, "users.yaml")  # the shape cluster/serve/users.py reads
     hashes = {u["key_sha256"] for u in users["users"]}
@@ -361,7 +378,6 @@ def test_no_secret_outside_secrets(render: Any) -> None:
         if d["kind"] == "Secret":
             continue
         text = json.dumps(d)
-        assert TOKEN not in text, f"{d['kind']}/{d['metadata']['name']} holds the NATS token"
         assert not any(v in text for v in values), f"{d['kind']}/{d['metadata']['name']}"
         if d["kind"] == "ConfigMap":
             assert not hashes & set(re.findall(r"[0-9a-f]{64}", text))
@@ -425,7 +441,7 @@ def _builder(docs: list[dict[str, Any]], tmp_path: Path) -> ModuleType:
 def test_builder_hands_the_projects_builder_a_valid_config(
     render: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    docs = render((str(CHART / "examples" / "sim-laptop.yaml"),), SECRET_SETS)
+    docs = render((str(CHART / "examples" / "sim-laptop.yaml"),))
     builder = _builder(docs, tmp_path)
     config_file = tmp_path / "service.yaml"
     config_file.write_text(one(docs, "ConfigMap", f"{FULLNAME}-config")["data"]["service.yaml"])
@@ -434,10 +450,9 @@ def test_builder_hands_the_projects_builder_a_valid_config(
     args = dict(serve_app(docs)["args"])
     assert args["users_file"] == "/etc/disaggctl/users/users.yaml"
     args |= {"config_file": str(config_file), "users_file": str(users_file)}
-    monkeypatch.setenv(builder.TOKEN_ENV, TOKEN)
     fields = builder.service_args(args)
     config, users = app_builder.parse_args(fields)  # what cluster.serve.app_builder:build checks
-    assert config.nats_url == f"nats://{TOKEN}@{FULLNAME}-nats.{NAMESPACE}.svc:4222"
+    assert config.nats_url == f"nats://{FULLNAME}-nats.{NAMESPACE}.svc:4222"
     assert users == str(users_file)
     # the real builder is what runs: build() delegates to cluster.serve.app_builder.build
     seen: list[dict[str, Any]] = []
@@ -445,11 +460,48 @@ def test_builder_hands_the_projects_builder_a_valid_config(
     assert builder.build(args) == "app" and seen == [fields]
 
 
-def test_builder_token_in_url(render: Any, tmp_path: Path) -> None:
-    builder = _builder(render(), tmp_path)
-    assert builder.with_token("nats://h:4222", None) == "nats://h:4222"
-    assert builder.with_token("nats://h:4222", "a/b@c") == "nats://a%2Fb%40c@h:4222"
-    assert builder.with_token("nats://u:p@h:4222", "t") == "nats://u:p@h:4222"
+def test_the_nats_servers_permissions_are_the_projects(render: Any) -> None:
+    # The chart's server reads files/nats-authorization.conf: cluster/nats_auth.py's roles and
+    # permissions, each password from its Secret key through the server's environment.
+    shipped = (CHART / "files" / "nats-authorization.conf").read_text(encoding="utf-8")
+    assert shipped == chart_authorization(), "regenerate: python -m cluster.nats_auth --chart"
+    docs = render()
+    conf = one(docs, "ConfigMap", f"{FULLNAME}-nats")["data"]["nats.conf"]
+    assert shipped.strip() in conf and "token:" not in conf
+    (server,) = one(docs, "StatefulSet", f"{FULLNAME}-nats")["spec"]["template"]["spec"][
+        "containers"]  # fmt: skip
+    env = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef") for e in server["env"]}
+    for role in ROLES:
+        assert env[chart_password_env(role)] == {
+            "name": f"{FULLNAME}-nats-credentials", "key": f"{role}-password"}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", ["defaults", "nats-tls"])
+def test_ray_pods_hold_the_ray_roles_passwords_and_not_dynamos(render: Any, case: str) -> None:
+    docs = render(*CASES[case])
+    tls = case == "nats-tls"
+    for group, _, template, _ in ray_groups(docs):
+        spec = template["spec"]
+        (ray,) = [c for c in spec["containers"] if c["name"].startswith("ray-")]
+        env = {e["name"]: e.get("value") for e in ray["env"]}
+        directory = env["DISAGG_NATS_CREDENTIALS"]
+        mount = {m["name"]: m for m in ray["volumeMounts"]}["nats-credentials"]
+        assert mount["mountPath"] == directory and mount["readOnly"]
+        volume = {v["name"]: v for v in spec["volumes"]}["nats-credentials"]
+        paths = {i["path"] for src in volume["projected"]["sources"]
+                 for i in src["secret"]["items"]}  # fmt: skip
+        ray_roles = {f"{r}/password" for r in ROLES if r != "dynamo"}
+        assert paths == ray_roles | ({"ca.crt"} if tls else set()), group
+        for engine in (c for c in spec["containers"] if c["name"].startswith("dynamo-")):
+            engine_env = {e["name"]: e.get("value") for e in engine["env"]}
+            assert engine_env["NATS_SERVER"].startswith("tls://" if tls else "nats://")
+            assert ("NATS_TLS_CA_CERT_PATH" in engine_env) == tls
+
+
+def test_an_external_nats_needs_the_roles_secret(helm: str) -> None:
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--set", "nats.enabled=false",
+                      "--set", "nats.external.url=nats://nats.ops:4222")  # fmt: skip
+    assert result.returncode != 0 and "nats.auth.existingSecret" in result.stderr
 
 
 # ---- values.schema.json ---------------------------------------------------------------------
@@ -462,7 +514,8 @@ def _schema() -> dict[str, Any]:
 def test_schema_mirrors_the_projects_config_models() -> None:
     props = _schema()["properties"]
     config = props["config"]["properties"]
-    chart_set = {"nats_url", "ledger_path", "accelerator_resource", "request_gpus"}
+    chart_set = {"nats_url", "ledger_path", "accelerator_resource", "request_gpus",
+                 "metrics_host", "metrics_port"}  # fmt: skip
     # The serve side's Dynamo backend is not wired into the chart yet (docs/design.md §7): the
     # chart's own top-level `backend`/`dynamo` values describe its engine containers instead.
     not_in_chart = {"backend", "dynamo"}

@@ -151,7 +151,7 @@ def main() -> int:
 
         config = ServeConfig(
             profile=PROFILE, topology=TOPOLOGY, speedup=2.0, namespace="rc",
-            ledger_path=args.ledger, worker_max_restarts=3,
+            ledger_path=args.ledger, worker_max_restarts=3, metrics_port=0,
         )  # fmt: skip
         service = Service(config).start(address=cluster.address, port=args.port)
         mark("service")

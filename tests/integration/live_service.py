@@ -65,6 +65,7 @@ class LiveService:
     nats: NatsServer
     nats_port: int
     ledger_path: Path
+    metrics_url: str  # the metrics server's /metrics (its own port, not the API's)
 
     @property
     def handles(self) -> Any:
@@ -97,6 +98,7 @@ def start_live_service(tmp: Path) -> LiveService:
         nats_url=nats.url,
         ledger_path=str(ledger),
         allow_anonymous=False,
+        metrics_port=0,  # any free port: service.metrics_url says which
         # Auction mode (when the queue is long or the regime is not "below") waits this long
         # for a batch to fill: long enough that two concurrent requests share one batch.
         auction=AuctionSettingsModel(batch_window_ms=150.0),
@@ -117,7 +119,8 @@ def start_live_service(tmp: Path) -> LiveService:
         service.stop()
         nats.close()
         raise
-    return LiveService(service, service.url, nats, nats_port, ledger)
+    assert service.metrics_url is not None
+    return LiveService(service, service.url, nats, nats_port, ledger, service.metrics_url)
 
 
 # -- HTTP helpers --------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 def test_batches_are_published_on_nats(nats_url: str, tmp_path: Path) -> None:
     async def main() -> None:
         received: list[Event] = []
-        listener = EventBus(nats_url, "auctiontest")
+        listener = EventBus(nats_url, "auctiontest", role="observer")
         await listener.connect()
         await listener.subscribe(received.append, kinds=("auction",))
         actor = AuctionActor(

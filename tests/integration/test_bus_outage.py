@@ -33,8 +33,8 @@ def test_publishing_through_an_outage_never_raises_and_counts_honestly() -> None
     stats: dict[str, int] = {"errors": 0, "max_buffered": 0}
 
     async def main(server: NatsServer) -> tuple[EventBus, EventBus]:
-        sub = EventBus(server.url, "outage")
-        pub = EventBus(server.url, "outage", buffer_messages=2_000)
+        sub = EventBus(server.url, "outage", role="observer")
+        pub = EventBus(server.url, "outage", role="auction", buffer_messages=2_000)
         await sub.connect()
         await pub.connect()
         await sub.subscribe(lambda e: received.append(e.batch_id), kinds=["auction"])

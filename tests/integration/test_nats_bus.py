@@ -66,7 +66,8 @@ def test_live_estimate_over_nats_equals_the_offline_one() -> None:
 
     async def main() -> None:
         with NatsServer() as server:
-            sub, pub = EventBus(server.url, "test"), EventBus(server.url, "test")
+            sub = EventBus(server.url, "test", role="observer")
+            pub = EventBus(server.url, "test", role="ingress")
             await sub.connect()
             await pub.connect()
             await sub.subscribe(received.append)
@@ -98,7 +99,8 @@ def test_one_publishers_order_holds_across_kinds_and_only_asked_kinds_arrive() -
     async def main() -> None:
         with NatsServer() as server:
             # One bus per consumer: a bus's sequence check would call the second copy a duplicate.
-            sub, only, pub = (EventBus(server.url, "order") for _ in range(3))
+            sub, only = (EventBus(server.url, "order", role="observer") for _ in range(2))
+            pub = EventBus(server.url, "order", role="ingress")
             for bus in (sub, only, pub):
                 await bus.connect()
             await sub.subscribe(everything.append, kinds=("route", "complete"))
@@ -132,11 +134,11 @@ def test_the_data_planes_events_leave_in_batches_and_arrive_in_order() -> None:
 
     async def main() -> tuple[dict[str, int], int]:
         with NatsServer() as server:
-            sub = EventBus(server.url, "batches")
+            sub = EventBus(server.url, "batches", role="observer")
             await sub.connect()
             await sub.subscribe(received.append)
             await sub.flush()
-            pub = ActorBus(server.url, "batches", name="ingress")
+            pub = ActorBus(server.url, "batches", role="ingress", name="ingress")
             assert await pub.wait_connected(10.0)
             for event in events:
                 pub.publish(event)
@@ -178,7 +180,8 @@ def test_outage_mid_stream_is_survived_and_counted() -> None:
     async def main() -> tuple[int, int, int]:
         server = NatsServer().start()
         try:
-            sub, pub = EventBus(server.url, "outage"), EventBus(server.url, "outage")
+            sub = EventBus(server.url, "outage", role="observer")
+            pub = EventBus(server.url, "outage", role="ingress")
             await sub.connect()
             await pub.connect()
             await sub.subscribe(received.append)
@@ -225,15 +228,19 @@ def test_dynamo_kv_events_over_nats_feed_the_index() -> None:
 
     async def main() -> None:
         with NatsServer() as server:
-            bus = EventBus(server.url, "kv")
+            # A worker publishes; the ingress's side (here an observer) reads.
+            bus = EventBus(server.url, "kv", role="observer")
+            worker = EventBus(server.url, "kv", role="worker")
             await bus.connect()
+            await worker.connect()
             topic = kv_subject("kv")
             await bus.subscribe_kv(topic, index.apply_event)
             await bus.flush()
-            await bus.publish_kv(topic, [to_payload(e) for e in stored], publisher_id=7)
-            await bus._client().publish(topic, b"\xc1 not msgpack")
-            await bus.flush()
+            await worker.publish_kv(topic, [to_payload(e) for e in stored], publisher_id=7)
+            await worker._client().publish(topic, b"\xc1 not msgpack")
+            await worker.flush()
             await _wait_for(lambda: bus.received["kv"] == 2 and bus.dropped["kv_malformed"] == 1)
+            await worker.close()
             await bus.close()
 
     asyncio.run(main())

@@ -224,7 +224,16 @@ def test_repeated_long_prompt_reports_cached_tokens(live_service: LiveService) -
 def test_metrics_has_every_design_metric(live_service: LiveService) -> None:
     from telemetry import metrics as design
 
-    r = httpx.get(live_service.url + "/metrics", timeout=TIMEOUT_S)
+    # Off the public port: the API answers 404; the metrics server has it all.
+    assert httpx.get(live_service.url + "/metrics", timeout=TIMEOUT_S).status_code == 404
+    assert not live_service.metrics_url.startswith(live_service.url)
+
+    def scraped() -> httpx.Response | None:
+        r = httpx.get(live_service.metrics_url, timeout=TIMEOUT_S)
+        ok = metric_values(r.text, "disagg_requests_total").get('{status="ok"}', 0) >= 1
+        return r if ok else None  # the replicas push every second
+
+    r = until(scraped, 10, "the replicas' counts on the metrics server")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     exposed = {line.split()[2] for line in r.text.splitlines() if line.startswith("# TYPE ")}
     defined = {
@@ -510,7 +519,10 @@ def test_bad_inputs_reserved_and_charged_nothing(live_service: LiveService) -> N
         assert math.isclose(ledger.account("carol").spent, 0.0)
     finally:
         ledger.close()
-    text = httpx.get(live_service.url + "/metrics", timeout=TIMEOUT_S).text
-    statuses = metric_values(text, "disagg_requests_total")
-    for status in ("400", "401", "402", "413"):
-        assert statuses.get(f'{{status="{status}"}}', 0) >= 1, statuses
+    def statuses() -> dict[str, float] | None:
+        text = httpx.get(live_service.metrics_url, timeout=TIMEOUT_S).text
+        counts = metric_values(text, "disagg_requests_total")
+        every = all(counts.get(f'{{status="{s}"}}', 0) >= 1 for s in ("400", "401", "402", "413"))
+        return counts if every else None  # the replicas push every second
+
+    until(statuses, 10, "every refusal counted on the metrics server")

@@ -121,6 +121,8 @@ class ServeProcess:
     def __init__(self, workdir: Path, *, config: Path, users: Path, tag: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.metrics_port = free_port()
+        self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         self.stdout_path = workdir / f"serve-{tag}.out"
         self.stderr_path = workdir / f"serve-{tag}.err"
         self.ray_tmpdir_env = tempfile.mkdtemp(prefix="r", dir="/tmp")
@@ -143,6 +145,8 @@ class ServeProcess:
                     str(users),
                     "--port",
                     str(self.port),
+                    "--metrics-port",
+                    str(self.metrics_port),
                 ],
                 stdout=out,
                 stderr=err,

@@ -1,7 +1,9 @@
 """The forged-first-token scenario against a running ``disaggctl serve`` ([15]; docs/design.md §5,
-"Plausibility"): 400 ``first_token`` events claiming 60 s TTFTs, encoded as the ingress encodes
-them and published with no credentials on the service's NATS, leave an idle service ``below``
-(``disagg_regime`` 0, τ 0) and are counted as dropped; real requests after them are answered."""
+"Plausibility", "Security model"). A client with no credentials is refused by the service's NATS.
+With the ingress's own credentials (a compromised replica: the strongest forger that may publish
+``first_token`` at all), 400 events claiming 60 s TTFTs leave an idle service ``below``
+(``disagg_regime`` 0, τ 0) and are counted as dropped, and a forged ``regime`` is refused by the
+server; real requests after them are answered."""
 
 from __future__ import annotations
 
@@ -12,10 +14,12 @@ from pathlib import Path
 
 import httpx
 import nats
+import nats.errors
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cluster.events import FirstTokenEvent
+from cluster.events import FirstTokenEvent, RegimeEvent
+from cluster.nats_auth import connect_options
 from cluster.nats_server import NatsServer
 from cluster.wire import encode
 from tests.integration.test_service_crash import ServeProcess
@@ -36,8 +40,8 @@ controller: {{tick_s: 0.5, theta1_s: 1.0, theta2_s: 2.0, min_samples: 5}}
 """
 
 
-def _samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = httpx.get(f"{url}/metrics", timeout=10.0).text
+def _samples(metrics_url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = httpx.get(metrics_url, timeout=10.0).text
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for f in text_string_to_metric_families(text)
@@ -45,25 +49,43 @@ def _samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
-def _implausible(url: str) -> dict[str, float]:
+def _implausible(metrics_url: str) -> dict[str, float]:
     return {
         dict(labels)["reason"]: value
-        for (name, labels), value in _samples(url).items()
+        for (name, labels), value in _samples(metrics_url).items()
         if name == "disagg_events_dropped_total" and dict(labels)["reason"].startswith("impl")
         and value
     }
 
 
-async def _forge(nats_url: str, n: int) -> None:
-    client = await nats.connect(nats_url)  # no credentials: any process that reaches NATS
+async def _refused_without_credentials(nats_url: str) -> str:
+    with pytest.raises(nats.errors.Error) as refused:
+        await nats.connect(nats_url, allow_reconnect=False, max_reconnect_attempts=0)
+    return str(refused.value)
+
+
+async def _forge(nats_url: str, n: int) -> list[str]:
+    """Publish ``n`` forged first tokens and one forged saturated regime as the ingress;
+    the errors the server sent back."""
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    client = await nats.connect(nats_url, error_cb=on_error, **connect_options("ingress"))
     try:
         for i in range(n):
             event = FirstTokenEvent(request_id=f"forged-{uuid.uuid4().hex[:12]}", t=time.time(),
                                     worker_id=0, ttft_s=60.0)  # fmt: skip
             await client.publish("disagg.forged.first_token", encode(event, "forger", i + 1))
+        regime = RegimeEvent(t=time.time(), regime="saturated", tau=0.8, omega=0.1,
+                             ttft_p99_smoothed_s=60.0, policy_version=99)  # fmt: skip
+        await client.publish("disagg.forged.regime", encode(regime, "forger", 1))
         await client.flush()
+        await asyncio.sleep(0.5)  # the server's -ERR for the regime comes back asynchronously
     finally:
         await client.close()
+    return errors
 
 
 def test_forged_ttfts_leave_an_idle_service_below(tmp_path: Path) -> None:
@@ -77,19 +99,26 @@ def test_forged_ttfts_leave_an_idle_service_below(tmp_path: Path) -> None:
         service = ServeProcess(tmp_path, config=config, users=users, tag="forged")
         try:
             service.wait_serving()
-            asyncio.run(_forge(server.url, 400))
+            assert "authorization violation" in asyncio.run(
+                _refused_without_credentials(server.url)
+            ).lower()
+            errors = asyncio.run(_forge(server.url, 400))
+            assert any("permissions violation for publish" in e and "regime" in e for e in errors)
             deadline = time.monotonic() + 30.0
-            while sum(_implausible(service.url).values()) < 400:  # unrouted: after the 2 s hold
-                assert time.monotonic() < deadline, _implausible(service.url)
+            # Two consumers check each event, the controller and the PoA estimator; unrouted
+            # ones are dropped after the 2 s hold.
+            while sum(_implausible(service.metrics_url).values()) < 2 * 400:
+                assert time.monotonic() < deadline, _implausible(service.metrics_url)
                 time.sleep(0.5)
             time.sleep(1.5)  # three more controller ticks
-            seen = _samples(service.url)
+            seen = _samples(service.metrics_url)
             assert seen[("disagg_regime", ())] == 0.0  # below
             assert seen[("disagg_router_temperature", ())] == 0.0
-            # Each event is dropped once, for the first reason that rules it out: a 60 s TTFT from
-            # a service up for less than a minute by its time, otherwise by its missing route.
-            drops = _implausible(service.url)
-            assert sum(drops.values()) == 400
+            # Each event is dropped once per consumer, for the first reason that rules it out:
+            # a 60 s TTFT from a service up for less than a minute by its time, otherwise by its
+            # missing route.
+            drops = _implausible(service.metrics_url)
+            assert sum(drops.values()) == 2 * 400
             assert set(drops) <= {"implausible_time", "implausible_unrouted"}, drops
             answered = asyncio.run(_burst(service.url, "bob", [0.0] * 4))
             assert [r["status"] for r in answered] == [200] * 4, answered

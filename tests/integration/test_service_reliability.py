@@ -295,7 +295,7 @@ def test_controller_killed_routing_goes_on_and_it_restarts(live_service: LiveSer
 
 def test_restarted_controller_resumes_without_being_called(live_service: LiveService) -> None:
     """After Ray restarts the controller, control must resume by itself: nothing in the service
-    calls the controller (the ingress's /metrics scrape calls only ``metrics_text``)."""
+    calls the controller (a scrape of the metrics server calls only ``metrics_text``)."""
     controller = live_service.handles.controller
     tick_s = live_service.service.config.controller.tick_s
     _get(controller.snapshot.remote())
@@ -303,7 +303,7 @@ def test_restarted_controller_resumes_without_being_called(live_service: LiveSer
     ray.kill(controller, no_restart=False)
     _wait_restarted(controller, restarts, "the controller")
     _requests(live_service, "controller restarted", 4)
-    httpx.get(live_service.url + "/metrics", timeout=HTTP_TIMEOUT_S)  # what a scrape does
+    httpx.get(live_service.metrics_url, timeout=HTTP_TIMEOUT_S)  # what a scrape does
     time.sleep(2.5 * tick_s)
     # Requests are quick: the first ones may all be answered before the restarted controller
     # has subscribed again. These come after it has had ticks to do so.
@@ -403,7 +403,7 @@ def test_nats_restart_under_load(live_service: LiveService) -> None:
 
     until(heard, 30, "first_token events reach the controller after the restart", 0.5)
 
-    text = httpx.get(live_service.url + "/metrics", timeout=HTTP_TIMEOUT_S).text
+    text = httpx.get(live_service.metrics_url, timeout=HTTP_TIMEOUT_S).text
     assert "# TYPE disagg_events_dropped_total counter" in text
     dropped = metric_values(text, "disagg_events_dropped_total")
     assert dropped and all(v >= 0 for v in dropped.values()), dropped

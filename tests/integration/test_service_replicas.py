@@ -37,6 +37,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from auction.ledger import Ledger
+from cluster.ray.metrics_server import PUSH_PERIOD_S
 from cluster.serve.users import hash_key
 from tests.integration.test_service_crash import ServeProcess, describe
 
@@ -116,19 +117,20 @@ SETTLE_S = 1.5  # from the burst's launch until every request is routed and repo
 
 
 def _views_during(
-    url: str, n: int, max_tokens: int
+    url: str, metrics_url: str, n: int, max_tokens: int
 ) -> tuple[list[dict[str, Any]], dict[str, set[int]]]:
-    """Launch ``n`` long requests at once; scrape ``/metrics`` meanwhile (each scrape answered
-    by one replica). Per replica: the decode requests in flight in its view, at every scrape
-    taken while all ``n`` surely ran (from ``SETTLE_S`` after the launch until shortly before
-    the first answer came back)."""
+    """Launch ``n`` long requests at once; scrape the metrics server meanwhile (every replica
+    pushes its families there each ``PUSH_PERIOD_S``). Per replica: the decode requests in
+    flight in its view, at every scrape taken while all ``n`` surely ran and the pushes showed
+    it (from ``SETTLE_S`` plus one push period after the launch until shortly before the first
+    answer came back)."""
     samples: list[tuple[float, str, int]] = []
     finished: list[float] = []
 
     async def scrape(task: asyncio.Future[list[dict[str, Any]]]) -> None:
         async with httpx.AsyncClient(timeout=10.0) as client:
             while not task.done():
-                text = (await client.get(f"{url}/metrics")).text
+                text = (await client.get(metrics_url)).text
                 at = time.monotonic()
                 totals: dict[str, int] = {}
                 for family in text_string_to_metric_families(text):
@@ -150,7 +152,7 @@ def _views_during(
     until = min(finished, default=launched) - 0.2
     views: dict[str, set[int]] = {}
     for at, replica, total in samples:
-        if launched + SETTLE_S <= at <= until:
+        if launched + SETTLE_S + PUSH_PERIOD_S <= at <= until:
             views.setdefault(replica, set()).add(total)
     return results, views
 
@@ -167,15 +169,14 @@ def test_below_saturation_four_replicas_admit_on_their_own_and_their_views_conve
         assert {(r["mode"], r["position"], r["payment"]) for r in results} == {("fcfs", 0, 0.0)}
         # 16 long requests at once (1500 tokens at speed-up 4: seconds of decode each), spread
         # by Serve over the replicas: each replica routes about four of them itself.
-        streams, views = _views_during(service.url, 16, 1500)
+        streams, views = _views_during(service.url, service.metrics_url, 16, 1500)
         assert [r["status"] for r in streams] == [200] * 16, streams
         assert len(_replicas(service)) == 4
     finally:
         _stop(service)
-    # While all 16 ran, every replica that answered a scrape counted all 16 in its view: its
-    # own and the other three's reports (the scrapes reach the replicas Serve picks, so at
-    # least two, not necessarily all four).
-    assert len(views) >= 2, views
+    # While all 16 ran, every replica counted all 16 in its view: its own and the other
+    # three's reports (each scrape shows every replica's pushed view).
+    assert len(views) == 4, views
     assert all(totals == {16} for totals in views.values()), views
     with Ledger(ledger_path) as ledger:
         assert ledger.holds() == [], "FCFS under a lease writes nothing to the ledger"

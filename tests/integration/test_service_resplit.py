@@ -22,6 +22,7 @@ import openai
 import pytest
 import ray
 
+from cluster.nats_auth import connect_options
 from tests.integration.live_service import (
     HTTP_TIMEOUT_S,
     MODEL,
@@ -29,6 +30,7 @@ from tests.integration.live_service import (
     LiveService,
     key,
     metric_values,
+    until,
 )
 
 pytestmark = [
@@ -68,7 +70,7 @@ async def _traffic(client: openai.AsyncOpenAI, stop: asyncio.Event, out: list[An
 
 
 def _metrics(live: LiveService) -> str:
-    return httpx.get(live.url + "/metrics", timeout=HTTP_TIMEOUT_S).text
+    return httpx.get(live.metrics_url, timeout=HTTP_TIMEOUT_S).text
 
 
 def test_resplit_moves_a_decode_worker_to_prefill_without_losing_requests(
@@ -78,7 +80,7 @@ def test_resplit_moves_a_decode_worker_to_prefill_without_losing_requests(
     before_total = sum(metric_values(_metrics(live_service), "disagg_resplits_total").values())
 
     async def main() -> tuple[dict[str, Any], list[Any], list[Any], list[dict[str, Any]]]:
-        nc = await nats.connect(live_service.nats.url)
+        nc = await nats.connect(live_service.nats.url, **connect_options("observer"))
         pools_events: list[dict[str, Any]] = []
 
         async def on_pools(msg: Any) -> None:
@@ -132,12 +134,17 @@ def test_resplit_moves_a_decode_worker_to_prefill_without_losing_requests(
         served = {r["disagg"]["prefill_worker"] for r in after if r["disagg"]}
         assert wid in served, served
 
-        # /metrics (through the ingress, the controller actor's families merged in).
-        text = _metrics(live_service)
-        pools = metric_values(text, "disagg_pool_workers")
-        assert pools == {'{role="decode"}': 1.0, '{role="prefill"}': 2.0}, pools
-        total = sum(metric_values(text, "disagg_resplits_total").values())
-        assert total == before_total + 1
+        # /metrics (the metrics server, the controller actor's families merged in; its
+        # fetch of the actors is at most a second old).
+        def moved() -> bool:
+            text = _metrics(live_service)
+            pools = metric_values(text, "disagg_pool_workers")
+            total = sum(metric_values(text, "disagg_resplits_total").values())
+            return pools == {'{role="decode"}': 1.0, '{role="prefill"}': 2.0} and (
+                total == before_total + 1
+            )
+
+        until(moved, 10, "the re-split on /metrics")
     finally:
         # Back to 1P/2D with the same ids, for whatever runs after on the shared service.
         snap = ray.get(h.controller.snapshot.remote(), timeout=HTTP_TIMEOUT_S)

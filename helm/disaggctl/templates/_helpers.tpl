@@ -59,7 +59,7 @@ app.kubernetes.io/component: ray
 {{- if eq .role "prefill" -}}{{ index $n 0 | int }}{{- else -}}{{ index $n 1 | int }}{{- end -}}
 {{- end -}}
 
-{{/* NATS: the URL without credentials, and where the token lives. */}}
+{{/* NATS: the URL without credentials, and where each role's credentials live. */}}
 {{- define "disaggctl.natsHost" -}}
 {{- printf "%s-nats.%s.svc" (include "disaggctl.fullname" .) .Release.Namespace -}}
 {{- end -}}
@@ -74,17 +74,28 @@ app.kubernetes.io/component: ray
 {{- end -}}
 {{- end -}}
 
-{{- define "disaggctl.natsTokenSecretName" -}}
-{{- if .Values.nats.enabled -}}
-{{- default (printf "%s-nats-auth" (include "disaggctl.fullname" .)) .Values.nats.auth.existingSecret -}}
+{{- define "disaggctl.natsCredentialsSecretName" -}}
+{{- if .Values.nats.auth.existingSecret -}}
+{{- .Values.nats.auth.existingSecret -}}
+{{- else if .Values.nats.enabled -}}
+{{- printf "%s-nats-credentials" (include "disaggctl.fullname" .) -}}
 {{- else -}}
-{{- .Values.nats.external.tokenSecret.name -}}
+{{- fail "nats.auth.existingSecret: required with an external NATS (nats.enabled: false): a Secret with <role>-password per role (cluster/nats_auth.py)" -}}
 {{- end -}}
 {{- end -}}
 
-{{- define "disaggctl.natsTokenSecretKey" -}}
-{{- if .Values.nats.enabled -}}{{ .Values.nats.auth.secretKey }}{{- else -}}{{ .Values.nats.external.tokenSecret.key }}{{- end -}}
+{{/* The roles the Ray pods play (every actor and replica may land on any Ray pod). */}}
+{{- define "disaggctl.natsRayRoles" -}}worker ingress controller poa auction router observer{{- end -}}
+{{- define "disaggctl.natsRoles" -}}{{ include "disaggctl.natsRayRoles" . }} dynamo{{- end -}}
+
+{{- define "disaggctl.natsTlsSecretName" -}}
+{{- if not .Values.nats.tls.secretName -}}
+{{- fail "nats.tls.secretName: required when nats.tls.enabled (a Secret with tls.crt, tls.key and ca.crt)" -}}
 {{- end -}}
+{{- .Values.nats.tls.secretName -}}
+{{- end -}}
+
+{{- define "disaggctl.natsCredentialsDir" -}}/etc/disaggctl/nats{{- end -}}
 
 {{/* Paths inside the Ray containers. */}}
 {{- define "disaggctl.configPath" -}}/etc/disaggctl/config/service.yaml{{- end -}}
@@ -107,6 +118,8 @@ app.kubernetes.io/component: ray
 {{- $_ := set $cfg "nats_url" (include "disaggctl.natsUrl" .) -}}
 {{- $_ := set $cfg "ledger_path" (printf "%s/ledger.sqlite" (include "disaggctl.ledgerDir" .)) -}}
 {{- $_ := set $cfg "accelerator_resource" .Values.accelerator.resource -}}
+{{- $_ := set $cfg "metrics_host" "0.0.0.0" -}}
+{{- $_ := set $cfg "metrics_port" (int .Values.monitoring.metricsPort) -}}
 {{- $_ := set $cfg "request_gpus" (and .Values.accelerator.gpu (eq .Values.backend "sim")) -}}
 {{- toYaml $cfg -}}
 {{- end -}}

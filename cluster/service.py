@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.util.placement_group import remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from cluster.model_dir import build_model_dir, default_model_dir
 from cluster.models import ConfigError
@@ -241,8 +242,16 @@ class Service:
         # Every queued admit holds one of the auction's concurrency slots while it waits.
         auction = self.config.auction
         concurrency = auction.max_queue + auction.max_in_prefill + 1024
+        # The auction owns the ledger, a SQLite file on one host: it runs on Ray's head, the one
+        # node that holds the ledger's volume (the Helm chart mounts it there only).
+        on_head = (
+            {"scheduling_strategy": NodeAffinitySchedulingStrategy(_head_node_id(), soft=False)}
+            if role == "auction"
+            else {}
+        )
         return {
             "name": f"{self.config.namespace}-{role}",
+            **on_head,
             "namespace": RAY_NAMESPACE,
             "num_cpus": 0,
             "max_restarts": -1,  # the control plane always comes back
@@ -257,7 +266,6 @@ class Service:
         nats = {"nats_url": self.nats_url, "namespace": cfg.namespace}
         h.router = self._control("router", *self._router_actor())
         users = self.users.ledger_users()
-        Path(cfg.ledger_path).parent.mkdir(parents=True, exist_ok=True)
         h.auction = self._control(
             "auction",
             AuctionActor,
@@ -298,8 +306,6 @@ class Service:
     def _start_metrics_server(self) -> None:
         """``/metrics`` on ``metrics_host:metrics_port``, on Ray's head node (where an operator
         looks for it; on Kubernetes the head pod, which the chart's ServiceMonitor selects)."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         cfg, h = self.config, self.handles
         head = NodeAffinitySchedulingStrategy(node_id=_head_node_id(), soft=False)
         options = {**self._control_options("metrics"), "scheduling_strategy": head}

@@ -37,6 +37,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, TypeVar
 
 from auction.admission import AdmissionQueue, BatchOutcome, QueueFull, Release
@@ -73,6 +74,14 @@ class AdmissionCancelledError(Exception):
     """The request left the queue before its release (finished while queued, or shutdown)."""
 
 
+def _ledger_directory(ledger_path: str) -> None:
+    parent = Path(ledger_path).parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LedgerError(f"cannot create the ledger's directory {parent}: {exc}") from None
+
+
 class AuctionActor(ReplicaExchange):
     def __init__(
         self,
@@ -102,6 +111,8 @@ class AuctionActor(ReplicaExchange):
         self._clock = Clock(speedup, t0=time.monotonic() - (time.time() - epoch))
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="ledger")
         try:
+            # Here, not by the composer: only the node this actor runs on holds the ledger.
+            _ledger_directory(ledger_path)
             self._ledger = self._exec.submit(Ledger, ledger_path).result()
             self.released_at_start = self._exec.submit(
                 self._ledger.release_abandoned_holds, time.time()

@@ -350,10 +350,11 @@ def test_a_users_file_budget_change_keeps_the_ledgers(
 
 
 def test_a_ledger_that_cannot_open_fails_the_constructor(tmp_path: Path) -> None:
-    with pytest.raises(LedgerError, match="no-such-dir"):
+    (tmp_path / "a-file").write_text("not a directory")
+    with pytest.raises(LedgerError, match="a-file"):
         AuctionActor(
             settings={},
-            ledger_path=str(tmp_path / "no-such-dir" / "l.db"),
+            ledger_path=str(tmp_path / "a-file" / "l.db"),
             users=USERS,
             nats_url=None,
         )

@@ -43,7 +43,9 @@ CASES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     **{e.stem: ((str(e),), ()) for e in EXAMPLES},
     "sim-on-gpus": ((), ("accelerator.gpu=true",)),
     "external-nats": ((), ("nats.enabled=false", "nats.external.url=nats://nats.ops:4222",
-                          "nats.auth.existingSecret=nats-client")),
+                          "nats.auth.existingSecret=nats-client",
+                          "networkPolicy.extraEgress[0].ports[0].port=4222")),
+    "api-gateway": ((), ("networkPolicy.apiFrom[0].namespaceSelector.matchLabels.gw=yes",)),
     "nats-tls": ((), ("backend=dynamo", "nats.tls.enabled=true", "nats.tls.secretName=nats-tls")),
     "monitoring": ((), ("monitoring.serviceMonitor.enabled=true",
                         "monitoring.prometheusRule.enabled=true")),
@@ -248,7 +250,12 @@ def test_b200_gpu_counts_are_topology_times_tp(render: Any, example: Path) -> No
         assert params["num-gpus"] == "0"
     assert total == (p + d) * tp
     assert {"b200-llama70b-1p5d": 24, "b200-nemotron340b-1p2d": 24}[example.stem] == total
-    assert "ReadWriteMany" in one(docs, "PersistentVolumeClaim")["spec"]["accessModes"]
+    # The ledger: block storage on the head only (the auction's node), never a shared volume.
+    assert one(docs, "PersistentVolumeClaim")["spec"]["accessModes"] == ["ReadWriteOnce"]
+    for group, _, template, _ in ray_groups(docs):
+        mounts = {m["name"] for c in template["spec"]["containers"]
+                  for m in c.get("volumeMounts", [])}  # fmt: skip
+        assert ("ledger" in mounts) == (group == "head"), group
 
 
 def test_sim_on_gpus_gives_the_ray_containers_the_gpus(render: Any) -> None:
@@ -422,6 +429,62 @@ def test_network_policies_fence_nats_and_the_ray_pods(render: Any) -> None:
     # every Ray pod carries the labels the policies select
     for _, _, template, _ in ray_groups(docs):
         assert template["metadata"]["labels"]["app.kubernetes.io/component"] == "ray"
+
+
+@pytest.mark.parametrize("case", ["defaults", "api-gateway", "nats-tls"])
+def test_default_deny_then_the_listed_flows(render: Any, case: str) -> None:
+    docs = render(*CASES[case])
+    deny = one(docs, "NetworkPolicy", f"{FULLNAME}-default-deny")["spec"]
+    assert deny["policyTypes"] == ["Ingress", "Egress"] and "ingress" not in deny
+    assert "egress" not in deny
+    assert deny["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == RELEASE
+    for name in ("nats", "ray"):
+        spec = one(docs, "NetworkPolicy", f"{FULLNAME}-{name}")["spec"]
+        assert spec["policyTypes"] == ["Ingress", "Egress"], name
+        dns = [r for r in spec["egress"] if {"port": 53, "protocol": "UDP"} in r.get("ports", [])]
+        assert len(dns) == 1, name
+    ray = one(docs, "NetworkPolicy", f"{FULLNAME}-ray")["spec"]
+    api = [r for r in ray["ingress"] if {"port": 8000, "protocol": "TCP"} in r.get("ports", [])
+           and len(r["ports"]) == 1]  # fmt: skip
+    if case == "api-gateway":  # the API only from the gateway's namespace
+        (rule,) = api
+        assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"gw": "yes"}}}]
+    else:  # no gateway configured: no one but a port-forward (the operator's rule aside)
+        assert api == []
+    egress_ports = {p["port"] for r in ray["egress"] for p in r.get("ports", [])}
+    assert {4222, 53} <= egress_ports
+    assert (443 in egress_ports) == (case == "nats-tls")  # backend: dynamo, its discovery
+    assert all(r.get("from") for r in ray["ingress"]), "an ingress rule open to anyone"
+
+
+def test_an_external_nats_needs_an_egress_rule(helm: str) -> None:
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--set", "nats.enabled=false",
+                      "--set", "nats.external.url=nats://nats.ops:4222",
+                      "--set", "nats.auth.existingSecret=s")  # fmt: skip
+    assert result.returncode != 0 and "networkPolicy.extraEgress" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (("ledger.persistence.enabled=false", "users.existingSecret=u"), "emptyDir ledger"),
+        (("ledger.persistence.accessModes={ReadWriteMany}",), "network file system"),
+    ],
+)
+def test_a_ledger_that_could_lose_money_is_refused(
+    helm: str, sets: tuple[str, ...], message: str
+) -> None:
+    args = [a for s in sets for a in ("--set", s)]
+    result = run_helm(helm, "template", RELEASE, str(CHART), *args)
+    assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+def test_every_empty_dir_has_a_size_limit(render: Any) -> None:
+    for case in ("defaults", "nats-tls"):
+        for where, template in pod_templates(render(*CASES[case])):
+            for volume in template["spec"].get("volumes", []):
+                if "emptyDir" in volume:
+                    assert volume["emptyDir"].get("sizeLimit"), (case, where, volume["name"])
 
 
 # ---- the chart's Serve builder --------------------------------------------------------------

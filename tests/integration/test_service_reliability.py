@@ -187,17 +187,24 @@ def test_decode_worker_killed_mid_run(live_service: LiveService) -> None:
     assert workers[victim] >= 1, f"the restarted worker {victim} served nothing: {workers}"
     _books_closed(live_service)
 
-    # The failed requests were charged nothing: each one's hold was released, never captured.
+    # The failed requests were charged nothing. One admitted when requests queued had its bid
+    # held: that hold was released, never captured. One admitted under its replica's lease
+    # (below saturation: FCFS, docs/design.md "Admission") left no hold to release. Which of
+    # the two a request met depends on the regime the burst before left, so both are allowed;
+    # neither may leave a charge.
     ledger = Ledger(live_service.ledger_path)
     try:
-        holds = ledger.holds("load")
+        holds, journal = ledger.holds("load"), ledger.journal("load")
     finally:
         ledger.close()
+    held = 0
     for r in failed:
-        request_id = r.headers["x-disagg-request-id"]
-        mine = [h for h in holds if h.hold_id.startswith(request_id + "@")]
-        assert mine, f"no hold for the failed request {request_id}"
+        key = r.headers["x-disagg-request-id"] + "@"
+        mine = [h for h in holds if h.hold_id.startswith(key)]
+        held += len(mine)
         assert all(h.state == "released" and h.charge_seq is None for h in mine), mine
+        assert not [c for c in journal if c.hold_id.startswith(key)], key
+    print(f"[decode kill: {len(failed)} failed, {held} of them with a released hold]")
 
 
 # -- (c) the controller dies ---------------------------------------------------------------------

@@ -34,7 +34,13 @@ from cluster.ray.metrics_export import merge_metrics_texts
 from cluster.serve.scrape_cache import ScrapeCache
 from cluster.serve.worker_handles import Workers, named_worker_resolver
 
-__all__ = ["MAX_REPLICAS", "MAX_TEXT_BYTES", "PUSH_PERIOD_S", "MetricsServerActor"]
+__all__ = [
+    "MAX_REPLICAS",
+    "MAX_TEXT_BYTES",
+    "PUSH_PERIOD_S",
+    "MetricsServerActor",
+    "actors_metrics_text",
+]
 
 log = logging.getLogger(__name__)
 
@@ -128,14 +134,7 @@ class MetricsServerActor:
 
     async def _fetch_actors(self) -> str:
         await self._find_workers()
-        workers = self.workers.handles()
-        handles = [*self.actors, *(h for _, _, h in workers)]
-        done = await asyncio.gather(*(_fetch(h) for h in handles), return_exceptions=True)
-        fixed = len(self.actors)
-        for (role, worker, handle), result in zip(workers, done[fixed:], strict=True):
-            if isinstance(result, RayActorError):  # stopped by a re-split, or dead
-                self.workers.forget(role, worker, handle)
-        return merge_metrics_texts([t for t in done if isinstance(t, str)])
+        return await actors_metrics_text(self.actors, self.workers)
 
     async def _find_workers(self) -> None:
         """A worker id with no live handle: look it up by name under either role (a re-split
@@ -157,6 +156,19 @@ class MetricsServerActor:
             return Response(await self.metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
         return Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])
+
+
+async def actors_metrics_text(actors: list[Any], workers: Workers | None) -> str:
+    """The families of ``actors`` and of ``workers``' handles, merged; one that does not answer
+    within ``FETCH_TIMEOUT_S`` is left out, and a worker whose actor died is forgotten (a
+    re-split stopped it: the next fetch finds its successor by name)."""
+    known = workers.handles() if workers is not None else []
+    handles = [*actors, *(h for _, _, h in known)]
+    done = await asyncio.gather(*(_fetch(h) for h in handles), return_exceptions=True)
+    for (role, worker, handle), result in zip(known, done[len(actors) :], strict=True):
+        if isinstance(result, RayActorError) and workers is not None:
+            workers.forget(role, worker, handle)
+    return merge_metrics_texts([t for t in done if isinstance(t, str)])
 
 
 async def _awaited(ref: Any) -> Any:

@@ -30,8 +30,6 @@ import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
-from ray.exceptions import RayActorError
-
 from cluster.dataplane.admission import AdmissionGate
 from cluster.dataplane.auction_link import AuctionLink
 from cluster.dataplane.exchange import Refusal
@@ -40,6 +38,7 @@ from cluster.dataplane.settings import EXCHANGE_PERIOD_S
 from cluster.events import CompleteEvent, FirstTokenEvent
 from cluster.ray.actor_support import ActorBus
 from cluster.ray.metrics_export import merge_metrics_texts
+from cluster.ray.metrics_server import actors_metrics_text
 from cluster.serve.backend import Backend, Placement, WorkerFailed
 from cluster.serve.path_types import (
     Admitted,
@@ -54,8 +53,6 @@ from cluster.serve.scrape_cache import ScrapeCache
 from cluster.serve.worker_handles import Workers
 
 __all__ = ["ActorRequestPath", "WorkerFailed", "Workers", "complete_event"]
-
-METRICS_TIMEOUT_S = 1.0
 
 log = logging.getLogger(__name__)
 
@@ -188,19 +185,8 @@ class ActorRequestPath:
         return merge_metrics_texts([self.own_metrics_text(), await self._actors_metrics.text()])
 
     async def _fetch_actors_metrics(self) -> str:
-        """The actors' families; one that does not answer within a second is left out."""
-        workers = self.workers.handles() if self.workers is not None else []
-        actors = [self.auction, *self.extra_metrics, *(h for _, _, h in workers)]
-        refs = [a.metrics_text.remote() for a in actors]
-        done = await asyncio.gather(
-            *(asyncio.wait_for(_awaitable(r), METRICS_TIMEOUT_S) for r in refs),
-            return_exceptions=True,
-        )
-        fixed = len(actors) - len(workers)
-        for (role, worker, handle), result in zip(workers, done[fixed:], strict=True):
-            if isinstance(result, RayActorError) and self.workers is not None:
-                self.workers.forget(role, worker, handle)  # stopped by a re-split, or dead
-        return merge_metrics_texts([t for t in done if isinstance(t, str)])
+        """The actors' families (cluster/ray/metrics_server.py: ``actors_metrics_text``)."""
+        return await actors_metrics_text([self.auction, *self.extra_metrics], self.workers)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run bookkeeping in the background, kept until done (``settle`` waits for it)."""
@@ -269,6 +255,3 @@ def complete_event(req: PathRequest, t0: float, ttft: float, placement: Placemen
         output_tokens=outputs, status="ok",
     )  # fmt: skip
 
-
-async def _awaitable(ref: Any) -> Any:
-    return await ref

@@ -35,7 +35,8 @@ Batches. ``reserve_many`` and ``settle_many`` run many holds' operations in one 
 commit, one fsync): each item's outcome is returned in its place, an error as a value, so one
 refused bid does not undo the others.
 
-The methods here run on the ``Ledger``'s SQLite connection and transactions (``auction.ledger``);
+The methods here run on a backend's connection and transactions (``auction/ledger_sql.py``:
+SQLite in ``auction.ledger``, PostgreSQL in ``cluster.ledger.postgres``);
 this module holds the arithmetic of holds and their part of the replay check, and
 ``auction/ledger_schema.py`` their tables and triggers.
 """
@@ -43,14 +44,13 @@ this module holds the arithmetic of holds and their part of the replay check, an
 from __future__ import annotations
 
 import math
-import sqlite3
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
-from pathlib import Path
-from typing import cast
+from typing import ClassVar, cast
 
+from auction.ledger_sql import Db
 from auction.money import (
     BudgetExceeded,
     Charge,
@@ -80,17 +80,21 @@ def _expiry(when: object) -> float | None:
         raise ValueError(f"an expiry must be finite Unix seconds or None, got {when!r}")
     return float(when)
 
-_HOLD_COLUMNS = "hold_id, user, amount, state, charge_seq, owner, expires"
+_HOLD_COLUMNS = 'hold_id, "user", amount, state, charge_seq, owner, expires'
 
 
 class HoldBook(ABC):
-    """The hold operations of ``auction.ledger.Ledger`` (which provides the connection)."""
+    """The hold operations of a ledger (``auction.ledger_book.LedgerBook``, whose backend
+    provides the connection)."""
 
-    path: Path
+    where: str  # the ledger's location, for messages: a file path or a database URL
+    # The column that orders holds as they were reserved: SQLite's rowid, PostgreSQL's seq.
+    _hold_order: ClassVar[str] = "rowid"
 
     @abstractmethod
-    def _transaction(self, *, write: bool = True) -> AbstractContextManager[sqlite3.Connection]:
-        """BEGIN IMMEDIATE (or a read snapshot) … COMMIT, SQLite errors as the ledger's."""
+    def _transaction(self, *, write: bool = True) -> AbstractContextManager[Db]:
+        """A write transaction that holds the ledger's write lock (or a read snapshot) …
+        COMMIT, the database's errors raised as the ledger's."""
 
     @abstractmethod
     def _stored(self, micros: object, where: object) -> int:
@@ -98,16 +102,16 @@ class HoldBook(ABC):
 
     # -- reading -------------------------------------------------------------------------------
 
-    def _account_micros(self, db: sqlite3.Connection, user: str) -> tuple[int, int]:
+    def _account_micros(self, db: Db, user: str) -> tuple[int, int]:
         """(budget, spent) of ``user`` in micro-units; ``UnknownAccountError`` if none."""
-        row = db.execute("SELECT budget, spent FROM accounts WHERE user = ?", (user,)).fetchone()
+        row = db.execute('SELECT budget, spent FROM accounts WHERE "user" = ?', (user,)).fetchone()
         if row is None:
             raise UnknownAccountError(f"no account {user!r}")
         return self._stored(row[0], user), self._stored(row[1], user)
 
-    def _held_micros(self, db: sqlite3.Connection, user: str) -> int:
+    def _held_micros(self, db: Db, user: str) -> int:
         """H_i: the sum of ``user``'s open holds."""
-        query = "SELECT amount FROM holds WHERE user = ? AND state = 'open'"
+        query = "SELECT amount FROM holds WHERE \"user\" = ? AND state = 'open'"
         return sum(self._stored(a, f"hold of {user!r}") for (a,) in db.execute(query, (user,)))
 
     def _hold(self, row: tuple[object, ...]) -> tuple[Hold, int]:
@@ -115,13 +119,13 @@ class HoldBook(ABC):
         hold_id, user, amount, state, seq, owner, expires = row
         micros = self._stored(amount, f"hold {hold_id!r}")
         if state not in HOLD_STATES or (seq is not None and type(seq) is not int):
-            raise LedgerCorruptError(f"{self.path}: hold {hold_id!r} is in state {state!r}")
+            raise LedgerCorruptError(f"{self.where}: hold {hold_id!r} is in state {state!r}")
         if expires is not None and type(expires) is not float:
-            raise LedgerCorruptError(f"{self.path}: hold {hold_id!r} expires at {expires!r}")
+            raise LedgerCorruptError(f"{self.where}: hold {hold_id!r} expires at {expires!r}")
         hold = Hold(str(hold_id), str(user), units(micros), state, seq, str(owner), expires)
         return hold, micros
 
-    def _find_hold(self, db: sqlite3.Connection, hold_id: str) -> tuple[Hold, int]:
+    def _find_hold(self, db: Db, hold_id: str) -> tuple[Hold, int]:
         query = f"SELECT {_HOLD_COLUMNS} FROM holds WHERE hold_id = ?"
         row = db.execute(query, (hold_id,)).fetchone()
         if row is None:
@@ -138,7 +142,7 @@ class HoldBook(ABC):
         clauses, args = [], []
         if user is not None:
             check_user(user)
-            clauses.append("user = ?")
+            clauses.append('"user" = ?')
             args.append(user)
         if state is not None:
             if state not in HOLD_STATES:
@@ -147,7 +151,8 @@ class HoldBook(ABC):
             args.append(state)
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
         with self._transaction(write=False) as db:
-            rows = db.execute(f"SELECT {_HOLD_COLUMNS} FROM holds{where} ORDER BY rowid", args)
+            query = f"SELECT {_HOLD_COLUMNS} FROM holds{where} ORDER BY {self._hold_order}"
+            rows = db.execute(query, args)
             return [self._hold(tuple(row))[0] for row in rows]
 
     def held(self, user: str) -> float:
@@ -210,7 +215,7 @@ class HoldBook(ABC):
         return key, to_micros(amount), (owner, _expiry(expires))
 
     def _reserve_in(
-        self, db: sqlite3.Connection, key: str, user: str, micros: int,
+        self, db: Db, key: str, user: str, micros: int,
         life: tuple[str, float | None],
     ) -> Hold:  # fmt: skip
         row = db.execute(f"SELECT {_HOLD_COLUMNS} FROM holds WHERE hold_id = ?", (key,))
@@ -229,7 +234,7 @@ class HoldBook(ABC):
             raise BudgetExceeded(user, units(micros), units(left))
         owner, expires = life
         db.execute(
-            "INSERT INTO holds (hold_id, user, amount, owner, expires) VALUES (?, ?, ?, ?, ?)",
+            'INSERT INTO holds (hold_id, "user", amount, owner, expires) VALUES (?, ?, ?, ?, ?)',
             (key, user, micros, owner, expires),
         )
         return Hold(key, user, units(micros), "open", None, owner, expires)
@@ -247,7 +252,7 @@ class HoldBook(ABC):
         with self._transaction() as db:
             return self._capture_in(db, key, batch, micros)
 
-    def _capture_in(self, db: sqlite3.Connection, key: str, batch: str, micros: int) -> Charge:
+    def _capture_in(self, db: Db, key: str, batch: str, micros: int) -> Charge:
         hold, held = self._find_hold(db, key)
         if hold.state == "captured":
             assert hold.charge_seq is not None  # the schema's CHECK ties the two
@@ -264,27 +269,27 @@ class HoldBook(ABC):
             raise HoldError(f"capture of {units(micros)} exceeds hold {key!r} of {units(held)}")
         budget, spent = self._account_micros(db, hold.user)
         after = budget - spent - micros  # >= 0: the hold fitted in B_i - S_i when reserved
-        cursor = db.execute(
-            "INSERT INTO journal (batch_id, user, hold_id, amount, balance_after) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (batch, hold.user, key, micros, after),
+        seq = int(
+            db.execute(
+                'INSERT INTO journal (batch_id, "user", hold_id, amount, balance_after) '
+                "VALUES (?, ?, ?, ?, ?) RETURNING seq",
+                (batch, hold.user, key, micros, after),
+            ).fetchone()[0]
         )
-        seq = cursor.lastrowid
-        assert seq is not None
         # Close the hold before raising spent: the trigger checks S_i + H_i <= B_i.
         db.execute(
             "UPDATE holds SET state = 'captured', charge_seq = ? WHERE hold_id = ?", (seq, key)
         )
-        db.execute("UPDATE accounts SET spent = spent + ? WHERE user = ?", (micros, hold.user))
+        db.execute('UPDATE accounts SET spent = spent + ? WHERE "user" = ?', (micros, hold.user))
         return Charge(seq, batch, hold.user, units(micros), units(after), key)
 
-    def _capture_row(self, db: sqlite3.Connection, seq: int) -> tuple[Charge, int]:
+    def _capture_row(self, db: Db, seq: int) -> tuple[Charge, int]:
         row = db.execute(
-            "SELECT batch_id, user, amount, balance_after, hold_id FROM journal WHERE seq = ?",
+            'SELECT batch_id, "user", amount, balance_after, hold_id FROM journal WHERE seq = ?',
             (seq,),
         ).fetchone()
         if row is None:  # the foreign key forbids it; a forged file could still hold it
-            raise LedgerCorruptError(f"{self.path}: journal row {seq} of a capture is missing")
+            raise LedgerCorruptError(f"{self.where}: journal row {seq} of a capture is missing")
         micros = self._stored(row[2], f"journal row {seq}")
         after = self._stored(row[3], f"journal row {seq}")
         charge = Charge(seq, str(row[0]), str(row[1]), units(micros), units(after), str(row[4]))
@@ -296,7 +301,7 @@ class HoldBook(ABC):
         with self._transaction() as db:
             return self._release_in(db, key)
 
-    def _release_in(self, db: sqlite3.Connection, key: str) -> Hold:
+    def _release_in(self, db: Db, key: str) -> Hold:
         hold, _ = self._find_hold(db, key)
         if hold.state != "open":
             return hold
@@ -368,7 +373,7 @@ class HoldBook(ABC):
 
     def _replay_holds(
         self,
-        db: sqlite3.Connection,
+        db: Db,
         budgets: Mapping[str, int],
         spent: Mapping[str, int],
         captures: Mapping[int, tuple[str, str, int]],
@@ -377,10 +382,10 @@ class HoldBook(ABC):
         amount) belongs to its captured hold, user and amount within it, and S_i + H_i ≤ B_i."""
         held = dict.fromkeys(budgets, 0)
         claimed: set[int] = set()
-        for row in db.execute(f"SELECT {_HOLD_COLUMNS} FROM holds ORDER BY rowid"):
+        for row in db.execute(f"SELECT {_HOLD_COLUMNS} FROM holds ORDER BY {self._hold_order}"):
             hold, micros = self._hold(tuple(row))
             if hold.user not in budgets:
-                raise LedgerCorruptError(f"{self.path}: hold {hold.hold_id!r} of unknown user")
+                raise LedgerCorruptError(f"{self.where}: hold {hold.hold_id!r} of unknown user")
             if hold.state == "open":
                 held[hold.user] += micros
             elif hold.state == "captured":
@@ -391,18 +396,18 @@ class HoldBook(ABC):
                     or (capture[2] > micros)
                 ):
                     raise LedgerCorruptError(
-                        f"{self.path}: hold {hold.hold_id!r} is captured by journal row "
+                        f"{self.where}: hold {hold.hold_id!r} is captured by journal row "
                         f"{hold.charge_seq}, which does not match it"
                     )
                 claimed.add(cast(int, hold.charge_seq))
         orphans = sorted(set(captures) - claimed)
         if orphans:
             raise LedgerCorruptError(
-                f"{self.path}: journal row {orphans[0]} captures a hold that is not captured"
+                f"{self.where}: journal row {orphans[0]} captures a hold that is not captured"
             )
         for user, budget in budgets.items():
             if spent[user] + held[user] > budget:
                 raise LedgerCorruptError(
-                    f"{self.path}: {user!r} has spent {units(spent[user])} and holds "
+                    f"{self.where}: {user!r} has spent {units(spent[user])} and holds "
                     f"{units(held[user])}, past its budget {units(budget)}"
                 )

@@ -36,20 +36,16 @@ first time it is opened.
 
 from __future__ import annotations
 
-import math
-import numbers
 import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import TracebackType
 
-from auction.holds import HoldBook
+from auction.ledger_book import LedgerBook, check_timeout
 from auction.ledger_schema import UPGRADES, VERSION, schema, schema_of
 from auction.money import (
     MAX_AMOUNT,
-    MAX_MICROS,
     MICROS,
     Account,
     BudgetExceeded,
@@ -61,10 +57,7 @@ from auction.money import (
     LedgerError,
     UnknownAccountError,
     UnknownHoldError,
-    check_key,
-    check_user,
     to_micros,
-    units,
 )
 
 __all__ = [
@@ -85,8 +78,9 @@ __all__ = [
 ]
 
 
-class Ledger(HoldBook):
-    """Accounts, holds and keyed charges in a SQLite file (one ``Ledger`` per process or thread).
+class Ledger(LedgerBook):
+    """Accounts, holds and keyed charges in a SQLite file (one ``Ledger`` per process or thread);
+    the laptop's default. Clusters keep theirs in PostgreSQL (``cluster.ledger``).
 
     >>> import tempfile, os
     >>> with tempfile.TemporaryDirectory() as d, Ledger(os.path.join(d, "l.db")) as ledger:
@@ -101,19 +95,16 @@ class Ledger(HoldBook):
 
     path: Path
     _db: sqlite3.Connection
+    _hold_order = "rowid"
 
     def __init__(self, path: str | Path, *, timeout: float = 30.0) -> None:
-        given: object = timeout  # typed float, but callers are not type-checked
-        if (
-            isinstance(given, bool)
-            or not isinstance(given, numbers.Real)
-            or not math.isfinite(given)
-            or given <= 0
-        ):
-            raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+        timeout = check_timeout(timeout)
         if not isinstance(path, str | os.PathLike):
             raise ValueError(f"path must be a file path, got {path!r}")
         self.path = Path(path)
+        self.where = str(self.path)
+        if sqlite3.sqlite_version_info < (3, 35):  # INSERT … RETURNING (auction/ledger_sql.py)
+            raise LedgerError(f"{self.path}: SQLite {sqlite3.sqlite_version} is older than 3.35")
         with self._sqlite_errors():
             # Autocommit mode: every transaction below is explicit (BEGIN IMMEDIATE ... COMMIT).
             self._db = sqlite3.connect(str(self.path), timeout=float(timeout), isolation_level=None)
@@ -180,169 +171,7 @@ class Ledger(HoldBook):
                     self._db.execute("ROLLBACK")
                 raise
 
-    # -- accounts ------------------------------------------------------------------------------
-
-    def open_account(self, user: str, budget: float) -> Account:
-        """Create ``user`` with ``budget``; opening it again with the same budget is a no-op."""
-        check_user(user)
-        micros = to_micros(budget, "budget")
-        with self._transaction() as db:
-            row = db.execute("SELECT budget FROM accounts WHERE user = ?", (user,)).fetchone()
-            if row is None:
-                db.execute("INSERT INTO accounts (user, budget) VALUES (?, ?)", (user, micros))
-            elif self._stored(row[0], user) != micros:
-                raise LedgerError(
-                    f"account {user!r} already exists with budget {units(row[0])}, "
-                    f"not {units(micros)}"
-                )
-        return self.account(user)
-
-    def account(self, user: str) -> Account:
-        check_user(user)
-        with self._sqlite_errors():
-            budget, spent = self._account_micros(self._db, user)
-        return Account(user=user, budget=units(budget), spent=units(spent))
-
-    def accounts(self) -> list[Account]:
-        with self._sqlite_errors():
-            query = "SELECT user, budget, spent FROM accounts ORDER BY user"
-            rows = self._db.execute(query).fetchall()
-        return [
-            Account(str(u), units(self._stored(b, u)), units(self._stored(s, u)))
-            for u, b, s in rows
-        ]
-
-    def _stored(self, micros: object, where: object) -> int:
-        """A stored amount, checked: SQLite's INTEGER affinity still lets a forged row hold text
-        or a real, and nothing in the schema caps it at MAX_AMOUNT."""
-        if type(micros) is not int or not 0 <= micros <= MAX_MICROS:
-            raise LedgerCorruptError(
-                f"{self.path}: {where!r} holds {micros!r}, not an amount in micro-units "
-                f"within [0, {MAX_MICROS}]"
-            )
-        return micros
-
-    def balance(self, user: str) -> float:
-        """The remaining budget of ``user``: B_i − S_i (``available`` also subtracts holds)."""
-        return self.account(user).balance
-
-    # -- charges -------------------------------------------------------------------------------
-
-    def charge(self, batch_id: str, user: str, amount: float) -> Charge:
-        """Charge ``user`` ``amount`` for ``batch_id`` (a non-empty string), exactly once.
-
-        Returns the journal row. A repeat of the key with the same amount returns the original
-        row and charges nothing; with another amount it raises ``ChargeConflictError``. Raises
-        ``BudgetExceeded`` (writing nothing) if the amount is above B_i − S_i − H_i (the open
-        holds count as spent) and ``UnknownAccountError`` for a user without an account.
-        """
-        key = check_key(batch_id, "batch_id")
-        check_user(user)
-        micros = to_micros(amount)
-        with self._transaction() as db:
-            done = db.execute(
-                "SELECT seq, amount, balance_after FROM journal "
-                "WHERE batch_id = ? AND user = ? AND hold_id = ''",
-                (key, user),
-            ).fetchone()
-            if done is not None:
-                done_micros = self._stored(done[1], f"journal row {done[0]}")
-                if done_micros != micros:
-                    raise ChargeConflictError(
-                        f"batch {key!r} already charged {user!r} {units(done_micros)}, "
-                        f"not {units(micros)}"
-                    )
-                after = self._stored(done[2], f"journal row {done[0]}")
-                return Charge(int(done[0]), key, user, units(done_micros), units(after))
-            budget, spent = self._account_micros(db, user)
-            left = budget - spent
-            free = left - self._held_micros(db, user)
-            if micros > free:
-                raise BudgetExceeded(user, units(micros), units(free))
-            cursor = db.execute(
-                "INSERT INTO journal (batch_id, user, amount, balance_after) VALUES (?, ?, ?, ?)",
-                (key, user, micros, left - micros),
-            )
-            db.execute("UPDATE accounts SET spent = spent + ? WHERE user = ?", (micros, user))
-            seq = cursor.lastrowid
-        assert seq is not None
-        return Charge(seq, key, user, units(micros), units(left - micros))
-
-    def journal(self, user: str | None = None) -> list[Charge]:
-        """The charges and captures in commit order (of one user, or all)."""
-        if user is not None:
-            check_user(user)
-        query = "SELECT seq, batch_id, user, amount, balance_after, hold_id FROM journal"
-        with self._sqlite_errors():
-            rows = (
-                self._db.execute(query + " ORDER BY seq").fetchall()
-                if user is None
-                else self._db.execute(query + " WHERE user = ? ORDER BY seq", (user,)).fetchall()
-            )
-        return [
-            Charge(
-                int(s),
-                str(k),
-                str(u),
-                units(self._stored(a, f"journal row {s}")),
-                units(self._stored(b, f"journal row {s}")),
-                str(h),
-            )
-            for s, k, u, a, b, h in rows
-        ]
-
-    def replay(self) -> dict[str, Account]:
-        """Rebuild every account from its budget and the journal, and check them and the holds.
-
-        Raises ``LedgerCorruptError`` if a running balance goes negative or disagrees with the
-        balance stored in its row, if the accounts' ``spent`` differs from the journal's sum, or
-        if the holds disagree with their captures or exceed a budget (``HoldBook._replay_holds``).
-        """
-        with self._transaction(write=False) as db:  # one snapshot, whatever others write
-            budgets = {
-                str(u): (self._stored(b, u), self._stored(s, u))
-                for u, b, s in db.execute("SELECT user, budget, spent FROM accounts")
-            }
-            spent = dict.fromkeys(budgets, 0)
-            captures: dict[int, tuple[str, str, int]] = {}
-            for seq, user, amount, after, hold_id in db.execute(
-                "SELECT seq, user, amount, balance_after, hold_id FROM journal ORDER BY seq"
-            ):
-                if user not in budgets:
-                    raise LedgerCorruptError(
-                        f"{self.path}: journal row {seq} charges unknown account {user!r}"
-                    )
-                micros = self._stored(amount, f"journal row {seq}")
-                spent[user] += micros
-                balance = budgets[user][0] - spent[user]
-                if balance < 0 or balance != self._stored(after, f"journal row {seq}"):
-                    raise LedgerCorruptError(
-                        f"{self.path}: journal row {seq}: running balance of {user!r} is "
-                        f"{units(balance)}, row says {units(int(after))}"
-                    )
-                if hold_id != "":
-                    captures[int(seq)] = (str(user), str(hold_id), micros)
-            self._replay_holds(db, {u: b for u, (b, _) in budgets.items()}, spent, captures)
-        for user, (_, recorded) in budgets.items():
-            if recorded != spent[user]:
-                raise LedgerCorruptError(
-                    f"{self.path}: account {user!r} records {units(recorded)} spent, "
-                    f"its journal sums to {units(spent[user])}"
-                )
-        return {u: Account(u, units(b), units(spent[u])) for u, (b, _) in budgets.items()}
-
     # -- lifetime ------------------------------------------------------------------------------
 
     def close(self) -> None:
         self._db.close()
-
-    def __enter__(self) -> Ledger:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

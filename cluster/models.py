@@ -15,7 +15,14 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-__all__ = ["ConfigError", "StrictModel", "describe_error", "load_yaml_model", "validate_model"]
+__all__ = [
+    "ConfigError",
+    "SecretInputError",
+    "StrictModel",
+    "describe_error",
+    "load_yaml_model",
+    "validate_model",
+]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -28,6 +35,11 @@ class StrictModel(BaseModel):
 
 class ConfigError(ValueError):
     """A value rejected at an edge; the message names the source and every bad field."""
+
+
+class SecretInputError(ValueError):
+    """A validator's refusal of a value that holds a secret (a password in a URL): the error
+    names the field and the reason, never the value."""
 
 
 def _path(loc: tuple[int | str, ...]) -> str:
@@ -47,7 +59,8 @@ def describe_error(exc: ValidationError, source: str | None = None) -> str:
         if len(shown) > 60:
             shown = shown[:57] + "..."
         where = _path(tuple(err["loc"]))
-        got_part = "" if err["type"] == "missing" else f" (got {shown})"
+        secret = isinstance(err.get("ctx", {}).get("error"), SecretInputError)
+        got_part = "" if err["type"] == "missing" or secret else f" (got {shown})"
         lines.append(f"{prefix}{where}: {err['msg']}{got_part}")
     return "\n".join(lines)
 

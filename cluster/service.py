@@ -242,8 +242,9 @@ class Service:
         # Every queued admit holds one of the auction's concurrency slots while it waits.
         auction = self.config.auction
         concurrency = auction.max_queue + auction.max_in_prefill + 1024
-        # The auction owns the ledger, a SQLite file on one host: it runs on Ray's head, the one
-        # node that holds the ledger's volume (the Helm chart mounts it there only).
+        # The auction owns the ledger and runs on Ray's head: the one node that holds a SQLite
+        # ledger's volume, or a PostgreSQL ledger's password (the Helm chart gives either to
+        # the head only). The head carries the GCS, so pinning costs no availability.
         on_head = (
             {"scheduling_strategy": NodeAffinitySchedulingStrategy(_head_node_id(), soft=False)}
             if role == "auction"
@@ -271,7 +272,8 @@ class Service:
             AuctionActor,
             dict(
                 settings=cfg.auction.model_dump(),
-                ledger_path=str(Path(cfg.ledger_path).resolve()),
+                ledger=cfg.ledger_url or str(Path(cfg.ledger_path).resolve()),
+                ledger_schema=cfg.ledger_schema,
                 users=users,
                 lease_ttl_s=cfg.admission.lease_ttl_s,
                 **nats,

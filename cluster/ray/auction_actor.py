@@ -20,8 +20,9 @@ and releases the hold. Without it the request would keep its slot until the acto
 
 Anonymous traffic (user "" or "anonymous") has no account: it may only bid 0 and holds nothing.
 
-Threads: the actor's state lives on its event loop; the ledger (SQLite, one fsync per write)
-runs on one dedicated thread, so a commit never stalls the loop and ledger calls keep their
+Threads: the actor's state lives on its event loop; the ledger (``cluster.ledger.open_ledger``:
+a SQLite file, or PostgreSQL on a cluster; one durable commit per write) runs on one dedicated
+thread, so a commit never stalls the loop and ledger calls keep their
 order (a release queued behind a reserve always sees it).
 """
 
@@ -37,16 +38,16 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, TypeVar
 
 from auction.admission import AdmissionQueue, BatchOutcome, QueueFull, Release
-from auction.ledger import BudgetExceeded, Ledger, LedgerError, UnknownAccountError
+from auction.ledger import BudgetExceeded, LedgerError, UnknownAccountError
 from auction.realised import RealisedBatch, RealisedWelfare
 from auction.request import Request
 from cluster.bus import BusError, EventBus
 from cluster.dataplane.admission import LEASE_TTL_S, LeaseBook
 from cluster.events import AuctionEvent
+from cluster.ledger import open_ledger
 from cluster.models import validate_model
 from cluster.ray.auction_exchange import Box, Entry, ReplicaExchange
 from cluster.ray.auction_settings import AuctionSettingsModel, UserAccount
@@ -74,20 +75,13 @@ class AdmissionCancelledError(Exception):
     """The request left the queue before its release (finished while queued, or shutdown)."""
 
 
-def _ledger_directory(ledger_path: str) -> None:
-    parent = Path(ledger_path).parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise LedgerError(f"cannot create the ledger's directory {parent}: {exc}") from None
-
-
 class AuctionActor(ReplicaExchange):
     def __init__(
         self,
         *,
         settings: dict[str, Any],
-        ledger_path: str,
+        ledger: str,
+        ledger_schema: str = "disaggctl",
         users: list[dict[str, Any]],
         nats_url: str | None,
         namespace: str = "disagg",
@@ -111,9 +105,10 @@ class AuctionActor(ReplicaExchange):
         self._clock = Clock(speedup, t0=time.monotonic() - (time.time() - epoch))
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="ledger")
         try:
-            # Here, not by the composer: only the node this actor runs on holds the ledger.
-            _ledger_directory(ledger_path)
-            self._ledger = self._exec.submit(Ledger, ledger_path).result()
+            # Here, not by the composer: a SQLite ledger is on the node this actor runs on.
+            self._ledger = self._exec.submit(
+                open_ledger, ledger, schema=ledger_schema
+            ).result()
             self.released_at_start = self._exec.submit(
                 self._ledger.release_abandoned_holds, time.time()
             ).result()

@@ -25,10 +25,10 @@ from auction.ledger import (
     BudgetExceeded,
     Charge,
     Hold,
-    Ledger,
     LedgerError,
     UnknownAccountError,
 )
+from auction.ledger_book import LedgerBook
 from auction.realised import RealisedBatch, RealisedWelfare
 from auction.request import Request
 from cluster.dataplane.admission import ANONYMOUS_USERS, Lease, LeaseBook
@@ -86,7 +86,7 @@ class ReplicaExchange:
     _instance: str
     _leases: LeaseBook
     _queue: AdmissionQueue
-    _ledger: Ledger
+    _ledger: LedgerBook
     _exec: ThreadPoolExecutor
     _entries: dict[str, Entry]
     _boxes: dict[str, Box]

@@ -19,6 +19,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from cluster.dataplane.settings import AdmissionSettings, RoutingSettings
 from cluster.dynamo.settings import DynamoSettings
+from cluster.ledger.location import MAX_URL_CHARS, SCHEMA_PATTERN, check_postgres_url
 from cluster.models import StrictModel, load_yaml_model
 from cluster.ray.auction_settings import AuctionSettingsModel
 from cluster.ray.controller_actor import ControllerSettings
@@ -47,7 +48,14 @@ class ServeConfig(StrictModel):
     model_name: str = Field(default="disagg-tiny", pattern=r"^[A-Za-z0-9._/-]{1,128}$")
     # None: the project's tiny offline model directory (cluster.model_dir.default_model_dir).
     model_dir: str | None = Field(default=None, max_length=4096)
+    # The auction's ledger: a SQLite file by default (one host: the auction runs on Ray's
+    # head); on a cluster a PostgreSQL URL without a password (libpq reads PGPASSWORD or
+    # PGPASSFILE; TLS from the URL's sslmode), whose schema ``ledger_schema`` holds the tables.
     ledger_path: str = Field(default="results/serve/ledger.sqlite", max_length=4096)
+    ledger_url: Annotated[str, AfterValidator(check_postgres_url)] | None = Field(
+        default=None, max_length=MAX_URL_CHARS
+    )
+    ledger_schema: str = Field(default="disaggctl", pattern=SCHEMA_PATTERN)
     allow_anonymous: bool = True
     # /metrics on its own port, never the API's (docs/design.md "Security model"): a scraper is
     # not a client. 0: any free port (the service says which). The Helm chart binds 0.0.0.0

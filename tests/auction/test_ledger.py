@@ -24,13 +24,16 @@ from auction.ledger import (
     UnknownAccountError,
     to_micros,
 )
+from auction.ledger_book import LedgerBook
+from tests.ledger_backends import BACKENDS, Backend, LedgerAt, reap
+from tests.ledger_backends import ledger_at as fresh_ledger_at
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[Ledger]:
-    with Ledger(tmp_path / "ledger.db") as opened:
+def ledger(ledger_at: LedgerAt) -> Iterator[LedgerBook]:
+    with ledger_at.open() as opened:
         opened.open_account("alice", 10.0)
         opened.open_account("bob", 1.0)
         yield opened
@@ -39,7 +42,7 @@ def ledger(tmp_path: Path) -> Iterator[Ledger]:
 # -- unit ------------------------------------------------------------------------------------------
 
 
-def test_charge_moves_the_balance_and_is_journalled(ledger: Ledger) -> None:
+def test_charge_moves_the_balance_and_is_journalled(ledger: LedgerBook) -> None:
     charge = ledger.charge("b1", "alice", 2.5)
     assert charge == Charge(charge.seq, "b1", "alice", 2.5, 7.5)
     ledger.charge("2", "alice", 0.0)  # a VCG price of zero is still a charge (and a key)
@@ -48,7 +51,7 @@ def test_charge_moves_the_balance_and_is_journalled(ledger: Ledger) -> None:
     assert ledger.account("alice").spent == 2.5
 
 
-def test_repeated_charge_is_a_no_op_returning_the_original(ledger: Ledger) -> None:
+def test_repeated_charge_is_a_no_op_returning_the_original(ledger: LedgerBook) -> None:
     first = ledger.charge("b1", "alice", 3.0)
     assert ledger.charge("b1", "alice", 3.0) == first
     assert ledger.balance("alice") == 7.0
@@ -57,14 +60,14 @@ def test_repeated_charge_is_a_no_op_returning_the_original(ledger: Ledger) -> No
     assert ledger.charge("b1", "bob", 0.5).seq != first.seq
 
 
-def test_repeated_key_with_another_amount_is_a_conflict(ledger: Ledger) -> None:
+def test_repeated_key_with_another_amount_is_a_conflict(ledger: LedgerBook) -> None:
     ledger.charge("b1", "alice", 3.0)
     with pytest.raises(ChargeConflictError, match="already charged"):
         ledger.charge("b1", "alice", 3.5)
     assert ledger.balance("alice") == 7.0 and len(ledger.journal()) == 1
 
 
-def test_overdraft_raises_budget_exceeded_and_writes_nothing(ledger: Ledger) -> None:
+def test_overdraft_raises_budget_exceeded_and_writes_nothing(ledger: LedgerBook) -> None:
     ledger.charge("b1", "bob", 0.75)
     with pytest.raises(BudgetExceeded, match="exceeds its remaining budget") as info:
         ledger.charge("b2", "bob", 0.3)
@@ -79,7 +82,7 @@ def test_overdraft_raises_budget_exceeded_and_writes_nothing(ledger: Ledger) -> 
     ledger.charge("b3", "bob", 0.0)
 
 
-def test_unknown_account_and_bad_input(ledger: Ledger) -> None:
+def test_unknown_account_and_bad_input(ledger: LedgerBook) -> None:
     with pytest.raises(UnknownAccountError, match="carol"):
         ledger.charge("b1", "carol", 1.0)
     with pytest.raises(UnknownAccountError):
@@ -98,32 +101,35 @@ def test_unknown_account_and_bad_input(ledger: Ledger) -> None:
     assert ledger.journal() == []
 
 
-def test_accounts_open_once(ledger: Ledger) -> None:
+def test_accounts_open_once(ledger: LedgerBook) -> None:
     assert ledger.open_account("alice", 10.0).budget == 10.0  # same budget: a no-op
     with pytest.raises(LedgerError, match="already exists"):
         ledger.open_account("alice", 20.0)
     assert [a.user for a in ledger.accounts()] == ["alice", "bob"]
 
 
-def test_money_is_counted_in_exact_micro_units(ledger: Ledger) -> None:
+def test_money_is_counted_in_exact_micro_units(ledger: LedgerBook) -> None:
     for k in range(10):
         ledger.charge(f"b{k}", "alice", 0.1)
     assert ledger.balance("alice") == 9.0  # ten float 0.1s would not sum to exactly 1.0
     assert to_micros(0.1) == 100_000 and to_micros(1e-7) == 0
 
 
-def test_reopen_replays_the_journal(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.db"
-    with Ledger(path) as ledger:
+def test_reopen_replays_the_journal(ledger_at: LedgerAt) -> None:
+    with ledger_at.open() as ledger:
         ledger.open_account("alice", 5.0)
         charges = [ledger.charge(f"b{k}", "alice", 1.25) for k in range(3)]
-    with Ledger(path) as reopened:
+    with ledger_at.open() as reopened:
         assert reopened.balance("alice") == 1.25
         assert reopened.journal() == charges
         assert reopened.replay()["alice"].spent == 3.75
         assert reopened.charge("b1", "alice", 1.25) == charges[1]  # still idempotent
-        mode = reopened._db.execute("PRAGMA journal_mode").fetchone()[0]
-        sync = reopened._db.execute("PRAGMA synchronous").fetchone()[0]
+
+
+def test_a_sqlite_ledger_commits_with_wal_and_full_sync(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        mode = ledger._db.execute("PRAGMA journal_mode").fetchone()[0]
+        sync = ledger._db.execute("PRAGMA synchronous").fetchone()[0]
         assert (mode, sync) == ("wal", 2)  # 2 = FULL
 
 
@@ -159,12 +165,16 @@ def test_journal_is_append_only_and_tampering_is_detected(tmp_path: Path) -> Non
     )
 )
 @settings(max_examples=40, deadline=None)
+@pytest.mark.parametrize("kind", BACKENDS)
 def test_ledger_matches_a_model(
-    tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[int, str, float]]
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+    kind: Backend,
+    steps: list[tuple[int, str, float]],
 ) -> None:
     budgets = {"alice": 3.0, "bob": 1.5}
     charged: dict[tuple[str, str], float] = {}
-    with Ledger(tmp_path_factory.mktemp("model") / "ledger.db") as ledger:
+    with fresh_ledger_at(kind, tmp_path_factory.mktemp("model"), request).open() as ledger:
         for user, budget in budgets.items():
             ledger.open_account(user, budget)
         for batch, user, amount in steps:
@@ -267,7 +277,7 @@ def test_bad_timeouts_are_refused(tmp_path: Path, timeout: object) -> None:
 # -- bounds on money and keys ----------------------------------------------------------------------
 
 
-def test_budgets_and_charges_are_bounded_by_max_amount(ledger: Ledger) -> None:
+def test_budgets_and_charges_are_bounded_by_max_amount(ledger: LedgerBook) -> None:
     # 1e13 units are 1e19 micro-units, past SQLite's int64 (2**63 - 1 ≈ 9.2e18).
     for budget in (1e13, MAX_AMOUNT * (1 + 1e-15), 10**400, math.inf, math.nan, -1.0):
         with pytest.raises(ValueError, match="budget"):
@@ -291,7 +301,9 @@ def test_large_amounts_round_to_the_nearest_micro_unit_exactly() -> None:
     assert to_micros(2.5e-6) == 3  # 2.5e-6 is 2.50000000000000010...e-6 in binary
 
 
-def test_batch_ids_are_strings_only_so_1_and_the_string_1_cannot_collide(ledger: Ledger) -> None:
+def test_batch_ids_are_strings_only_so_1_and_the_string_1_cannot_collide(
+    ledger: LedgerBook,
+) -> None:
     for batch_id in (1, 1.0, True, None, b"1"):
         with pytest.raises(ValueError, match="batch_id must be a string"):
             ledger.charge(batch_id, "alice", 1.0)  # type: ignore[arg-type]
@@ -303,10 +315,11 @@ def test_batch_ids_are_strings_only_so_1_and_the_string_1_cannot_collide(ledger:
 
 WRITER = r"""
 import sys
-from auction.ledger import BudgetExceeded, Ledger
+from auction.ledger import BudgetExceeded
+from cluster.ledger import open_ledger
 
-path, user, start, stop = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-ledger = Ledger(path, timeout=60.0)
+location, schema, user, start, stop = *sys.argv[1:4], int(sys.argv[4]), int(sys.argv[5])
+ledger = open_ledger(location, schema=schema, timeout=60.0)
 for k in range(start, stop):
     amount = (k % 7 + 1) / 8
     try:
@@ -320,10 +333,10 @@ print("done", flush=True)
 """
 
 
-def _writer(path: Path, user: str, start: int, stop: int) -> subprocess.Popen[str]:
+def _writer(at: LedgerAt, user: str, start: int, stop: int) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(path), user, str(start), str(stop)],
+        [sys.executable, "-c", WRITER, *at.args(), user, str(start), str(stop)],
         stdout=subprocess.PIPE,
         text=True,
         cwd=REPO,
@@ -336,12 +349,11 @@ def _amount(k: int) -> float:
 
 
 @pytest.mark.integration
-def test_sigkill_mid_stream_loses_no_charge_and_duplicates_none(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.db"
-    with Ledger(path) as ledger:
+def test_sigkill_mid_stream_loses_no_charge_and_duplicates_none(ledger_at: LedgerAt) -> None:
+    with ledger_at.open() as ledger:
         ledger.open_account("alice", 1e9)
     stream = 2000  # far more than gets written before the kill
-    writer = _writer(path, "alice", 0, stream)
+    writer = _writer(ledger_at, "alice", 0, stream)
     acked: dict[int, int] = {}
     try:
         assert writer.stdout is not None
@@ -352,13 +364,10 @@ def test_sigkill_mid_stream_loses_no_charge_and_duplicates_none(tmp_path: Path) 
             acked[int(k)] = int(seq)
         os.kill(writer.pid, signal.SIGKILL)
     finally:
-        writer.kill()
-        writer.wait()
-        if writer.stdout is not None:
-            writer.stdout.close()
+        reap(writer)
     assert writer.returncode == -signal.SIGKILL
 
-    with Ledger(path) as reopened:  # replays and checks the journal
+    with ledger_at.open() as reopened:  # replays and checks the journal
         journal = reopened.journal("alice")
         by_key = {c.batch_id: c for c in journal}
         assert len(by_key) == len(journal)  # no duplicates
@@ -368,10 +377,10 @@ def test_sigkill_mid_stream_loses_no_charge_and_duplicates_none(tmp_path: Path) 
         assert sum(c.amount for c in journal) == pytest.approx(reopened.account("alice").spent)
 
     # The retry replays the whole stream: what was written stays, the rest is added once.
-    rerun = _writer(path, "alice", 0, 200)
+    rerun = _writer(ledger_at, "alice", 0, 200)
     out, _ = rerun.communicate(timeout=120)
     assert rerun.returncode == 0 and out.rstrip().endswith("done")
-    with Ledger(path) as final:
+    with ledger_at.open() as final:
         keys = [c.batch_id for c in final.journal("alice") if int(c.batch_id.split("-")[1]) < 200]
         assert sorted(keys) == sorted(f"batch-{k}" for k in range(200))
         for k, seq in acked.items():
@@ -379,13 +388,14 @@ def test_sigkill_mid_stream_loses_no_charge_and_duplicates_none(tmp_path: Path) 
 
 
 @pytest.mark.integration
-def test_two_processes_charging_concurrently_never_overdraw_or_duplicate(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.db"
+def test_two_processes_charging_concurrently_never_overdraw_or_duplicate(
+    ledger_at: LedgerAt,
+) -> None:
     budget = 40.0  # about 70 of the 120 charges fit
-    with Ledger(path) as ledger:
+    with ledger_at.open() as ledger:
         ledger.open_account("alice", budget)
     # Both writers walk the same keys, so every key is contended.
-    writers = [_writer(path, "alice", 0, 120), _writer(path, "alice", 0, 120)]
+    writers = [_writer(ledger_at, "alice", 0, 120), _writer(ledger_at, "alice", 0, 120)]
     outputs = []
     try:
         for w in writers:
@@ -398,7 +408,7 @@ def test_two_processes_charging_concurrently_never_overdraw_or_duplicate(tmp_pat
                 w.kill()
                 w.wait()
 
-    with Ledger(path) as final:
+    with ledger_at.open() as final:
         journal = final.journal("alice")
         assert len({c.batch_id for c in journal}) == len(journal)  # exactly once per key
         spent = sum(c.amount for c in journal)

@@ -31,20 +31,23 @@ from auction.ledger import (
     UnknownHoldError,
     to_micros,
 )
+from auction.ledger_book import LedgerBook
 from auction.ledger_schema import SCHEMA_V1, SCHEMA_V2
+from tests.ledger_backends import BACKENDS, Backend, LedgerAt, reap
+from tests.ledger_backends import ledger_at as fresh_ledger_at
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[Ledger]:
-    with Ledger(tmp_path / "ledger.db") as opened:
+def ledger(ledger_at: LedgerAt) -> Iterator[LedgerBook]:
+    with ledger_at.open() as opened:
         opened.open_account("alice", 10.0)
         opened.open_account("bob", 1.0)
         yield opened
 
 
-def _invariant(ledger: Ledger) -> None:
+def _invariant(ledger: LedgerBook) -> None:
     for account in ledger.accounts():
         held = ledger.held(account.user)
         assert account.spent + held <= account.budget + 1e-9
@@ -56,7 +59,7 @@ def _invariant(ledger: Ledger) -> None:
 # -- arithmetic ------------------------------------------------------------------------------------
 
 
-def test_reserve_capture_release_arithmetic(ledger: Ledger) -> None:
+def test_reserve_capture_release_arithmetic(ledger: LedgerBook) -> None:
     hold = ledger.reserve("r1", "alice", 4.0)
     assert hold == Hold("r1", "alice", 4.0, "open")
     assert (ledger.held("alice"), ledger.available("alice"), ledger.balance("alice")) == (
@@ -81,14 +84,14 @@ def test_reserve_capture_release_arithmetic(ledger: Ledger) -> None:
     _invariant(ledger)
 
 
-def test_a_zero_capture_is_a_charge_row_and_closes_the_hold(ledger: Ledger) -> None:
+def test_a_zero_capture_is_a_charge_row_and_closes_the_hold(ledger: LedgerBook) -> None:
     ledger.reserve("r1", "bob", 1.0)
     charge = ledger.capture("r1", "b", 0.0)
     assert charge.amount == 0.0 and ledger.available("bob") == 1.0
     assert ledger.hold("r1").state == "captured"
 
 
-def test_one_row_per_request_of_a_user_in_one_batch(ledger: Ledger) -> None:
+def test_one_row_per_request_of_a_user_in_one_batch(ledger: LedgerBook) -> None:
     for k in range(3):
         ledger.reserve(f"r{k}", "alice", 2.0)
     rows = [ledger.capture(f"r{k}", "batch-7", 0.5 * (k + 1)) for k in range(3)]
@@ -108,7 +111,7 @@ def test_one_row_per_request_of_a_user_in_one_batch(ledger: Ledger) -> None:
 # -- exactly once ----------------------------------------------------------------------------------
 
 
-def test_reserve_is_idempotent_and_conflicts_are_refused(ledger: Ledger) -> None:
+def test_reserve_is_idempotent_and_conflicts_are_refused(ledger: LedgerBook) -> None:
     first = ledger.reserve("r1", "alice", 2.0)
     assert ledger.reserve("r1", "alice", 2.0) == first
     assert ledger.held("alice") == 2.0
@@ -121,7 +124,7 @@ def test_reserve_is_idempotent_and_conflicts_are_refused(ledger: Ledger) -> None
     assert ledger.held("alice") == 0.0
 
 
-def test_capture_is_exactly_once(ledger: Ledger) -> None:
+def test_capture_is_exactly_once(ledger: LedgerBook) -> None:
     ledger.reserve("r1", "alice", 5.0)
     first = ledger.capture("r1", "b1", 2.0)
     assert ledger.capture("r1", "b1", 2.0) == first  # a retry: no second charge
@@ -133,7 +136,7 @@ def test_capture_is_exactly_once(ledger: Ledger) -> None:
     assert ledger.balance("alice") == 8.0 and len(ledger.journal()) == 1
 
 
-def test_release_is_idempotent_and_a_released_hold_cannot_be_captured(ledger: Ledger) -> None:
+def test_release_is_idempotent_and_a_released_hold_cannot_be_captured(ledger: LedgerBook) -> None:
     ledger.reserve("r1", "alice", 5.0)
     assert ledger.release("r1") == ledger.release("r1") == Hold("r1", "alice", 5.0, "released")
     with pytest.raises(HoldError, match="released"):
@@ -144,7 +147,7 @@ def test_release_is_idempotent_and_a_released_hold_cannot_be_captured(ledger: Le
 # -- refusals --------------------------------------------------------------------------------------
 
 
-def test_a_bid_above_the_remaining_budget_is_refused_before_it_queues(ledger: Ledger) -> None:
+def test_a_bid_above_the_remaining_budget_is_refused_before_it_queues(ledger: LedgerBook) -> None:
     ledger.charge("b0", "alice", 3.0)
     ledger.reserve("r1", "alice", 5.0)
     with pytest.raises(BudgetExceeded) as info:  # the ingress answers 402
@@ -160,7 +163,7 @@ def test_a_bid_above_the_remaining_budget_is_refused_before_it_queues(ledger: Le
     _invariant(ledger)
 
 
-def test_capture_above_the_hold_is_refused(ledger: Ledger) -> None:
+def test_capture_above_the_hold_is_refused(ledger: LedgerBook) -> None:
     ledger.reserve("r1", "alice", 1.0)
     with pytest.raises(HoldError, match="exceeds hold"):
         ledger.capture("r1", "b1", 1.000001)
@@ -168,7 +171,7 @@ def test_capture_above_the_hold_is_refused(ledger: Ledger) -> None:
     assert ledger.capture("r1", "b1", 1.0).amount == 1.0  # the whole hold is fine
 
 
-def test_unknown_holds_users_and_bad_keys(ledger: Ledger) -> None:
+def test_unknown_holds_users_and_bad_keys(ledger: LedgerBook) -> None:
     with pytest.raises(UnknownAccountError, match="carol"):
         ledger.reserve("r1", "carol", 1.0)
     with pytest.raises(UnknownAccountError):
@@ -200,15 +203,14 @@ def test_unknown_holds_users_and_bad_keys(ledger: Ledger) -> None:
         ledger.holds("")
 
 
-def test_holds_without_an_expiry_are_released_at_start(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.db"
-    with Ledger(path) as ledger:
+def test_holds_without_an_expiry_are_released_at_start(ledger_at: LedgerAt) -> None:
+    with ledger_at.open() as ledger:
         ledger.open_account("alice", 10.0)
         for k in range(4):
             ledger.reserve(f"r{k}", "alice", 1.0)
         paid = ledger.capture("r0", "b", 0.5)
         ledger.release("r1")
-    with Ledger(path) as reopened:  # the "crash": r2 and r3 were never answered
+    with ledger_at.open() as reopened:  # the "crash": r2 and r3 were never answered
         assert reopened.held("alice") == 2.0
         assert reopened.release_abandoned_holds(time.time()) == 2
         assert reopened.release_abandoned_holds(time.time()) == 0
@@ -216,9 +218,8 @@ def test_holds_without_an_expiry_are_released_at_start(tmp_path: Path) -> None:
         assert reopened.journal() == [paid] and reopened.available("alice") == 9.5
 
 
-def test_owned_holds_live_while_renewed_and_go_when_they_expire(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.db"
-    with Ledger(path) as ledger:
+def test_owned_holds_live_while_renewed_and_go_when_they_expire(ledger_at: LedgerAt) -> None:
+    with ledger_at.open() as ledger:
         ledger.open_account("alice", 10.0)
         ledger.reserve("live", "alice", 1.0, owner="replica-a", expires=100.0)
         ledger.reserve("dead", "alice", 2.0, owner="replica-b", expires=100.0)
@@ -230,16 +231,16 @@ def test_owned_holds_live_while_renewed_and_go_when_they_expire(tmp_path: Path) 
         assert ledger.renew_holds("replica-b", 300.0) == 0  # a released hold does not come back
         ledger.reserve("gone", "alice", 1.0, owner="replica-c", expires=1e12)
         assert ledger.release_holds_of("replica-c") == 1  # its lease ended before the expiry
-    with Ledger(path) as restarted:  # the auction restarts at t = 180: replica-a is alive
+    with ledger_at.open() as restarted:  # the auction restarts at t = 180: replica-a is alive
         assert restarted.release_abandoned_holds(180.0) == 1  # "unowned" only
         assert restarted.hold("live").state == "open"
         assert restarted.capture("live", "b1", 0.5).amount == 0.5  # its request still pays
         assert restarted.available("alice") == 9.5
-    with pytest.raises(ValueError, match="expiry"):
-        Ledger(path).reserve("x", "alice", 1.0, expires=float("nan"))
+    with ledger_at.open() as again, pytest.raises(ValueError, match="expiry"):
+        again.reserve("x", "alice", 1.0, expires=float("nan"))
 
 
-def test_batches_of_reserves_and_settles_are_one_transaction_each(ledger: Ledger) -> None:
+def test_batches_of_reserves_and_settles_are_one_transaction_each(ledger: LedgerBook) -> None:
     out = ledger.reserve_many(
         [("a1", "alice", 4.0), ("b1", "bob", 5.0), ("a2", "alice", 4.0), ("a3", "alice", 4.0),
          ("x", "nobody", 0.0)],
@@ -364,13 +365,25 @@ def test_holds_only_close_once_and_tampering_is_detected(tmp_path: Path) -> None
 
 WORKER = r"""
 import os, sys, time
-from auction.ledger import BudgetExceeded, Ledger
+from auction.ledger import BudgetExceeded
+from cluster.ledger import open_ledger
 
-path, name, n, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-ledger = Ledger(path, timeout=60.0)
+location, schema, go, name, count, mode = sys.argv[1:7]
+n = int(count)
+ledger = open_ledger(location, schema=schema, timeout=60.0)
 print("ready", flush=True)
-while not os.path.exists(path + ".go"):  # start together, so the writes interleave
+while not os.path.exists(go):  # start together, so the writes interleave
     time.sleep(0.001)
+if mode == "batches":  # the ingress's batched exchange: 8 holds, then their settlements
+    for b in range(n):
+        items = [(f"{name}-{b}-{j}", "alice", 0.25) for j in range(8)]
+        ledger.reserve_many(items)
+        print(f"reserved {b}", flush=True)
+        ledger.settle_many(
+            [(h, f"batch-{b}" if j % 2 == 0 else None, 0.125) for j, (h, _, _) in enumerate(items)]
+        )
+        print(f"settled {b}", flush=True)
+    n = 0
 for k in range(n):
     hold_id, amount = f"{name}-{k}", (k % 5 + 1) / 4
     try:
@@ -388,9 +401,9 @@ print("done", flush=True)
 """
 
 
-def _worker(path: Path, name: str, n: int, mode: str) -> subprocess.Popen[str]:
+def _worker(at: LedgerAt, name: str, n: int, mode: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", WORKER, str(path), name, str(n), mode],
+        [sys.executable, "-c", WORKER, *at.args(), str(at.scratch / "go"), name, str(n), mode],
         stdout=subprocess.PIPE,
         text=True,
         cwd=REPO,
@@ -399,21 +412,20 @@ def _worker(path: Path, name: str, n: int, mode: str) -> subprocess.Popen[str]:
 
 
 @pytest.mark.integration
-def test_two_processes_reserving_against_one_budget_never_overspend(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.db"
+def test_two_processes_reserving_against_one_budget_never_overspend(ledger_at: LedgerAt) -> None:
     budget = 150.0  # about 200 of the 2 x 300 holds fit; none is released, so they pile up
-    with Ledger(path) as ledger:
+    with ledger_at.open() as ledger:
         ledger.open_account("alice", budget)
-    workers = [_worker(path, name, 300, "hold") for name in ("p", "q")]
+    workers = [_worker(ledger_at, name, 300, "hold") for name in ("p", "q")]
     for w in workers:
         assert w.stdout is not None and w.stdout.readline() == "ready\n"
-    Path(f"{path}.go").touch()
+    (ledger_at.scratch / "go").touch()
     outputs = []
     for w in workers:
         out, _ = w.communicate(timeout=120)
         assert w.returncode == 0, out
         outputs.append(out.splitlines())
-    with Ledger(path) as final:
+    with ledger_at.open() as final:
         held = final.held("alice")
         granted = [line for lines in outputs for line in lines if line.startswith("reserved")]
         assert held == pytest.approx(sum(float(line.split()[2]) for line in granted))
@@ -426,13 +438,12 @@ def test_two_processes_reserving_against_one_budget_never_overspend(tmp_path: Pa
 
 
 @pytest.mark.integration
-def test_sigkill_mid_stream_leaks_no_hold_and_loses_no_capture(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.db"
+def test_sigkill_mid_stream_leaks_no_hold_and_loses_no_capture(ledger_at: LedgerAt) -> None:
     budget = 1e6
-    with Ledger(path) as ledger:
+    with ledger_at.open() as ledger:
         ledger.open_account("alice", budget)
-    worker = _worker(path, "w", 5000, "capture")
-    Path(f"{path}.go").touch()
+    worker = _worker(ledger_at, "w", 5000, "capture")
+    (ledger_at.scratch / "go").touch()
     acked: dict[str, tuple[int, float]] = {}
     try:
         assert worker.stdout is not None
@@ -445,13 +456,10 @@ def test_sigkill_mid_stream_leaks_no_hold_and_loses_no_capture(tmp_path: Path) -
                 acked[f"w-{k}"] = (int(seq), float(amount))
         os.kill(worker.pid, signal.SIGKILL)
     finally:
-        worker.kill()
-        worker.wait()
-        if worker.stdout is not None:
-            worker.stdout.close()
+        reap(worker)
     assert worker.returncode == -signal.SIGKILL
 
-    with Ledger(path) as reopened:  # replays journal and holds
+    with ledger_at.open() as reopened:  # replays journal and holds
         reopened.release_abandoned_holds(time.time())  # what the service does when it starts
         captures = {c.hold_id: c for c in reopened.journal()}
         for hold_id, (seq, amount) in acked.items():  # every acknowledged capture, once
@@ -463,6 +471,39 @@ def test_sigkill_mid_stream_leaks_no_hold_and_loses_no_capture(tmp_path: Path) -
         assert spent == pytest.approx(sum(c.amount for c in captures.values())) and spent <= budget
         for hold in reopened.holds():
             assert hold.state == ("captured" if hold.hold_id in captures else "released")
+
+
+@pytest.mark.integration
+def test_sigkill_mid_batch_leaves_every_batch_whole(ledger_at: LedgerAt) -> None:
+    """A batch of reserves, and a batch of settlements, is one transaction: whatever the kill
+    interrupts, each batch's holds are all there or none, all settled or none."""
+    with ledger_at.open() as ledger:
+        ledger.open_account("alice", 1e6)
+    worker = _worker(ledger_at, "w", 100_000, "batches")
+    (ledger_at.scratch / "go").touch()
+    acked: dict[int, str] = {}
+    try:
+        assert worker.stdout is not None and worker.stdout.readline() == "ready\n"
+        while len(acked) < 25 or acked[max(acked)] != "reserved":  # kill between the two
+            what, b = worker.stdout.readline().split()
+            acked[int(b)] = what
+        os.kill(worker.pid, signal.SIGKILL)
+    finally:
+        reap(worker)
+    with ledger_at.open() as reopened:  # replays journal and holds
+        batches: dict[int, list[Hold]] = {}
+        for hold in reopened.holds():
+            batches.setdefault(int(hold.hold_id.split("-")[1]), []).append(hold)
+        settled = ["captured", "released"] * 4
+        for b, holds in batches.items():
+            states = [h.state for h in sorted(holds, key=lambda h: int(h.hold_id.split("-")[2]))]
+            assert states in (["open"] * 8, settled), (b, states)
+            assert acked.get(b) != "settled" or states == settled
+        assert set(acked) <= set(batches)  # every acknowledged batch is there, whole
+        assert len(batches) - len(acked) <= 1  # at most the one in flight, unacknowledged
+        captured = reopened.journal()
+        assert len(captured) == 4 * sum(1 for h in batches.values() if h[0].state != "open")
+        assert reopened.account("alice").spent == pytest.approx(0.125 * len(captured))
 
 
 # -- property --------------------------------------------------------------------------------------
@@ -494,16 +535,20 @@ _OPS = st.lists(
 )
 
 
+@pytest.mark.parametrize("kind", BACKENDS)
 @given(ops=_OPS)
 @settings(max_examples=60, deadline=None)
 def test_any_sequence_keeps_spent_plus_held_within_budget(
-    tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[str, int, object, float]]
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+    kind: Backend,
+    ops: list[tuple[str, int, object, float]],
 ) -> None:
     budgets = {"alice": 3.0, "bob": 1.5}
     holds: dict[str, tuple[str, int, str]] = {}  # hold id -> (user, micros, state): the model
     spent = dict.fromkeys(budgets, 0)
-    path = tmp_path_factory.mktemp("holds") / "ledger.db"
-    ledger = Ledger(path)
+    at = fresh_ledger_at(kind, tmp_path_factory.mktemp("holds"), request)
+    ledger = at.open()
     try:
         for user, budget in budgets.items():
             ledger.open_account(user, budget)
@@ -546,7 +591,7 @@ def test_any_sequence_keeps_spent_plus_held_within_budget(
                     ledger.charge(f"c{k}", user, amount)
             else:  # a restart: the service reopens the ledger and releases what was open
                 ledger.close()
-                ledger = Ledger(path)
+                ledger = at.open()
                 ledger.release_abandoned_holds(time.time())
                 holds = {
                     h: (u, m, "released" if s == "open" else s) for h, (u, m, s) in holds.items()
@@ -556,7 +601,7 @@ def test_any_sequence_keeps_spent_plus_held_within_budget(
             for hold_id, (_, _, state) in holds.items():
                 assert ledger.hold(hold_id).state == state
         ledger.close()
-        ledger = Ledger(path)  # the journal replays after all of it
+        ledger = at.open()  # the journal replays after all of it
         assert {a.user: a.spent for a in ledger.accounts()} == {
             u: s / 1e6 for u, s in spent.items()
         }

@@ -86,7 +86,7 @@ def test_a_lease_is_checked() -> None:
 def _actor(tmp_path: Path, ttl_s: float = 0.5, **settings: Any) -> AuctionActor:
     return AuctionActor(
         settings={"max_in_prefill": 4, "queue_threshold": 4, "batch_window_ms": 1.0} | settings,
-        ledger_path=str(tmp_path / "ledger.sqlite"),
+        ledger=str(tmp_path / "ledger.sqlite"),
         users=[{"name": "alice", "budget": 10.0}],
         nats_url=None,
         lease_ttl_s=ttl_s,

@@ -19,6 +19,7 @@ from cluster.events import AuctionEvent
 from cluster.models import ConfigError, validate_model
 from cluster.ray.auction_actor import AdmissionCancelledError, AuctionActor
 from cluster.ray.auction_settings import AuctionSettingsModel
+from tests.ledger_backends import LedgerAt
 
 USERS = [
     {"name": "alice", "budget": 10.0},
@@ -27,15 +28,22 @@ USERS = [
 ]
 
 
-def _actor(path: Path, **settings: Any) -> AuctionActor:
+def _actor(where: Path | LedgerAt, **settings: Any) -> AuctionActor:
+    at = (
+        where
+        if isinstance(where, LedgerAt)
+        else LedgerAt("sqlite", str(where / "ledger.db"), "disaggctl", where)
+    )
     return AuctionActor(
-        settings=settings, ledger_path=str(path / "ledger.db"), users=USERS, nats_url=None
+        settings=settings, ledger=at.location, ledger_schema=at.schema, users=USERS, nats_url=None
     )
 
 
-def _run(path: Path, body: Callable[[AuctionActor], Awaitable[None]], **settings: Any) -> None:
+def _run(
+    where: Path | LedgerAt, body: Callable[[AuctionActor], Awaitable[None]], **settings: Any
+) -> None:
     async def main() -> None:
-        actor = _actor(path, **settings)
+        actor = _actor(where, **settings)
         try:
             await body(actor)
         finally:
@@ -162,15 +170,15 @@ def test_not_answered_releases_the_hold_and_answered_captures_it(tmp_path: Path)
     _run(tmp_path, body, batch_size=2, batch_window_ms=10_000.0)
 
 
-def test_a_restart_releases_open_holds_and_keeps_charges(tmp_path: Path) -> None:
+def test_a_restart_releases_open_holds_and_keeps_charges(ledger_at: LedgerAt) -> None:
     async def first_life(actor: AuctionActor) -> None:
         await actor.set_regime("saturated")
         await asyncio.gather(actor.admit("a", "alice", 2.0, [1]), actor.admit("b", "bob", 1.0, [2]))
         await actor.finished("a", answered=True)
         # "b" is never answered: the process dies with its hold open.
 
-    _run(tmp_path, first_life, batch_size=2, batch_window_ms=10_000.0)
-    with Ledger(tmp_path / "ledger.db") as ledger:
+    _run(ledger_at, first_life, batch_size=2, batch_window_ms=10_000.0)
+    with ledger_at.open() as ledger:  # on either backend (SQLite, or PostgreSQL on a cluster)
         assert ledger.held("bob") == 1.0 and ledger.account("alice").spent == 1.0
 
     async def second_life(actor: AuctionActor) -> None:
@@ -178,7 +186,7 @@ def test_a_restart_releases_open_holds_and_keeps_charges(tmp_path: Path) -> None
         stats = await actor.stats()
         assert _users(stats) == {"alice": (1.0, 0.0), "bob": (0.0, 0.0), "carol": (0.0, 0.0)}
 
-    _run(tmp_path, second_life)
+    _run(ledger_at, second_life)
 
 
 def test_a_caller_cancelled_while_queued_leaves_and_releases_its_hold(tmp_path: Path) -> None:
@@ -281,7 +289,7 @@ def test_settings_and_users_are_validated_at_the_edge(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"users\[0\]"):
         AuctionActor(
             settings={},
-            ledger_path=str(tmp_path / "l.db"),
+            ledger=str(tmp_path / "l.db"),
             users=[{"name": "x", "budget": -1.0}],
             nats_url=None,
         )
@@ -340,7 +348,7 @@ def test_a_users_file_budget_change_keeps_the_ledgers(
     changed = [{"name": "alice", "budget": 99.0}, {"name": "anonymous", "budget": 1.0}]
     with caplog.at_level(logging.WARNING, logger="cluster.ray.auction_actor"):
         actor = AuctionActor(
-            settings={}, ledger_path=str(tmp_path / "ledger.db"), users=changed, nats_url=None
+            settings={}, ledger=str(tmp_path / "ledger.db"), users=changed, nats_url=None
         )
     assert "keeping the ledger's" in caplog.text
     asyncio.run(actor.shutdown())
@@ -354,7 +362,7 @@ def test_a_ledger_that_cannot_open_fails_the_constructor(tmp_path: Path) -> None
     with pytest.raises(LedgerError, match="a-file"):
         AuctionActor(
             settings={},
-            ledger_path=str(tmp_path / "a-file" / "l.db"),
+            ledger=str(tmp_path / "a-file" / "l.db"),
             users=USERS,
             nats_url=None,
         )

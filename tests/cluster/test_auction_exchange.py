@@ -43,7 +43,7 @@ class InProcess:
 def _actor(tmp_path: Path, ttl_s: float = 30.0, **settings: Any) -> AuctionActor:
     return AuctionActor(
         settings=SATURATED | settings,
-        ledger_path=str(tmp_path / "ledger.sqlite"),
+        ledger=str(tmp_path / "ledger.sqlite"),
         users=[{"name": "alice", "budget": 10.0}, {"name": "bob", "budget": 1.0}],
         nats_url=None,
         lease_ttl_s=ttl_s,

@@ -116,3 +116,30 @@ def test_build_names_a_bad_field() -> None:
         app_builder.build({**_app_args(), "users_file": "/nonexistent/users.yaml"})
     with pytest.raises(ConfigError, match="must be a mapping"):
         app_builder.parse_args(["profile"])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("ledger", "reason"),
+    [
+        ({"ledger_url": "postgresql://ledger:hunter2@db/ledger"}, "PGPASSWORD"),
+        ({"ledger_url": "mysql://db/ledger"}, "postgresql://"),
+        ({"ledger_url": "postgresql://db/" + "x" * 3000}, "2048"),
+        ({"ledger_schema": "Robert'); DROP TABLE"}, "pattern"),
+    ],
+)
+def test_a_bad_ledger_location_is_refused_naming_the_field(
+    ledger: dict[str, str], reason: str
+) -> None:
+    with pytest.raises(ConfigError, match=f"{next(iter(ledger))}.*{reason}") as info:
+        validate_model(ServeConfig, ledger, "serve config")
+    assert "hunter2" not in str(info.value)
+
+
+def test_a_postgres_ledger_needs_no_path_and_keeps_its_schema() -> None:
+    config = validate_model(
+        ServeConfig,
+        {"ledger_url": "postgresql://disaggctl@ledger:5432/disaggctl?sslmode=verify-full",
+         "ledger_schema": "prod"},
+        "serve config",
+    )  # fmt: skip
+    assert config.ledger_url is not None and config.ledger_schema == "prod"

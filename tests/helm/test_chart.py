@@ -49,6 +49,12 @@ CASES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "nats-tls": ((), ("backend=dynamo", "nats.tls.enabled=true", "nats.tls.secretName=nats-tls")),
     "monitoring": ((), ("monitoring.serviceMonitor.enabled=true",
                         "monitoring.prometheusRule.enabled=true")),
+    "external-ledger": ((), ("ledger.postgresql.external.url="
+                             "postgresql://disaggctl@db.ops:5432/ledger?sslmode=verify-full",
+                             "ledger.postgresql.external.caSecret=db-ca",
+                             "ledger.postgresql.existingSecret=db-password",
+                             "networkPolicy.extraEgress[0].ports[0].port=5432")),
+    "sqlite-ledger": ((), ("ledger.backend=sqlite",)),
 }  # fmt: skip
 
 
@@ -129,7 +135,7 @@ def test_template_renders_every_part(render: Any, case: str) -> None:
     assert {"RayService", "ConfigMap", "NetworkPolicy"} <= kinds
     names = {(d["kind"], d["metadata"]["name"]) for d in docs}
     if case == "external-nats":
-        assert "StatefulSet" not in kinds
+        assert ("StatefulSet", f"{FULLNAME}-nats") not in names
     else:
         assert ("StatefulSet", f"{FULLNAME}-nats") in names
         assert ("Secret", f"{FULLNAME}-nats-credentials") in names
@@ -208,7 +214,10 @@ def test_service_config_is_a_valid_serveconfig(render: Any, case: str) -> None:
     docs = render(*CASES[case])
     cfg = validate_model(ServeConfig, service_config(docs), f"{case}: service.yaml")
     assert cfg.nats_url is not None and "@" not in cfg.nats_url  # no credentials in a ConfigMap
-    assert cfg.ledger_path.startswith("/var/lib/disaggctl/ledger/")
+    if cfg.ledger_url is None:  # SQLite, on the head's volume
+        assert cfg.ledger_path.startswith("/var/lib/disaggctl/ledger/")
+    else:  # PostgreSQL: a URL without a password (ServeConfig refuses one), the chart's server
+        assert cfg.ledger_url.startswith("postgresql://disaggctl@")
     app = serve_app(docs)
     assert app["import_path"] == "disaggctl_helm_builder:build"
     assert app["args"]["config_file"] == "/etc/disaggctl/config/service.yaml"
@@ -250,12 +259,12 @@ def test_b200_gpu_counts_are_topology_times_tp(render: Any, example: Path) -> No
         assert params["num-gpus"] == "0"
     assert total == (p + d) * tp
     assert {"b200-llama70b-1p5d": 24, "b200-nemotron340b-1p2d": 24}[example.stem] == total
-    # The ledger: block storage on the head only (the auction's node), never a shared volume.
-    assert one(docs, "PersistentVolumeClaim")["spec"]["accessModes"] == ["ReadWriteOnce"]
+    # The ledger: the chart's PostgreSQL on its own block storage, its password on the head only.
+    (claim,) = one(docs, "StatefulSet", f"{FULLNAME}-ledger")["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
     for group, _, template, _ in ray_groups(docs):
-        mounts = {m["name"] for c in template["spec"]["containers"]
-                  for m in c.get("volumeMounts", [])}  # fmt: skip
-        assert ("ledger" in mounts) == (group == "head"), group
+        env = {e["name"] for c in template["spec"]["containers"] for e in c.get("env", [])}
+        assert ("PGPASSWORD" in env) == (group == "head"), group
 
 
 def test_sim_on_gpus_gives_the_ray_containers_the_gpus(render: Any) -> None:
@@ -457,6 +466,51 @@ def test_default_deny_then_the_listed_flows(render: Any, case: str) -> None:
     assert all(r.get("from") for r in ray["ingress"]), "an ingress rule open to anyone"
 
 
+@pytest.mark.parametrize("case", ["defaults", "external-ledger", "sqlite-ledger"])
+def test_the_ledger_is_reached_from_the_head_only(render: Any, case: str) -> None:
+    docs = render(*CASES[case])
+    names = {d["metadata"]["name"] for d in by_kind(docs, "NetworkPolicy")}
+    ray = one(docs, "NetworkPolicy", f"{FULLNAME}-ray")["spec"]
+    to_ledger = [r for r in ray["egress"] if 5432 in {p["port"] for p in r.get("ports", [])}]
+    if case != "defaults":  # no server of the chart's: no policy for it, no StatefulSet
+        assert f"{FULLNAME}-ledger" not in names
+        assert not [d for d in by_kind(docs, "StatefulSet") if "ledger" in d["metadata"]["name"]]
+        assert len(to_ledger) == (case == "external-ledger")  # extraEgress, the operator's
+        return
+    spec = one(docs, "NetworkPolicy", f"{FULLNAME}-ledger")["spec"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"] and spec["egress"] == []
+    (rule,) = spec["ingress"]
+    assert rule["ports"] == [{"port": 5432, "protocol": "TCP"}]
+    (peer,) = rule["from"]
+    assert peer["podSelector"]["matchLabels"]["ray.io/node-type"] == "head"
+    (egress,) = to_ledger
+    assert egress["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "ledger"
+    server = one(docs, "StatefulSet", f"{FULLNAME}-ledger")["spec"]["template"]["spec"]
+    (pg,) = server["containers"]
+    env = {e["name"]: e for e in pg["env"]}
+    assert env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == f"{FULLNAME}-ledger"
+    assert env["POSTGRES_HOST_AUTH_METHOD"]["value"] == "scram-sha-256"
+    assert pg["securityContext"]["readOnlyRootFilesystem"] is True
+    secret = one(docs, "Secret", f"{FULLNAME}-ledger")
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert len(base64.b64decode(secret["data"]["password"])) == 48
+
+
+def test_an_external_ledger_mounts_its_ca_on_the_head(render: Any) -> None:
+    docs = render(*CASES["external-ledger"])
+    assert service_config(docs)["ledger_url"].startswith("postgresql://disaggctl@db.ops:5432/")
+    assert not [d for d in by_kind(docs, "Secret") if d["metadata"]["name"].endswith("-ledger")]
+    for group, _, template, _ in ray_groups(docs):
+        (ray,) = [c for c in template["spec"]["containers"] if c["name"].startswith("ray-")]
+        mounts = {m["name"]: m["mountPath"] for m in ray["volumeMounts"]}
+        env = {e["name"]: e for e in ray["env"]}
+        if group == "head":
+            assert mounts["ledger-ca"] == "/etc/disaggctl/ledger-ca"
+            assert env["PGPASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "db-password"
+        else:
+            assert "ledger-ca" not in mounts and "PGPASSWORD" not in env
+
+
 def test_an_external_nats_needs_an_egress_rule(helm: str) -> None:
     result = run_helm(helm, "template", RELEASE, str(CHART), "--set", "nats.enabled=false",
                       "--set", "nats.external.url=nats://nats.ops:4222",
@@ -467,16 +521,25 @@ def test_an_external_nats_needs_an_egress_rule(helm: str) -> None:
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
-        (("ledger.persistence.enabled=false", "users.existingSecret=u"), "emptyDir ledger"),
-        (("ledger.persistence.accessModes={ReadWriteMany}",), "network file system"),
+        (("ledger.backend=sqlite", "ledger.persistence.enabled=false", "users.existingSecret=u"),
+         "emptyDir ledger"),
+        (("ledger.backend=sqlite", "ledger.persistence.accessModes={ReadWriteMany}"),
+         "network file system"),
+        (("ledger.postgresql.external.url=postgresql://l@db/l",),
+         "ledger.postgresql.existingSecret"),
+        (("ledger.postgresql.external.url=postgresql://l@db/l",
+          "ledger.postgresql.existingSecret=s"), "networkPolicy.extraEgress"),
+        (("ledger.postgresql.external.url=postgresql://l:hunter2@db/l",
+          "ledger.postgresql.existingSecret=s"), "external.url"),  # a password in the URL
     ],
-)
+)  # fmt: skip
 def test_a_ledger_that_could_lose_money_is_refused(
     helm: str, sets: tuple[str, ...], message: str
 ) -> None:
     args = [a for s in sets for a in ("--set", s)]
     result = run_helm(helm, "template", RELEASE, str(CHART), *args)
     assert result.returncode != 0 and message in result.stderr, result.stderr
+    assert "hunter2" not in result.stderr
 
 
 def test_every_empty_dir_has_a_size_limit(render: Any) -> None:
@@ -577,8 +640,8 @@ def _schema() -> dict[str, Any]:
 def test_schema_mirrors_the_projects_config_models() -> None:
     props = _schema()["properties"]
     config = props["config"]["properties"]
-    chart_set = {"nats_url", "ledger_path", "accelerator_resource", "request_gpus",
-                 "metrics_host", "metrics_port"}  # fmt: skip
+    chart_set = {"nats_url", "ledger_path", "ledger_url", "ledger_schema", "accelerator_resource",
+                 "request_gpus", "metrics_host", "metrics_port"}  # fmt: skip
     # The serve side's Dynamo backend is not wired into the chart yet (docs/design.md §7): the
     # chart's own top-level `backend`/`dynamo` values describe its engine containers instead.
     not_in_chart = {"backend", "dynamo"}

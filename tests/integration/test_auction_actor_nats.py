@@ -22,7 +22,7 @@ def test_batches_are_published_on_nats(nats_url: str, tmp_path: Path) -> None:
         await listener.subscribe(received.append, kinds=("auction",))
         actor = AuctionActor(
             settings={"batch_size": 2, "batch_window_ms": 10_000.0},
-            ledger_path=str(tmp_path / "ledger.db"),
+            ledger=str(tmp_path / "ledger.db"),
             users=[{"name": "alice", "budget": 5.0}, {"name": "bob", "budget": 5.0}],
             nats_url=nats_url,
             namespace="auctiontest",

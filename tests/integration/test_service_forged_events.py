@@ -19,11 +19,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.events import FirstTokenEvent, RegimeEvent
+from cluster.ledger.postgres import PostgresLedger
 from cluster.nats_auth import connect_options
 from cluster.nats_server import NatsServer
 from cluster.wire import encode
 from tests.integration.test_service_crash import ServeProcess
 from tests.integration.test_service_replicas import _burst, _stop
+from tests.postgres_server import PostgresServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -34,7 +36,8 @@ topology: 0P/1D
 speedup: 4.0
 namespace: forged
 nats_url: {nats_url}
-ledger_path: {ledger}
+ledger_url: {ledger_url}
+ledger_schema: {ledger_schema}
 allow_anonymous: false
 controller: {{tick_s: 0.5, theta1_s: 1.0, theta2_s: 2.0, min_samples: 5}}
 """
@@ -88,12 +91,19 @@ async def _forge(nats_url: str, n: int) -> list[str]:
     return errors
 
 
-def test_forged_ttfts_leave_an_idle_service_below(tmp_path: Path) -> None:
+def test_forged_ttfts_leave_an_idle_service_below(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    """Deployed as on a cluster: an external NATS with credentials and a PostgreSQL ledger
+    (its password in PGPASSWORD, inherited by the service's Ray, where the auction opens it)."""
     from cluster.serve.users import hash_key
 
+    schema = f"forged_{uuid.uuid4().hex[:12]}"
     with NatsServer() as server:
         config = tmp_path / "serve.yaml"
-        config.write_text(CONFIG.format(nats_url=server.url, ledger=tmp_path / "ledger.sqlite"))
+        config.write_text(
+            CONFIG.format(nats_url=server.url, ledger_url=postgres.url, ledger_schema=schema)
+        )
         users = tmp_path / "users.yaml"
         users.write_text(f"users:\n  - {{name: bob, key_sha256: {hash_key(KEY)}, budget: 10.0}}\n")
         service = ServeProcess(tmp_path, config=config, users=users, tag="forged")
@@ -124,3 +134,5 @@ def test_forged_ttfts_leave_an_idle_service_below(tmp_path: Path) -> None:
             assert [r["status"] for r in answered] == [200] * 4, answered
         finally:
             _stop(service)
+    with PostgresLedger(postgres.url, schema=schema) as ledger:  # the auction's, on the server
+        assert [(a.user, a.budget, a.spent) for a in ledger.accounts()] == [("bob", 10.0, 0.0)]

@@ -103,6 +103,28 @@ app.kubernetes.io/component: ray
 {{- define "disaggctl.builderDir" -}}/etc/disaggctl/builder{{- end -}}
 {{- define "disaggctl.ledgerDir" -}}/var/lib/disaggctl/ledger{{- end -}}
 
+{{/* The PostgreSQL ledger: the chart's server, or an external one (no password in the URL:
+     the head reads it from the Secret as PGPASSWORD). */}}
+{{- define "disaggctl.ledgerUrl" -}}
+{{- $pg := .Values.ledger.postgresql -}}
+{{- if $pg.external.url -}}
+{{- $pg.external.url -}}
+{{- else -}}
+{{- printf "postgresql://%s@%s-ledger:5432/%s" $pg.user (include "disaggctl.fullname" .) $pg.database -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "disaggctl.ledgerSecretName" -}}
+{{- default (printf "%s-ledger" (include "disaggctl.fullname" .)) .Values.ledger.postgresql.existingSecret -}}
+{{- end -}}
+
+{{/* "true" when the chart runs the ledger's PostgreSQL server itself. */}}
+{{- define "disaggctl.ledgerServer" -}}
+{{- if and (eq .Values.ledger.backend "postgresql") (not .Values.ledger.postgresql.external.url) -}}true{{- end -}}
+{{- end -}}
+
+{{- define "disaggctl.ledgerCaDir" -}}/etc/disaggctl/ledger-ca{{- end -}}
+
 {{- define "disaggctl.usersSecretName" -}}
 {{- default (printf "%s-users" (include "disaggctl.fullname" .)) .Values.users.existingSecret -}}
 {{- end -}}
@@ -116,7 +138,12 @@ app.kubernetes.io/component: ray
 {{- define "disaggctl.serviceConfig" -}}
 {{- $cfg := deepCopy .Values.config -}}
 {{- $_ := set $cfg "nats_url" (include "disaggctl.natsUrl" .) -}}
+{{- if eq .Values.ledger.backend "sqlite" -}}
 {{- $_ := set $cfg "ledger_path" (printf "%s/ledger.sqlite" (include "disaggctl.ledgerDir" .)) -}}
+{{- else -}}
+{{- $_ := set $cfg "ledger_url" (include "disaggctl.ledgerUrl" .) -}}
+{{- $_ := set $cfg "ledger_schema" .Values.ledger.postgresql.schema -}}
+{{- end -}}
 {{- $_ := set $cfg "accelerator_resource" .Values.accelerator.resource -}}
 {{- $_ := set $cfg "metrics_host" "0.0.0.0" -}}
 {{- $_ := set $cfg "metrics_port" (int .Values.monitoring.metricsPort) -}}

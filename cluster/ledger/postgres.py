@@ -1,0 +1,190 @@
+"""The ledger in PostgreSQL, for clusters: the contract of ``auction.ledger`` over a server that
+outlives pods and takes writers from any node (docs/design.md §1 "Ledger", "Security model").
+
+The queries are the SQLite ledger's (``auction/ledger_book.py``, ``auction/holds.py``); this
+module supplies the connection, the transactions and the schema (``postgres_schema.py``).
+
+Guarantees, and what provides them here:
+
+- Durable before a write returns: each write is one transaction, and PostgreSQL's commit
+  flushes its WAL (``synchronous_commit`` on, the server's default), so a client killed after
+  the call returned keeps it and one killed before the commit leaves no trace.
+- Never past the budget, exactly once: every write transaction first takes one transaction-level
+  advisory lock, keyed by the ledger's schema, so writers (threads, processes, nodes) are
+  serialised as SQLite's write lock serialises them, and the check-then-write of a charge, hold
+  or capture is atomic. Readers take a ``REPEATABLE READ`` snapshot and no lock. The UNIQUE keys,
+  CHECKs and triggers back both in the schema.
+- A server that restarts: a broken connection is replaced when the next transaction begins.
+  A write whose COMMIT was cut off may or may not have landed; its retry is safe, because every
+  write is keyed (a repeated charge or capture returns the original row).
+
+Secrets stay out of the URL, which appears in messages and logs: a URL that holds a password is
+refused. libpq reads the password from ``PGPASSWORD`` or ``PGPASSFILE`` (the Helm chart sets the
+first from its Secret), and TLS from the URL's ``sslmode`` and ``sslrootcert``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg import pq
+
+from auction.ledger_book import LedgerBook, check_timeout
+from auction.ledger_sql import Rows
+from auction.money import LedgerCorruptError, LedgerError
+from cluster.ledger.location import SCHEMA_PATTERN, check_postgres_url
+from cluster.ledger.postgres_schema import COLUMNS, TABLES
+
+__all__ = ["PostgresLedger"]
+
+log = logging.getLogger(__name__)
+
+
+class _Connection:
+    """psycopg's connection speaking the ledger's ``?`` placeholders (auction/ledger_sql.py).
+    No query with parameters holds a literal ``?`` or ``%``, so the translation is exact; a
+    statement without parameters (the schema's, whose functions say ``'%'``) goes as it is."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> Rows:
+        if not parameters:
+            return self._conn.execute(sql)
+        return self._conn.execute(sql.replace("?", "%s"), parameters)
+
+
+class PostgresLedger(LedgerBook):
+    """Accounts, holds and keyed charges in a PostgreSQL schema (module docstring).
+
+    ``url`` is a libpq URL without a password (``postgresql://user@host:5432/db``); ``schema``
+    the namespace that holds the ledger's tables, created on first use; ``timeout`` the seconds
+    to wait for the connection or for the write lock.
+    """
+
+    _hold_order = "seq"
+
+    def __init__(self, url: str, *, schema: str = "disaggctl", timeout: float = 30.0) -> None:
+        timeout = check_timeout(timeout)
+        if not isinstance(schema, str) or not re.fullmatch(SCHEMA_PATTERN, schema):
+            raise ValueError(f"schema must match {SCHEMA_PATTERN}, got {schema!r}")
+        self.url = check_postgres_url(url)
+        self.schema = schema
+        self.where = f"{self.url} (schema {schema})"
+        self._timeout = float(timeout)
+        # One lock per ledger: two schemas in one database are two ledgers, each its own writer.
+        digest = hashlib.blake2b(f"disaggctl-ledger:{schema}".encode(), digest_size=8).digest()
+        self._lock_key = int.from_bytes(digest, "big", signed=True)
+        self._closed = False
+        self._conn: psycopg.Connection[Any] | None = None
+        try:
+            self._install()
+            self.replay()  # refuse to open a journal that does not add up
+        except BaseException:
+            self.close()
+            raise
+
+    # -- connection and transactions -----------------------------------------------------------
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        with self._errors():
+            conn = psycopg.connect(
+                self.url,
+                autocommit=True,  # every transaction below is explicit (BEGIN … COMMIT)
+                connect_timeout=max(1, math.ceil(self._timeout)),
+                application_name="disaggctl-ledger",
+            )
+            try:
+                conn.execute(f'SET search_path TO "{self.schema}"')  # matched SCHEMA_PATTERN
+                conn.execute(f"SET lock_timeout = {math.ceil(self._timeout * 1000)}")
+            except BaseException:
+                conn.close()
+                raise
+        return conn
+
+    def _live(self) -> psycopg.Connection[Any]:
+        """The connection, opened again if the server dropped it (a restart, a failover)."""
+        if self._closed:
+            raise LedgerError(f"{self.where}: the ledger is closed")
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            if self._conn is not None:
+                log.warning("%s: the connection was lost; connecting again", self.where)
+                self._conn.close()
+            self._conn = self._connect()
+        return self._conn
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """psycopg's exceptions as the ledger's, naming the ledger (never its password)."""
+        try:
+            yield
+        except psycopg.errors.DataCorrupted as exc:
+            raise LedgerCorruptError(f"{self.where}: {exc}") from exc
+        except psycopg.Error as exc:
+            raise LedgerError(f"{self.where}: {exc}".rstrip()) from exc
+
+    @contextmanager
+    def _transaction(self, *, write: bool = True) -> Iterator[_Connection]:
+        """A writer takes the ledger's advisory lock before it reads, so check-then-write is
+        atomic across processes; a reader gets a consistent snapshot without it."""
+        with self._errors():
+            begin = "BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+            conn = self._live()
+            try:
+                conn.execute(begin)
+            except psycopg.OperationalError:
+                if not conn.broken:
+                    raise
+                # The server went away since the last transaction (a restart): nothing was
+                # sent yet, so connecting again and beginning anew is safe.
+                conn = self._live()
+                conn.execute(begin)
+            try:
+                if write:
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (self._lock_key,))
+                yield _Connection(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                if not conn.broken and conn.info.transaction_status in (
+                    pq.TransactionStatus.INTRANS,
+                    pq.TransactionStatus.INERROR,
+                ):
+                    conn.execute("ROLLBACK")
+                raise
+
+    # -- the schema ----------------------------------------------------------------------------
+
+    def _install(self) -> None:
+        """Create the ledger's tables in an empty schema; check them in one that has tables.
+        Under the write lock, so two processes opening a new ledger create it once."""
+        with self._transaction() as db:
+            db.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+            found = frozenset(
+                (str(t), str(c), str(d))
+                for t, c, d in db.execute(
+                    "SELECT table_name, column_name, data_type FROM information_schema.columns "
+                    "WHERE table_schema = ?",
+                    (self.schema,),
+                )
+            )
+            if not found:
+                for statement in TABLES:
+                    db.execute(statement)
+            elif found != COLUMNS:
+                tables = ", ".join(sorted({t for t, _, _ in found}))
+                raise LedgerCorruptError(
+                    f"{self.where} is not a ledger: its tables differ from the ledger's "
+                    f"(it holds {tables})"
+                )
+
+    def close(self) -> None:
+        self._closed = True
+        if self._conn is not None:
+            self._conn.close()

@@ -24,7 +24,8 @@ Guarantees, and what provides them:
   the running balances agree with the accounts.
 
 Money is integer micro-units, bounded by ``MAX_AMOUNT``; keys are non-empty strings
-(``auction/money.py``).
+(``auction/money.py``). The queries are the backends' common ones (``auction/ledger_book.py``,
+``auction/holds.py``); clusters keep the same contract in PostgreSQL (``cluster.ledger``).
 
 Files. Opening a file that is not a ledger (garbage, or a SQLite database with other tables) raises
 ``LedgerCorruptError`` naming the path and changes nothing in it; any other SQLite failure (a

@@ -26,11 +26,16 @@ import psycopg
 SUPERUSER = "disaggctl"
 
 
-def _bin_dir() -> Path:
+def _install_dir() -> Path:
     spec = importlib.util.find_spec("pgserver")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("the pgserver wheel is not installed: run `make test`")
-    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall"
+
+
+def _reachable_by_others(path: Path) -> bool:
+    """Whether a user other than the owner may enter every folder down to ``path``."""
+    return all(p.stat().st_mode & 0o001 for p in (path, *path.parents))
 
 
 def _free_port() -> int:
@@ -52,10 +57,13 @@ class PostgresServer:
         self._data = self._root / "data"
         self._proc: subprocess.Popen[bytes] | None = None
         self._user: tuple[int, int] | None = None
+        self._bin = _install_dir() / "bin"
         if os.geteuid() == 0:
             nobody = pwd.getpwnam("nobody")
             self._user = (nobody.pw_uid, nobody.pw_gid)
             os.chown(self._root, *self._user)
+            if not _reachable_by_others(self._bin):  # e.g. a checkout under /root
+                self._bin = self._copy_install() / "bin"
         pwfile = self._root / "pwfile"
         pwfile.write_text(self.password + "\n")
         os.chmod(pwfile, 0o600)
@@ -67,9 +75,17 @@ class PostgresServer:
         )  # fmt: skip
         pwfile.unlink()
 
+    def _copy_install(self) -> Path:
+        """The wheel's server where ``nobody`` can run it, with the libraries its RPATH names
+        (``$ORIGIN/../../../pgserver.libs``)."""
+        wheel = _install_dir().parents[1]  # site-packages
+        into = self._root / "pg"
+        shutil.copytree(wheel / "pgserver.libs", into / "pgserver.libs")
+        return Path(shutil.copytree(_install_dir(), into / "pgserver" / "pginstall", symlinks=True))
+
     def _run(self, tool: str, *args: str) -> None:
         done = subprocess.run(
-            [str(_bin_dir() / tool), *args], capture_output=True, text=True, **self._as_user()
+            [str(self._bin / tool), *args], capture_output=True, text=True, **self._as_user()
         )
         if done.returncode != 0:
             raise RuntimeError(f"{tool} failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -82,7 +98,7 @@ class PostgresServer:
         with log:
             self._proc = subprocess.Popen(
                 [
-                    str(_bin_dir() / "postgres"), "-D", str(self._data),
+                    str(self._bin / "postgres"), "-D", str(self._data),
                     "-c", "listen_addresses=127.0.0.1", "-p", str(self.port),
                     "-c", "unix_socket_directories=", "-c", "max_connections=200",
                 ],

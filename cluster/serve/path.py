@@ -13,7 +13,12 @@ Failures are handled where they happen:
 
 - a worker that fails before the first token is excluded and the request is placed once more
   (one retry, then 503); one that fails mid-stream ends the stream with an error (tokens already
-  sent cannot be taken back), and the request is not charged;
+  sent cannot be taken back);
+- money: the auction sells a position, which is delivered with the first token. The request's
+  price is captured then, in the same exchange that frees its prefill slot, not when the stream
+  ends: a client that disconnects after its first token pays what it was quoted (it cannot dodge
+  the price by hanging up), and so does a stream a worker cuts later. A request that fails or is
+  abandoned before its first token is released and pays nothing (docs/design.md §1, "Money");
 - the backend's reservations and the auction's books are always closed (``release``,
   ``settle``), on success, error and client disconnect alike, so no slot, reservation or hold
   leaks;
@@ -103,15 +108,15 @@ class ActorRequestPath:
             yield Admitted(position=0, payment=0.0, batch_id=None, mode="fcfs")
         else:
             yield await self._admit(req)
-        answered = False
-        charged = 0.0
+        capture: asyncio.Task[float] | None = None
         try:
             async for event in self._serve(req, t0):
+                if isinstance(event, Routed):  # the first token is in hand: the position is sold
+                    capture = self._capture(req)
                 yield event
-            answered = True
         finally:
             # Shielded: a client disconnect cancels this generator, but the books must close.
-            charged = await asyncio.shield(self._close_books(req, answered))
+            charged = await asyncio.shield(self._close_books(req, capture))
         yield Finished(payment_charged=charged)
 
     async def _admit(self, req: PathRequest) -> Admitted:
@@ -211,14 +216,23 @@ class ActorRequestPath:
 
     # -- books and events --------------------------------------------------------------------
 
-    async def _close_books(self, req: PathRequest, answered: bool) -> float:
-        """Release the backend's reservations (idempotent) and settle the auction's hold:
-        capture the payment if the request was answered, release it otherwise."""
+    def _capture(self, req: PathRequest) -> asyncio.Task[float] | None:
+        """At the first token: capture the request's price from its hold (in the next
+        exchange, beside its first token); None for one admitted here (nothing is held)."""
+        if self.gate is not None and self.gate.is_local(req.request_id):
+            return None
+        return asyncio.get_running_loop().create_task(self.link.settle(req.request_id, True))
+
+    async def _close_books(self, req: PathRequest, capture: asyncio.Task[float] | None) -> float:
+        """Release the backend's reservations (idempotent) and close the auction's hold: what
+        the first token captured, or a release for a request that never got one."""
         await self.backend.release(req.request_id)
         if self.gate is not None and self.gate.is_local(req.request_id):
             self.gate.finished(req.request_id)  # admitted here, FCFS: nothing held, nothing due
             return 0.0
-        return await self.link.settle(req.request_id, answered)
+        if capture is not None:
+            return await capture
+        return await self.link.settle(req.request_id, False)
 
     def _first_token(self, req: PathRequest, placement: Placement, ttft: float) -> None:
         """The auction's slot is free (the lease's here, or in the next exchange), and the

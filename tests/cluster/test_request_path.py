@@ -1,6 +1,7 @@
 """The request path over the actors (cluster/serve/path.py), in-process against stand-in actors:
 admission, routing, prefill and transfer, the decode stream, one retry, 503s, and books that
-always close — the auction's hold captured only for an answered request."""
+always close — the auction's hold captured at the first token (the position it sold), released
+for a request that never got one."""
 
 from __future__ import annotations
 
@@ -315,12 +316,12 @@ def test_a_missing_prefill_worker_is_excluded_and_the_decode_worker_prefills() -
     assert routed.prefill_worker is None and isinstance(events[-1], Finished)
 
 
-def test_a_decode_worker_that_dies_mid_stream_is_a_503_without_a_charge() -> None:
+def test_a_decode_worker_that_dies_mid_stream_is_a_503_and_the_position_is_still_paid() -> None:
     auction = Auction()
     with pytest.raises(PathError) as err:
         _run(_path(auction, decode={1: Decode(die_after=1), 2: Decode()}))
     assert err.value.status == 503 and "mid-stream" in err.value.message
-    assert auction.settled == [("r1", False)]
+    assert auction.settled == [("r1", True)]  # captured at the first token, before the failure
 
 
 def test_an_auction_that_does_not_answer_is_a_503_after_the_give_up_time() -> None:
@@ -340,19 +341,24 @@ def test_the_auctions_refusals_reach_the_client_with_their_status() -> None:
     assert (api.status, api.code, api.param) == (402, "budget_exceeded", "bid")
 
 
-def test_a_client_that_leaves_mid_stream_closes_the_books_uncharged() -> None:
+def test_a_client_that_leaves_after_its_first_token_pays_its_quoted_price() -> None:
     auction, router = Auction(), Router()
     path = _path(auction, router)
+    seen: list[PathEvent] = []
 
     async def leave_after_first_token() -> None:
         stream = path.run(REQ)
         async for event in stream:
+            seen.append(event)
             if isinstance(event, TokenChunk):
                 break
         await stream.aclose()
 
     asyncio.run(leave_after_first_token())
-    assert auction.settled == [("r1", False)]
+    quoted = next(e for e in seen if isinstance(e, Admitted)).payment
+    (settlement,) = auction.sent("settlements")
+    assert settlement.capture and settlement.payment == quoted == 0.5  # the price it was told
+    assert auction.sent("started") == ["r1"]  # and its prefill slot freed, in the same exchange
     assert router.calls["complete"] == [("r1",)]
     assert router.routing.in_flight("decode") == 0
 

@@ -526,3 +526,56 @@ def test_bad_inputs_reserved_and_charged_nothing(live_service: LiveService) -> N
         return counts if every else None  # the replicas push every second
 
     until(statuses, 10, "every refusal counted on the metrics server")
+
+
+# -- money: due at the first token ---------------------------------------------------------------
+
+
+def test_a_stream_cut_after_its_first_token_pays_its_quoted_price(
+    live_service: LiveService,
+) -> None:
+    """docs/design.md §1 "Money": the position is delivered with the first token, so a client
+    that hangs up then still pays what it was quoted; its competitor, read to the end, too."""
+    auction = live_service.handles.auction
+
+    async def cut_after_first_token(client: httpx.AsyncClient, body: dict[str, Any]) -> str:
+        async with client.stream("POST", "/v1/chat/completions", json=body,
+                                 headers=auth("alice")) as r:  # fmt: skip
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                chunk = json.loads(line[6:]) if line.startswith("data: {") else {}
+                if any((c.get("delta") or {}).get("content") for c in chunk.get("choices", [])):
+                    break  # the first token's text: hang up
+            return f"{r.headers['x-disagg-request-id']}|{r.headers['x-disagg-payment']}"
+
+    async def main() -> tuple[str, dict[str, Any]]:
+        async with httpx.AsyncClient(base_url=live_service.url, timeout=HTTP_TIMEOUT_S) as c:
+            cut, whole = await asyncio.gather(
+                cut_after_first_token(c, chat_body("a story about harbours", 64, bid=3.0,
+                                                   stream=True)),
+                c.post("/v1/chat/completions", headers=auth("bob"),
+                       json=chat_body("a story about ships", 8, bid=1.0)),
+            )  # fmt: skip
+            return cut, whole.json()
+
+    ray.get(auction.set_regime.remote("saturated"), timeout=TIMEOUT_S)
+    time.sleep(LEASE_TTL_S / 3 + 0.5)  # the replica's next lease says so (see above)
+    try:
+        cut, bob = asyncio.run(asyncio.wait_for(main(), 60))
+    finally:
+        ray.get(auction.set_regime.remote("below"), timeout=TIMEOUT_S)
+    request_id, quoted = cut.split("|")
+    assert bob["disagg"]["mode"] == "auction"
+
+    def closed() -> list[Any]:
+        ledger = Ledger(live_service.ledger_path)
+        try:
+            mine = [h for h in ledger.holds("alice") if h.hold_id.startswith(request_id + "@")]
+            return [(h, ledger.journal("alice")) for h in mine if h.state != "open"]
+        finally:
+            ledger.close()
+
+    ((hold, journal),) = until(closed, 20.0, "the cut stream's hold closes")
+    assert hold.state == "captured", hold  # not released: its position was delivered
+    (charge,) = [c for c in journal if c.hold_id == hold.hold_id]
+    assert charge.amount == pytest.approx(float(quoted))  # the price it was told, exactly once

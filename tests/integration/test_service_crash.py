@@ -17,8 +17,8 @@ its own) is left to notice the death by itself. Then:
    or, admitted FCFS by its ingress replica under the auction's lease, no hold at all;
    a request refused at admission (402) or never sent has no hold; a request refused after
    admission has no capture. The one ambiguity is a request in flight at the kill: the server
-   captures when the answer completes, before it writes the body's last bytes, so a request
-   answered on the server whose response the kill cut may be captured. The per-user journal sum
+   captures at the first token, before the answer completes, so a request whose response the
+   kill cut may be captured. The per-user journal sum
    is therefore exactly (client-seen payments) + (captures of requests cut in flight), every
    capture is ≤ its hold (the bid), and S_i + H_i ≤ B_i;
 2. nothing of the killed service is left after a grace period: its NATS watchdog stopped the

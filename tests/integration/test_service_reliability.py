@@ -187,11 +187,12 @@ def test_decode_worker_killed_mid_run(live_service: LiveService) -> None:
     assert workers[victim] >= 1, f"the restarted worker {victim} served nothing: {workers}"
     _books_closed(live_service)
 
-    # The failed requests were charged nothing. One admitted when requests queued had its bid
-    # held: that hold was released, never captured. One admitted under its replica's lease
-    # (below saturation: FCFS, docs/design.md "Admission") left no hold to release. Which of
-    # the two a request met depends on the regime the burst before left, so both are allowed;
-    # neither may leave a charge.
+    # A request that failed before its first token was charged nothing: admitted when
+    # requests queued, its hold was released, never captured; admitted under its replica's
+    # lease (below saturation: FCFS, docs/design.md "Admission"), it left no hold. Which of the
+    # two a request met depends on the regime the burst before left, so both are allowed. One
+    # that failed after its first token (an SSE error after text) had its position: its quoted
+    # price (x-disagg-payment; 0 under FCFS) was captured at the first token, once.
     ledger = Ledger(live_service.ledger_path)
     try:
         holds, journal = ledger.holds("load"), ledger.journal("load")
@@ -201,10 +202,16 @@ def test_decode_worker_killed_mid_run(live_service: LiveService) -> None:
     for r in failed:
         key = r.headers["x-disagg-request-id"] + "@"
         mine = [h for h in holds if h.hold_id.startswith(key)]
+        captured = [c for c in journal if c.hold_id.startswith(key)]
         held += len(mine)
-        assert all(h.state == "released" and h.charge_seq is None for h in mine), mine
-        assert not [c for c in journal if c.hold_id.startswith(key)], key
-    print(f"[decode kill: {len(failed)} failed, {held} of them with a released hold]")
+        if any(h.state == "captured" for h in mine) or r.text:  # it had its first token
+            assert all(h.state == "captured" for h in mine) and len(captured) == len(mine)
+            quoted = float(r.headers.get("x-disagg-payment", "0")) if mine else 0.0
+            assert sum(c.amount for c in captured) == pytest.approx(quoted), (key, captured)
+        else:
+            assert all(h.state == "released" and h.charge_seq is None for h in mine), mine
+            assert not captured, key
+    print(f"[decode kill: {len(failed)} failed, {held} of them with a hold]")
 
 
 # -- (c) the controller dies ---------------------------------------------------------------------

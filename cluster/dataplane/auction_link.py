@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from auction.admission import Release
-from cluster.dataplane.calls import FailureCount, ask
+from cluster.dataplane.calls import FailureCount, ask, detached_task
 from cluster.dataplane.exchange import (
     Bid,
     ExchangeIn,
@@ -139,7 +139,7 @@ class AuctionLink:
 
     def _wake(self) -> None:
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="exchange")
+            self._task = detached_task(self._run(), name="exchange")
 
     async def _run(self) -> None:
         while not self.idle:

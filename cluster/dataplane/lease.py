@@ -12,7 +12,7 @@ import asyncio
 from typing import Any
 
 from cluster.dataplane.admission import AdmissionGate, Lease
-from cluster.dataplane.calls import FailureCount, ask
+from cluster.dataplane.calls import FailureCount, ask, detached_task
 
 __all__ = ["LeaseKeeper"]
 
@@ -47,7 +47,7 @@ class LeaseKeeper:
         """The first lease (awaited, so the replica admits locally from its first request),
         then the heartbeat."""
         await self.renew()
-        self._task = asyncio.get_running_loop().create_task(self._beat(), name="lease")
+        self._task = detached_task(self._beat(), name="lease")
 
     async def _beat(self) -> None:
         while True:

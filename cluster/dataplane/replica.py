@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from cluster.dataplane.calls import FailureCount, ask
+from cluster.dataplane.calls import FailureCount, ask, detached_task
 from cluster.dataplane.engine_loads import EngineLoads, engine_snapshot
 from cluster.dataplane.peers import PeerLoads, PeerReport, ReportGate
 from cluster.dataplane.routing import ROLES, PoolRouting, Role, Route, RoutingView
@@ -97,11 +97,11 @@ class ReplicaRouter:
         for role, subject in subjects.items():
             await self.bus.subscribe_kv(subject, self._kv(role))
         self.bus.start()
-        loop = asyncio.get_running_loop()
+        # Started in the first request, but the replica's own (cluster.dataplane.calls).
         self._tasks = [
-            loop.create_task(self._subscribe(), name="replica-events"),
-            loop.create_task(self._report_loop(), name="replica-load-reports"),
-            loop.create_task(self._sync_loop(), name="replica-view-sync"),
+            detached_task(self._subscribe(), name="replica-events"),
+            detached_task(self._report_loop(), name="replica-load-reports"),
+            detached_task(self._sync_loop(), name="replica-view-sync"),
         ]
 
     async def aclose(self) -> None:

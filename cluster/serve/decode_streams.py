@@ -22,6 +22,7 @@ from typing import Any
 
 from ray.exceptions import RayTaskError
 
+from cluster.dataplane.calls import call_detached, detached_task
 from cluster.ray.token_streams import MAX_ORDERS_PER_SUBMIT, DecodeOrder, Frame, StreamPart
 from cluster.serve.backend import WorkerFailed
 from cluster.serve.worker_handles import RAY_FAILURES, Workers, ray_cancel
@@ -50,8 +51,8 @@ class _Link:
         self.failed: WorkerFailed | None = None
         # Whichever of this call and the first submit reaches the worker first opens the
         # stream's outbox there; the other finds it.
-        self.frames = handle.frames.remote(self.stream_id, interval_s)
-        self.reader = asyncio.get_running_loop().create_task(self._read())
+        self.frames = call_detached(handle.frames.remote, self.stream_id, interval_s)
+        self.reader = detached_task(self._read())
 
     def join(self, order: DecodeOrder) -> asyncio.Queue[_Item]:
         queue: asyncio.Queue[_Item] = asyncio.Queue()
@@ -186,7 +187,7 @@ class DecodeStreams:
             self.calls[method] += 1
 
     def spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
+        task = detached_task(coro)  # a submit carries other requests' orders too
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 

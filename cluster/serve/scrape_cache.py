@@ -15,6 +15,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+from cluster.dataplane.calls import detached_task
+
 __all__ = ["MAX_AGE_S", "ScrapeCache"]
 
 MAX_AGE_S = 1.0
@@ -35,7 +37,8 @@ class ScrapeCache:
         if self._text is not None and self._clock() - self._at < self.max_age_s:
             return self._text
         if self._running is None:
-            self._running = asyncio.get_running_loop().create_task(self._refresh())
+            # Shared by every scrape that comes meanwhile: not the first scrape's child.
+            self._running = detached_task(self._refresh())
         # Shielded: one scrape that gives up (its timeout) does not cancel the others' fetch.
         return await asyncio.shield(self._running)
 

@@ -39,6 +39,7 @@ class DecodeSeq:
     finished_at: float | None = None
     cached_blocks: int = 0
     lease: Lease | None = field(default=None, repr=False)
+    aborted: bool = False  # its consumer left: it leaves the batch when an iteration ends
 
 
 class DecodeWorker:
@@ -130,8 +131,27 @@ class DecodeWorker:
             self.kv_tokens -= seq.prompt_tokens + seq.output_tokens
             if seq.lease is not None:
                 self.cache.release(seq.lease, now)
+        for seq in [s for s in self.running if s.aborted]:
+            self._drop(seq, now)
         self.iteration += 1
         return first, done
+
+    def abort(self, seq: DecodeSeq) -> None:
+        """Stop a running sequence, as a serving engine aborts a request whose client left: it
+        stays in the iteration in progress (that iteration's cost is paid) and leaves the batch
+        when it ends, its batch slot and KV blocks freed then, not at its last token."""
+        if seq in self.running:
+            seq.aborted = True
+
+    def _drop(self, seq: DecodeSeq, now: float) -> None:
+        """``seq`` out of the batch after its iterations first_iteration..iteration, each of
+        which added one token to ``kv_tokens``."""
+        self.running.remove(seq)
+        self._finishing[seq.first_iteration + seq.output_tokens - 1].remove(seq)
+        self.kv_tokens -= seq.prompt_tokens + (self.iteration - seq.first_iteration + 1)
+        seq.finished_at = now
+        if seq.lease is not None:
+            self.cache.release(seq.lease, now)
 
     def itl_samples(self, seq: DecodeSeq) -> np.ndarray:
         """Inter-token latencies of a finished sequence: its iterations' end-time differences."""

@@ -16,14 +16,15 @@ Between the engines a caller moves the KV itself (as ``SimCluster`` does): a tra
 link.latency_s + missing·kv_bytes_per_token / link bytes per second, ``missing`` being
 ``DecodeEngine.uncached_tokens``, then ``generate(..., prefill_locally=False)``.
 
-Cancellation. The worker models have no abort, and they are not ours to edit; so a consumer that
-stops (``aclose()``, task cancellation, disconnect) is handled by where its request is:
+Cancellation. A consumer that stops (``aclose()``, task cancellation, a client's disconnect) is
+handled by where its request is:
 - not yet admitted (engine inbox, ``PrefillWorker.waiting``, ``DecodeWorker.pending``): removed;
   it holds no KV lease yet, so nothing else changes;
-- admitted: it runs to completion inside the model and its results are dropped; the worker then
-  releases its lease at the natural end, so the model's KV accounting (leases, ``kv_tokens``)
-  stays exact. The cost: a cancelled decode sequence keeps its batch slot and KV until its last
-  iteration, where a real engine would free them at once (an abort in the worker would fix it).
+- admitted to a decode worker: aborted (``DecodeWorker.abort``): it leaves the batch when the
+  iteration in progress ends, its slot and KV blocks freed then, as a serving engine frees an
+  aborted request's (vLLM's ``abort_request``); the model's KV accounting stays exact. A
+  prefill in progress runs to its end (one iteration or a few chunks) and its result is
+  dropped.
 """
 
 from __future__ import annotations
@@ -323,7 +324,8 @@ class DecodeEngine(WallEngine[DecodeSeq]):
             self.worker.pending.remove(stream.seq)
             del self._streams[stream.seq.request_id]
             self._wake.set()
-        # else: admitted; it runs to its end in the model and ``_finish`` drops its tokens.
+        else:  # admitted: out of the batch when the iteration in progress ends (``_finish``)
+            self.worker.abort(stream.seq)
 
     def _busy(self) -> bool:
         return bool(self.worker.pending or self.worker.running)
@@ -348,6 +350,8 @@ class DecodeEngine(WallEngine[DecodeSeq]):
                 stream.finished = True
                 del self._streams[seq.request_id]
                 finished += 1
+            elif seq.aborted:  # it left the batch with this iteration
+                del self._streams[seq.request_id]
             if not stream.abandoned:
                 stream.queue.put_nowait(Token(i, stream.ids[i], t, first=i == 0, last=last))
         if (started, finished) != (len(first), len(done)):  # our counts and the model's agree

@@ -233,14 +233,17 @@ def test_cancelled_streams_release_their_kv_lease() -> None:
         engine = DecodeEngine(0, profile, clock=Clock(100.0))
         cache, worker = engine.worker.cache, engine.worker
         available = cache.available
-        # 1. aclose() after three tokens: it runs to its end in the model, tokens dropped.
+        # 1. aclose() after three tokens: aborted, it leaves the batch when the iteration in
+        # progress ends, 57 iterations before its last token would have.
         stream = engine.generate("a", 128, local, seq, 60, prefill_locally=True)
         assert [(await anext(stream)).index for _ in range(3)] == [0, 1, 2]
         # Its lease: 8 prompt blocks + 4 private ones for 60 outputs, the whole (tiny) cache.
         assert engine.load() == EngineLoad(0, 12, 12, 12, waiting=0, running=1)
+        at_abort = worker.iteration
         await stream.aclose()
-        assert engine.load().running == 1
+        assert engine.load().running == 1  # in the iteration in progress until it ends
         await until(lambda: not engine.in_flight)
+        assert worker.iteration <= at_abort + 2 and engine.load().running == 0
         assert cache.available == available and worker.kv_tokens == 0
         assert cache.free + cache.cached_blocks == cache.capacity  # no private block leaked
         # 2. a consumer task cancelled mid-stream, and one cancelled while still pending.

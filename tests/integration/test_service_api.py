@@ -579,3 +579,47 @@ def test_a_stream_cut_after_its_first_token_pays_its_quoted_price(
     assert hold.state == "captured", hold  # not released: its position was delivered
     (charge,) = [c for c in journal if c.hold_id == hold.hold_id]
     assert charge.amount == pytest.approx(float(quoted))  # the price it was told, exactly once
+
+
+def test_clients_that_hang_up_after_one_chunk_leave_no_decode_running(
+    live_service: LiveService,
+) -> None:
+    """[14] "a disconnect stops the work": 50 streams cut after their first chunk are withdrawn
+    from the decode engines (cluster/ray/token_streams.py), not decoded to ``max_tokens``."""
+    decode = live_service.handles.decode
+    max_tokens = 2000  # left to run, each would decode for ~4 s of wall time at speed-up 4
+
+    async def one(client: httpx.AsyncClient, i: int) -> None:
+        body = chat_body(f"a long story {i} about rivers", max_tokens, stream=True)
+        async with client.stream("POST", "/v1/chat/completions", json=body,
+                                 headers=auth("load")) as r:  # fmt: skip
+            assert r.status_code == 200, await r.aread()
+            async for line in r.aiter_lines():
+                chunk = json.loads(line[6:]) if line.startswith("data: {") else {}
+                if any((c.get("delta") or {}).get("content") for c in chunk.get("choices", [])):
+                    return  # hang up
+
+    async def main() -> None:
+        limits = httpx.Limits(max_connections=64)
+        async with httpx.AsyncClient(base_url=live_service.url, timeout=HTTP_TIMEOUT_S,
+                                     limits=limits) as client:  # fmt: skip
+            await asyncio.gather(*(one(client, i) for i in range(50)))
+
+    router = live_service.handles.router
+    retries = ray.get(router.stats.remote(), timeout=TIMEOUT_S)["retries"]
+    asyncio.run(asyncio.wait_for(main(), 60))
+    left = time.monotonic()
+
+    def decoding() -> int:
+        loads = ray.get([h.load.remote() for h in decode.values()], timeout=TIMEOUT_S)
+        return sum(load["running"] + load["waiting"] for load in loads)
+
+    # Within a second of the last hang-up, as the issue asks, on a quiet machine; the bound
+    # here is three, for a loaded CI runner: the uncancelled decodes would run for ~4 s.
+    until(lambda: decoding() == 0, 3.0, "every cut stream withdrawn from its engine", 0.05)
+    print(f"[disconnects: decodes gone {time.monotonic() - left:.2f} s after the last hang-up]")
+    # One client's hang-up fails no other request: the shared token streams are the
+    # replica's, not the child calls of the request that opened them (cluster.dataplane.calls).
+    # (The replicas' counts reach the router with their load reports, every 0.1 s.)
+    time.sleep(0.5)
+    assert ray.get(router.stats.remote(), timeout=TIMEOUT_S)["retries"] == retries

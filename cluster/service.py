@@ -366,6 +366,7 @@ class Service:
             max_ongoing_requests=cfg.max_ongoing_requests,
             metrics_sink=self.handles.metrics,
             env_vars=self.actor_env,
+            limits=cfg.limits,
         )
 
     def _handle_map(self) -> dict[str, Any]:

@@ -23,12 +23,15 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field
 
 from cluster.models import StrictModel
 from disaggctl.options import from_args
+
+if TYPE_CHECKING:  # imported where used: `disaggctl --help` stays quick
+    from cluster.serve.config import ServeConfig
 
 __all__ = ["add_parser", "read_status"]
 
@@ -51,8 +54,14 @@ class ServeOptions(StrictModel):
     address: str | None = Field(default=None, max_length=512)
     quiet: bool = False
     backend: Literal["sim", "dynamo"] | None = None
+    # Per-identity limits (cluster/serve/limits.py); None: the config's.
+    user_rate: float | None = None
+    user_concurrency: int | None = None
+    anonymous_rate: float | None = None
+    anonymous_concurrency: int | None = None
 
 
+LIMIT_FLAGS = ("user_rate", "user_concurrency", "anonymous_rate", "anonymous_concurrency")
 METRICS_URL = "http://127.0.0.1:9464/metrics"  # ServeConfig's metrics_host and metrics_port
 
 
@@ -96,6 +105,16 @@ def add_parser(
         help="workers: simulated engines, or Dynamo processes (mocker on CPU, vllm on GPUs; "
         "needs `make dynamo`) routed by Dynamo's KvRouter (default: the config's, else sim)",
     )
+    limits = serve.add_argument_group(
+        "per-identity limits", "429 with Retry-After past them; 0: no limit (default: the "
+        "config's limits section; service-wide, each ingress replica enforces its share)",
+    )
+    limits.add_argument("--user-rate", type=float, help="requests per second, each user")
+    limits.add_argument("--user-concurrency", type=int, help="requests at once, each user")
+    limits.add_argument("--anonymous-rate", type=float,
+                        help="requests per second, all anonymous traffic together")
+    limits.add_argument("--anonymous-concurrency", type=int,
+                        help="requests at once, all anonymous traffic together")
     serve.set_defaults(func=_serve)
 
     status = sub.add_parser(
@@ -121,6 +140,19 @@ def _demo_users() -> tuple[Any, str]:
     return Users.from_keys({DEMO_USER: (key, DEMO_BUDGET)}), key
 
 
+def with_limit_flags(config: ServeConfig, o: ServeOptions) -> ServeConfig:
+    """``config`` with the ``--user-rate`` … flags given, validated as its ``limits`` section
+    (an error names ``limits.<field>``)."""
+    from cluster.models import validate_model
+    from cluster.serve.config import ServeConfig
+
+    flags = {k: v for k in LIMIT_FLAGS if (v := getattr(o, k)) is not None}
+    if not flags:
+        return config
+    limits = {**config.limits.model_dump(), **flags}
+    return validate_model(ServeConfig, {**config.model_dump(), "limits": limits}, "flags")
+
+
 def _serve(args: argparse.Namespace) -> int:
     from cluster.dynamo.install import require_dynamo
     from cluster.dynamo.service import make_service
@@ -136,6 +168,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
     if o.metrics_port is not None:
         config = config.model_copy(update={"metrics_port": o.metrics_port})
+    config = with_limit_flags(config, o)
     if config.backend == "dynamo":
         require_dynamo()  # before anything starts: the install command, not a traceback
     if o.users is not None:

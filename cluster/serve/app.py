@@ -48,11 +48,13 @@ from cluster.serve.errors import (
     header_bid,
     install_handlers,
     parse_json_object,
+    rate_limited,
     read_body,
     unauthorized,
     validation_error,
 )
 from cluster.serve.ingress_metrics import IngressMetrics
+from cluster.serve.limits import Limiter, Permit, RateLimited
 from cluster.serve.path_types import (
     Admitted,
     Finished,
@@ -96,12 +98,14 @@ def build_app(
     clock: Callable[[], float] = time.monotonic,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
     metrics_route: bool = True,
+    limiter: Limiter | None = None,
 ) -> FastAPI:
     """The ingress app over ``path``. ``metrics_text`` returns the Prometheus text of everything
     the ingress does not own (the actors' families, merged; it must not repeat the ingress's
     own three). ``clock`` times TTFT/ITL (wall seconds); ``on_shutdown`` runs at app shutdown.
     ``metrics_route`` False: no ``/metrics`` here (the service's metrics server has its own
-    port, docs/design.md "Security model"); ``app.state.edge.metrics`` still counts."""
+    port, docs/design.md "Security model"); ``app.state.edge.metrics`` still counts.
+    ``limiter``: per-identity limits (cluster/serve/limits.py), None: none."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -113,7 +117,7 @@ def build_app(
     install_handlers(app)
     app.add_middleware(DefaultHeaders)
     edge = _Edge(path, users, tokenizer, model_name, max_body_bytes, IngressMetrics(registry),
-                 clock)
+                 clock, limiter)
     app.state.edge = edge
     created = int(time.time())
     model_card = {"id": model_name, "object": "model", "created": created, "owned_by": "disaggctl"}
@@ -164,16 +168,37 @@ class _Edge:
 
     def __init__(self, path: RequestPath, users: Users, tokenizer: ChatTokenizer,
                  model_name: str, max_body_bytes: int, metrics: IngressMetrics,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], limiter: Limiter | None = None) -> None:
         self.path, self.users, self.tokenizer = path, users, tokenizer
         self.model_name, self.max_body_bytes = model_name, max_body_bytes
-        self.metrics, self.clock = metrics, clock
+        self.metrics, self.clock, self.limiter = metrics, clock, limiter
 
     async def complete(self, request: Request, *, chat: bool) -> Response:
         t0 = self.clock()
         request_id = uuid.uuid4().hex
+        held: list[Permit] = []  # this request's permit, unless its stream takes it over
+        try:
+            return await self._complete(request, chat, t0, request_id, held)
+        finally:
+            for permit in held:
+                permit.release()
+
+    def _admit(self, user: str) -> Permit | None:
+        """The identity's place under its limits (cluster/serve/limits.py), else a 429."""
+        if self.limiter is None:
+            return None
+        try:
+            return self.limiter.admit(user, anonymous=user == ANONYMOUS)
+        except RateLimited as e:
+            raise rate_limited(e.identity, e.reason, e.retry_after_s) from None
+
+    async def _complete(self, request: Request, chat: bool, t0: float, request_id: str,
+                        held: list[Permit]) -> Response:
         try:
             user = self._user(request)
+            permit = self._admit(user)  # before the body is read: a refusal costs nothing
+            if permit is not None:
+                held.append(permit)
             data = parse_json_object(await read_body(request, self.max_body_bytes))
             model: type[om.ChatCompletionRequest | om.CompletionRequest] = (
                 om.ChatCompletionRequest if chat else om.CompletionRequest)
@@ -220,8 +245,10 @@ class _Edge:
             await close_path(events)
             return err.response(run.headers(charged=False))
         if req.stream:
-            return ClosingStream(self._stream(run, events, shapes, ids, req.include_usage),
-                                  media_type="text/event-stream", headers=run.headers())
+            permits, held[:] = list(held), []  # the stream's now: released when it ends
+            return ClosingStream(self._stream(run, events, shapes, ids, req.include_usage,
+                                              permits),
+                                 media_type="text/event-stream", headers=run.headers())
         await close_path(events)
         self.metrics.count("ok")
         body = shapes.response(text, run.finish_reason(), run.usage(), run.disagg())
@@ -307,7 +334,8 @@ class _Edge:
         return ids
 
     async def _stream(self, run: RunState, events: AsyncIterator[PathEvent], shapes: Shapes,
-                      first_ids: list[int], include_usage: bool) -> AsyncIterator[bytes]:
+                      first_ids: list[int], include_usage: bool,
+                      permits: list[Permit]) -> AsyncIterator[bytes]:
         text = TextStream(self.tokenizer)
         status = "disconnected"  # unless the stream gets to its end or fails
         try:
@@ -334,6 +362,8 @@ class _Edge:
             yield DONE
         finally:
             self.metrics.count(status)  # first: under anyio's cancel scopes awaits may not return
+            for permit in permits:
+                permit.release()
             await close_path(events)
 
 

@@ -23,6 +23,7 @@ from cluster.ledger.location import MAX_URL_CHARS, SCHEMA_PATTERN, check_postgre
 from cluster.models import StrictModel, load_yaml_model
 from cluster.ray.auction_settings import AuctionSettingsModel
 from cluster.ray.controller_actor import ControllerSettings
+from cluster.serve.limits import LimitSettings
 from cluster.sim.profile import available_profiles, normalise_topology
 from cluster.sim.wallclock import MAX_SPEEDUP, MIN_SPEEDUP
 
@@ -63,6 +64,9 @@ class ServeConfig(StrictModel):
     metrics_host: str = Field(default="127.0.0.1", pattern=r"^[A-Za-z0-9.:-]{1,253}$")
     metrics_port: int = Field(default=9464, ge=0, le=65_535)
     ingress_replicas: int = Field(default=1, ge=1, le=64)
+    # Per-identity rate and concurrency limits, and the share kept for paid users
+    # (cluster/serve/limits.py): 429 with Retry-After. Service-wide; each replica takes 1/N.
+    limits: LimitSettings = LimitSettings()
     # Ray Serve's default of 5 collapses a burst to ~12 req/s (docs/design.md §6 "Ray").
     max_ongoing_requests: int = Field(default=2000, ge=1, le=100_000)
     # Each simulated worker asks for its TP share of this Ray resource; on real nodes the

@@ -38,9 +38,11 @@ from ray import serve
 from ray.serve import Application
 
 from cluster.model_dir import ChatTokenizer, default_model_dir
+from cluster.models import validate_model
 from cluster.ray.metrics_export import merge_metrics_texts
 from cluster.ray.metrics_server import PUSH_PERIOD_S
 from cluster.serve.app import MAX_BODY_BYTES, build_app
+from cluster.serve.limits import Limiter, LimitSettings
 from cluster.serve.path_types import RequestPath
 from cluster.serve.users import Users
 
@@ -68,8 +70,14 @@ class OpenAIIngress:
         allow_anonymous: bool = True,
         max_body_bytes: int = MAX_BODY_BYTES,
         metrics_sink: Any = None,
+        limits: dict[str, Any] | None = None,
+        max_ongoing_requests: int = MAX_ONGOING_REQUESTS,
     ) -> None:
         self._path_factory = path_factory
+        # This replica's part of the service's limits (cluster/serve/limits.py), validated here.
+        self._limiter = Limiter(
+            validate_model(LimitSettings, limits or {}, "limits"), max_ongoing=max_ongoing_requests
+        )
         self._metrics_sink = metrics_sink
         self._push_task: asyncio.Task[None] | None = None
         self._model_name = model_name
@@ -96,6 +104,7 @@ class OpenAIIngress:
             metrics_text=None if sink is not None else getattr(path, "metrics_text", None),
             metrics_route=sink is None,
             on_shutdown=self._shutdown,
+            limiter=self._limiter,
         )
         if sink is not None:
             own = _own_metrics(app.state.edge.metrics.text, path)
@@ -163,11 +172,13 @@ def ingress_app(
     max_ongoing_requests: int = MAX_ONGOING_REQUESTS,
     metrics_sink: Any = None,
     env_vars: dict[str, str] | None = None,
+    limits: LimitSettings | None = None,
 ) -> Application:
     """The bound ingress, ready for ``serve.run(app, route_prefix="/")``. With
     ``metrics_sink`` (a ``cluster.ray.metrics_server.MetricsServerActor``) every replica pushes
     its own metric families there and the API port serves no ``/metrics``. ``env_vars``: what
-    the replicas' processes need that their Ray session does not pass on."""
+    the replicas' processes need that their Ray session does not pass on. ``limits``: the
+    service's per-identity limits, of which each replica enforces its share."""
     users = users if users is not None else Users()
     options = IngressDeployment.options(
         num_replicas=num_replicas, max_ongoing_requests=max_ongoing_requests,
@@ -179,5 +190,6 @@ def ingress_app(
     return options.bind(
         path_factory, model_name=model_name, model_dir=model_dir, users=users.to_wire(),
         allow_anonymous=users.allow_anonymous, max_body_bytes=max_body_bytes,
-        metrics_sink=metrics_sink,
+        metrics_sink=metrics_sink, max_ongoing_requests=max_ongoing_requests,
+        limits=(limits or LimitSettings()).per_replica(num_replicas).model_dump(),
     )

@@ -47,6 +47,7 @@ _TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "request_too_large",
+    429: "rate_limit_error",
     500: "server_error",
     503: "service_unavailable",
 }
@@ -56,19 +57,23 @@ class ApiError(Exception):
     """An HTTP error to answer in OpenAI's shape; raised anywhere in a handler."""
 
     def __init__(
-        self, status: int, message: str, *, param: str | None = None, code: str | None = None
-    ) -> None:
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:  # fmt: skip
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.headers = dict(headers or {})  # e.g. a 429's Retry-After
 
     def body(self) -> dict[str, Any]:
         return error_body(self.status, self.message, param=self.param, code=self.code)
 
     def response(self, headers: Mapping[str, str] | None = None) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=dict(headers or {}))
+        return JSONResponse(
+            self.body(), status_code=self.status, headers={**self.headers, **(headers or {})}
+        )
 
 
 def error_body(
@@ -178,6 +183,12 @@ def header_bid(raw: str | None) -> float:
 
 def unauthorized(message: str, code: str) -> ApiError:
     return ApiError(401, message, param="authorization", code=code)
+
+
+def rate_limited(identity: str, reason: str, retry_after_s: int) -> ApiError:
+    """OpenAI's 429 (``rate_limit_exceeded``), with the seconds to wait in ``Retry-After``."""
+    return ApiError(429, f"rate limit for {identity!r}: {reason}", code="rate_limit_exceeded",
+                    headers={"Retry-After": str(retry_after_s)})  # fmt: skip
 
 
 def as_api_error(e: Exception) -> ApiError:

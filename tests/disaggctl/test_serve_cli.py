@@ -80,3 +80,24 @@ def test_a_bad_config_file_fails_before_anything_starts(
     assert main(["serve", "--config", str(bad)]) == 1
     err = capsys.readouterr().err
     assert "speedup" in err and "topology" in err
+
+
+def test_limit_flags_set_the_configs_limits_and_bad_ones_name_the_field() -> None:
+    import argparse
+
+    from cluster.models import ConfigError
+    from cluster.serve.config import DEFAULT_CONFIG
+    from disaggctl.options import from_args
+    from disaggctl.serve_cli import ServeOptions, add_parser, with_limit_flags
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(), argparse.HelpFormatter)
+    args = parser.parse_args(["serve", "--user-rate", "5", "--anonymous-concurrency", "0"])
+    config = with_limit_flags(DEFAULT_CONFIG, from_args(ServeOptions, args))
+    assert (config.limits.user_rate, config.limits.anonymous_concurrency) == (5.0, 0)
+    assert config.limits.paid_reserved_share == DEFAULT_CONFIG.limits.paid_reserved_share
+    assert with_limit_flags(DEFAULT_CONFIG, from_args(ServeOptions, parser.parse_args(
+        ["serve"]))) is DEFAULT_CONFIG  # fmt: skip
+    bad = from_args(ServeOptions, parser.parse_args(["serve", "--user-rate", "-1"]))
+    with pytest.raises(ConfigError, match=r"limits\.user_rate"):
+        with_limit_flags(DEFAULT_CONFIG, bad)

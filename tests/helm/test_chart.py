@@ -28,6 +28,7 @@ from cluster.ray.controller_pools import ResplitSection
 from cluster.ray.controller_settings import ControllerSettings
 from cluster.serve import app_builder
 from cluster.serve.config import ServeConfig
+from cluster.serve.limits import LimitSettings
 from cluster.serve.users import UsersFile
 from cluster.sim.profile import available_profiles, load_profile
 from telemetry.metrics import REGISTRY
@@ -649,6 +650,7 @@ def test_schema_mirrors_the_projects_config_models() -> None:
     assert set(config["auction"]["properties"]) == set(AuctionSettingsModel.model_fields)
     assert set(config["routing"]["properties"]) == set(RoutingSettings.model_fields)
     assert set(config["admission"]["properties"]) == set(AdmissionSettings.model_fields)
+    assert set(config["limits"]["properties"]) == set(LimitSettings.model_fields)
     controller = config["controller"]["properties"]
     assert set(controller) == set(ControllerSettings.model_fields)
     assert set(controller["resplit"]["properties"]) == set(ResplitSection.model_fields)

@@ -114,7 +114,8 @@ class Limiter:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:  # fmt: skip
         self.settings, self.clock = settings, clock
-        self.anonymous_cap = math.floor(max_ongoing * (1.0 - settings.paid_reserved_share))
+        # At least one: a tiny replica still serves anonymous traffic one at a time.
+        self.anonymous_cap = max(1, math.floor(max_ongoing * (1.0 - settings.paid_reserved_share)))
         self._identities: dict[str, _Identity] = {}
         self.anonymous_in_flight = 0
         self.refused: dict[str, int] = {}  # by reason, for the tests and the logs

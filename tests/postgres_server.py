@@ -14,7 +14,6 @@ import pwd
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -22,6 +21,8 @@ from pathlib import Path
 from types import TracebackType
 
 import psycopg
+
+from cluster.nats_server import free_port
 
 SUPERUSER = "disaggctl"
 
@@ -38,19 +39,13 @@ def _reachable_by_others(path: Path) -> bool:
     return all(p.stat().st_mode & 0o001 for p in (path, *path.parents))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class PostgresServer:
     """``with PostgresServer() as pg:`` a server at ``pg.url`` (no password in it; ``pg.env``
     names it for libpq). ``restart()`` stops and starts it on the same port and data."""
 
     def __init__(self) -> None:
         self.password = secrets.token_urlsafe(24)
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/postgres"
         self.env = {"PGPASSWORD": self.password}
         self._root = Path(tempfile.mkdtemp(prefix="disagg-pg-"))

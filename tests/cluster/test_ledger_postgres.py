@@ -18,6 +18,7 @@ import pytest
 from auction.ledger import Ledger, LedgerCorruptError, LedgerError
 from cluster.ledger import check_postgres_url, is_postgres_url, open_ledger
 from cluster.ledger.postgres import PostgresLedger
+from cluster.nats_server import free_port
 from tests.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.integration
@@ -129,24 +130,9 @@ def test_a_wrong_password_is_a_ledger_error_that_does_not_repeat_it(
 
 
 def test_no_server_is_a_ledger_error_naming_the_url() -> None:
-    with socket_closed_port() as port:
-        url = f"postgresql://ledger@127.0.0.1:{port}/ledger"
-        with pytest.raises(LedgerError, match=f"{url}.*(refused|connect)"):
-            PostgresLedger(url, timeout=2.0)
-
-
-class socket_closed_port:  # noqa: N801  (used as a context manager, named like one)
-    """A loopback port that nothing listens on."""
-
-    def __enter__(self) -> int:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
-
-    def __exit__(self, *exc: object) -> None:
-        return None
+    url = f"postgresql://ledger@127.0.0.1:{free_port()}/ledger"  # nothing listens there
+    with pytest.raises(LedgerError, match=f"{url}.*(refused|connect)"):
+        PostgresLedger(url, timeout=2.0)
 
 
 def test_the_ledger_connects_again_after_the_server_restarts(

@@ -19,6 +19,7 @@ Public API::
     Ledger(path)                                  exactly-once charges against budgets, on disk;
                                                   holds: reserve, capture, release
     AdmissionQueue(AuctionSettings())             serve-mode admission: FCFS or auctioned batches
+    engine_priority(bid)                          the priority a request carries to the engines
 """
 
 from auction import repeated, schedulers
@@ -45,6 +46,7 @@ from auction.ledger import (
 )
 from auction.pacing import PacingBidder, PacingStep, capped_alpha
 from auction.pacing_bound import pacing_kappa, pacing_welfare_bound
+from auction.priority import NON_PAYING, PAYING, engine_priority
 from auction.radix import RadixTree, build_radix_tree
 from auction.reference import all_dfs_orders, vcg_payments_naive
 from auction.regret import Regret, autobidder_regret, best_fixed_alpha, loglog_slope
@@ -67,6 +69,8 @@ from auction.welfare import (
 
 __all__ = [
     "MAX_BID",
+    "NON_PAYING",
+    "PAYING",
     "SCHEDULERS",
     "Account",
     "AdmissionQueue",
@@ -100,6 +104,7 @@ __all__ = [
     "build_radix_tree",
     "capped_alpha",
     "dfs_bid_order",
+    "engine_priority",
     "get_scheduler",
     "local_welfare",
     "loglog_slope",

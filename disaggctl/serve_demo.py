@@ -184,8 +184,9 @@ def user_table(
     bidders: Sequence[Bidder],
     auction: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Per user: what was answered and auctioned, where it queued, what the auction charged
-    (the ledger) and the user's welfare V_i summed over batches (docs/design.md §1)."""
+    """Per user: what was answered and auctioned, where it queued, TTFT P50/P99, what the
+    auction charged (the ledger) in all and per answered request, and the user's welfare V_i
+    summed over batches (docs/design.md §1)."""
     auction = auction or {}
     charged = auction.get("users") or {}
     welfare = auction.get("user_welfare") or {}
@@ -193,6 +194,7 @@ def user_table(
     for name, bid in [(b.name, b.bid) for b in bidders] + [("anonymous", 0.0)]:
         rs = [r for r in results if r.user == name and r.status == 200]
         queued = [r.position for r in rs if r.position > 0]
+        paid = float((charged.get(name) or {}).get("spent", 0.0))
         rows.append(
             {
                 "user": name,
@@ -200,8 +202,10 @@ def user_table(
                 "answered": len(rs),
                 "auctioned": len(queued),
                 "mean_position": float(np.mean(queued)) if queued else None,
-                "paid": float((charged.get(name) or {}).get("spent", 0.0)),
+                "paid": paid,
+                "paid_per_request": paid / len(rs) if rs else None,
                 "welfare": float(welfare.get(name, 0.0)),
+                "ttft_p50_s": _p([r.ttft_s for r in rs if r.ttft_s is not None], 50),
                 "ttft_p99_s": _p([r.ttft_s for r in rs if r.ttft_s is not None], 99),
             }
         )
@@ -305,12 +309,14 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"re-split at {r['t']:.0f}s ({end}): {r['before']} → {r['after'] or '…'}"
                      f"{outcome}: {r['reason']}")  # fmt: skip
     lines.append("")
-    lines.append("user       bid  answered  auctioned  mean position   paid  welfare   TTFT p99")
+    lines.append("user       bid  answered  auctioned  mean position   paid  per req  welfare"
+                 "   TTFT p50   TTFT p99")  # fmt: skip
     for u in report["users"]:
         lines.append(
             f"{u['user']:<9} {u['bid']:>4.1f} {u['answered']:>9} {u['auctioned']:>10} "
-            f"{_fmt(u['mean_position'], '14.1f')} {u['paid']:>6.2f} {u['welfare']:>8.2f} "
-            f"{_fmt(u['ttft_p99_s'], '9.3f')}s"
+            f"{_fmt(u['mean_position'], '14.1f')} {u['paid']:>6.2f} "
+            f"{_fmt(u['paid_per_request'], '8.3f')} {u['welfare']:>8.2f} "
+            f"{_fmt(u['ttft_p50_s'], '9.3f')}s {_fmt(u['ttft_p99_s'], '9.3f')}s"
         )
     lines.append(
         f"revenue charged {report['revenue']:.2f}, welfare of the auctioned batches "

@@ -224,6 +224,12 @@ def priority_by_class(result: ScenarioResult) -> list[dict[str, Any]]:
                     3,
                 ),
                 "paid": round(sum(r.payment for r in mine), 3),
+                # Per auctioned request: the price of a position, which only they were sold.
+                "paid_per_auctioned": round(
+                    sum(r.payment for r in auctioned) / len(auctioned), 4
+                )
+                if auctioned
+                else None,
             }
         )
     return rows
@@ -250,7 +256,7 @@ def format_phases(result: ScenarioResult) -> str:
 def format_priority(rows: Sequence[dict[str, Any]], batches: int, revenue: float) -> str:
     header = (
         f"{'user':<10} {'requests':>8} {'auctioned':>9} {'TTFT P50':>9} {'TTFT P99':>9} "
-        f"{'wait':>7} {'paid':>8}"
+        f"{'wait':>7} {'paid':>8} {'per req':>8}"
     )
     lines = [
         f"priced priority at saturation: {batches} auctioned batches, revenue {revenue:.2f}",
@@ -258,10 +264,12 @@ def format_priority(rows: Sequence[dict[str, Any]], batches: int, revenue: float
         "-" * len(header),
     ]
     for r in rows:
+        per = r["paid_per_auctioned"]
         lines.append(
             f"{r['user']:<10} {r['requests']:>8} {r['auctioned']:>9} "
             f"{r['ttft_p50_s']:>8.2f}s {r['ttft_p99_s']:>8.2f}s "
-            f"{r['queue_wait_mean_s']:>6.2f}s {r['paid']:>8.2f}"
+            f"{r['queue_wait_mean_s']:>6.2f}s {r['paid']:>8.2f} "
+            + ("       -" if per is None else f"{per:>8.3f}")
         )
     return "\n".join(lines)
 

@@ -17,6 +17,7 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from auction import engine_priority
 from cluster.coalesce import coalesced
 from cluster.dataplane.routing import ROLES, PoolRouting
 from cluster.dynamo.routing import DynamoRoutes
@@ -69,7 +70,9 @@ class DynamoBackend:
         tokens, prefill_id, decode_id, override = self._placed[rid]
         params = await self.dynamo.prefill(tokens, prefill_id, override, rid)
         self.view.finish_prefill(rid)
-        decode = self.dynamo.decode(tokens, decode_id, params, req.max_tokens, override, rid)
+        decode = self.dynamo.decode(
+            tokens, decode_id, params, req.max_tokens, override, rid, engine_priority(req.bid)
+        )
         async with contextlib.aclosing(coalesced(decode, self.chunk_interval_s)) as chunks:
             async for ids in chunks:
                 yield TokenChunk(token_ids=ids)

@@ -189,16 +189,18 @@ class DynamoRoutes:
 
     async def decode(
         self, tokens: list[int], instance: int, params: Any, max_tokens: int,
-        override: Mapping[str, float], request_id: str | None = None,
+        override: Mapping[str, float], request_id: str | None = None, priority: int = 0,
     ) -> AsyncIterator[list[int]]:  # fmt: skip
-        """Stream the output token ids of the request on decode ``instance``."""
+        """Stream the output token ids of the request on decode ``instance``. ``priority`` is
+        ``auction.engine_priority``'s (lower first); Dynamo's routing hint counts the other way
+        (dynamo.vllm hands vLLM ``-routing.priority``), so it is sent negated."""
         request = {
             "token_ids": tokens, "model": self.model_name,
             "stop_conditions": {"max_tokens": max_tokens, "ignore_eos": True},
             "sampling_options": {}, "output_options": {}, "eos_token_ids": [],
             "annotations": [], "router_config_override": dict(override),
             "prefill_result": {"disaggregated_params": params},
-            "routing": {"backend_instance_id": instance},
+            "routing": {"backend_instance_id": instance, "priority": -priority},
         }  # fmt: skip
         try:
             stream = await self.routers["decode"].generate_from_request(request)

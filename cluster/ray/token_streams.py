@@ -61,6 +61,7 @@ class DecodeOrder:
     seq_hashes: tuple[int, ...]
     output_tokens: int
     prefill_locally: bool  # no prefill worker computed its KV: the decode engine prefills
+    priority: int = 0  # its place in the engine's queue, lower first (auction.engine_priority)
 
 
 @dataclass(frozen=True, slots=True)

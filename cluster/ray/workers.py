@@ -54,6 +54,7 @@ __all__ = ["MAX_BLOCKS_PER_MESSAGE", "DecodeWorkerActor", "PrefillWorkerActor", 
 
 # ~42 msgpack bytes per stored block: 4096 blocks make ~170 KB, well under NATS's 1 MiB.
 MAX_BLOCKS_PER_MESSAGE = 4096
+PRIORITY_RANGE = (-(2**31), 2**31 - 1)  # an engine's priority is a signed 32-bit int
 READY_TIMEOUT_S = 10.0  # how long ready() waits for NATS before answering "not connected"
 
 
@@ -232,12 +233,14 @@ class PrefillWorkerActor(_WorkerActor):
         )
 
     async def prefill(
-        self, request_id: str, prompt_tokens: int, local_hashes: list[int], seq_hashes: list[int]
-    ) -> dict[str, Any]:
+        self, request_id: str, prompt_tokens: int, local_hashes: list[int],
+        seq_hashes: list[int], priority: int = 0,
+    ) -> dict[str, Any]:  # fmt: skip
         """Prefill a prompt; returns when its KV is on this worker (``PrefillResult`` fields,
-        virtual seconds, plus ``worker_id``)."""
+        virtual seconds, plus ``worker_id``). ``priority``: lower first in the worker's queue."""
         args = self._check_prompt(request_id, prompt_tokens, local_hashes, seq_hashes)
-        result = await self.engine.prefill(*args)
+        rank = check_int("priority", priority, *PRIORITY_RANGE)
+        result = await self.engine.prefill(*args, priority=rank)
         return {**asdict(result), "worker_id": self.worker_id}
 
 
@@ -277,6 +280,7 @@ class DecodeWorkerActor(_WorkerActor):
         self._check_prompt(order.request_id, order.prompt_tokens, list(order.local_hashes),
                            list(order.seq_hashes))  # fmt: skip
         check_int("output_tokens", order.output_tokens, 1, self.tokenizer.context_tokens)
+        check_int("priority", order.priority, *PRIORITY_RANGE)
         if type(order.prefill_locally) is not bool:
             raise ValueError(f"prefill_locally must be a bool, got {order.prefill_locally!r}")
 
@@ -284,6 +288,7 @@ class DecodeWorkerActor(_WorkerActor):
         tokens = self.engine.generate(
             order.request_id, order.prompt_tokens, list(order.local_hashes),
             list(order.seq_hashes), order.output_tokens, prefill_locally=order.prefill_locally,
+            priority=order.priority,
         )  # fmt: skip
         async with contextlib.aclosing(tokens):
             async for token in tokens:

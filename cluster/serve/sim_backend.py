@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Collection
 
 from ray.exceptions import RayTaskError
 
+from auction import engine_priority
 from cluster.dataplane.replica import ReplicaRouter
 from cluster.dataplane.routing import Route
 from cluster.ray.token_streams import DecodeOrder
@@ -65,6 +66,7 @@ class SimBackend:
         order = DecodeOrder(
             req.request_id, route.prompt_tokens, tuple(route.local_hashes),
             tuple(route.seq_hashes), req.max_tokens, route.prefill_worker is None,
+            engine_priority(req.bid),
         )  # fmt: skip
         async for token_ids in self.decode.tokens(route.decode_worker, order):
             yield TokenChunk(token_ids=list(token_ids))
@@ -93,7 +95,7 @@ class SimBackend:
                 self.calls["prefill"] += 1
             await handle.prefill.remote(
                 req.request_id, route.prompt_tokens, list(route.local_hashes),
-                list(route.seq_hashes),
+                list(route.seq_hashes), engine_priority(req.bid),
             )  # fmt: skip
         except RAY_FAILURES as exc:
             self.workers.forget("prefill", worker, handle)

@@ -104,6 +104,11 @@ class AuctionAdmission(Admission):
     nothing waits and a batch is a single request: FCFS pass-through. Batch k of the bid-blind
     schedulers draws its neutral ties from ``batch_seed(seed, k)``.
 
+    ``batch_window_s`` (default 0: a batch forms as soon as one may) is the service's
+    ``batch_window_ms`` (``auction.AuctionSettings``): a batch forms once ``batch_size`` requests
+    wait or the oldest has waited that long, so requests that arrive close together compete in
+    one auction even when each could leave at once.
+
     ``planned`` lists the request ids in the order the auctions put them, batch after batch.
     """
 
@@ -114,9 +119,15 @@ class AuctionAdmission(Admission):
         release_while_backlog_below: int | None = DEFAULT_AUCTION_RELEASE_WHILE_BACKLOG_BELOW,
         *,
         seed: int = 0,
+        batch_window_s: float = 0.0,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not 0.0 <= batch_window_s <= 60.0:  # the service's bound on batch_window_ms
+            raise ValueError(f"batch_window_s must be in [0, 60], got {batch_window_s!r}")
+        self.batch_window_s = float(batch_window_s)
+        self._arrived: deque[float] = deque()  # the waiting requests' arrival times
+        self._wake_at: float | None = None
         get_scheduler(scheduler)  # an unknown name fails here, not mid-run
         self.release_while_backlog_below = backlog_limit(release_while_backlog_below)
         self.batch_size = batch_size
@@ -135,6 +146,7 @@ class AuctionAdmission(Admission):
 
     def enqueue(self, request: SimRequest) -> None:
         self.waiting.append(request)
+        self._arrived.append(self.cluster.now)
 
     def on_progress(self, now: float) -> None:
         limit = self.release_while_backlog_below
@@ -142,12 +154,31 @@ class AuctionAdmission(Admission):
             if not self.ordered:
                 if not self.waiting:
                     return
+                due = self._arrived[0] + self.batch_window_s
+                if len(self.waiting) < self.batch_size and now < due:
+                    self._wake(due)
+                    return
                 self._auction_next_batch()
             request, batch_id, payment = self.ordered.popleft()
             self.cluster.release(request, batch_id=batch_id, payment=payment)
 
+    def _wake(self, at: float) -> None:
+        """Call ``on_progress`` when the oldest request's window ends (once per deadline)."""
+        if self._wake_at is not None and self._wake_at <= at:
+            return
+        self._wake_at = at
+
+        def wake() -> None:
+            if self._wake_at == at:
+                self._wake_at = None
+                self.on_progress(self.cluster.now)
+
+        self.cluster.loop.after(at - self.cluster.now, wake)
+
     def _auction_next_batch(self) -> None:
         take = [self.waiting.popleft() for _ in range(min(self.batch_size, len(self.waiting)))]
+        for _ in take:
+            self._arrived.popleft()
         batch = [
             Request(r.request_id, r.user, r.tokens, r.bid, arrival=self._arrivals + k)
             for k, r in enumerate(take)

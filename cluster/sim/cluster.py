@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from auction import Request
+from auction import Request, engine_priority
 from cluster.sim.admission import Admission, FcfsAdmission
 from cluster.sim.decode import DecodeSeq, DecodeWorker
 from cluster.sim.loop import EventLoop
@@ -95,8 +95,13 @@ class SimCluster:
         admission: Admission | None = None,
         policy: Policy | None = None,
         views: ViewSettings | None = None,
+        priority: Callable[[float], int] = engine_priority,
     ) -> None:
+        """``priority`` maps a request's bid to its place in the engines' queues (lower first;
+        ``auction.engine_priority``); a constant makes them first-come, as engines without
+        priority scheduling are."""
         self.profile = profile
+        self.priority = priority
         self.topology = topology if isinstance(topology, Topology) else Topology.parse(topology)
         self.loop = loop if loop is not None else EventLoop()
         bs = profile.block_size
@@ -272,7 +277,10 @@ class SimCluster:
         pick = self.views.route("prefill", request.request_id, request.tokens, flight.local_hashes)
         rec.prefill_worker = pick.worker
         self.pool_state.hold(pick.worker)
-        job = PrefillJob(request.request_id, prompt, flight.local_hashes, flight.seq_hashes)
+        job = PrefillJob(
+            request.request_id, prompt, flight.local_hashes, flight.seq_hashes,
+            priority=self.priority(request.bid),
+        )  # fmt: skip
         self.prefill[pick.worker].submit(job, self.now)
         self._kick_prefill(pick.worker)
 
@@ -323,6 +331,7 @@ class SimCluster:
             flight.local_hashes,
             flight.seq_hashes,
             prefill_locally=prefill_locally,
+            priority=self.priority(rec.bid),
         )
         wid = rec.decode_worker
         assert wid is not None

@@ -2,9 +2,10 @@
 
 Each iteration every running sequence emits one token; it takes (d0 + d1·batch + d2·kv)·ε seconds,
 ε lognormal with mean 1 (``jitter`` its coefficient of variation), plus the local prefill of any
-sequence admitted with a few uncached tokens. A sequence is admitted when the batch has room and
-the KV memory holds its prompt and all its output (no preemption). Its first token comes at the
-end of its first iteration.
+sequence admitted with a few uncached tokens. Waiting sequences are admitted in (priority,
+arrival) order (``cluster/sim/engine_queue.py``), the first when the batch has room and the KV
+memory holds its prompt and all its output (no preemption; the head of the queue blocks). Its
+first token comes at the end of its first iteration.
 
 Work per iteration is O(1) plus the sequences that start or finish: a sequence admitted at
 iteration k finishes at k + output_tokens − 1, and the KV held grows by the batch size each
@@ -13,12 +14,12 @@ iteration. Iteration durations are kept, so every sequence's inter-token latenci
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from cluster.sim.engine_queue import WaitingQueue
 from cluster.sim.jitter import Jitter
 from cluster.sim.kv_cache import KvCache, KvEventSink, Lease
 from cluster.sim.profile import DecodeModel
@@ -32,6 +33,7 @@ class DecodeSeq:
     local_hashes: Sequence[int]
     seq_hashes: Sequence[int]
     prefill_locally: bool = False
+    priority: int = 0  # lower first (cluster/sim/engine_queue.py)
     local_prefill_tokens: int = 0  # set at admission, from what the cache holds then
     arrived_at: float = 0.0
     first_iteration: int = -1
@@ -60,7 +62,7 @@ class DecodeWorker:
         self.model = model
         self.block_size = block_size
         self.cache = KvCache(worker_id, max(1, model.kv_capacity_tokens // block_size), sink)
-        self.pending: deque[DecodeSeq] = deque()
+        self.pending: WaitingQueue[DecodeSeq] = WaitingQueue()
         self.running: list[DecodeSeq] = []
         self.kv_tokens = 0
         self.iteration = 0

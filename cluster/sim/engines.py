@@ -107,11 +107,13 @@ class PrefillEngine(WallEngine[PrefillJob]):
         seq_hashes: Sequence[int],
         *,
         arrival: float | None = None,
+        priority: int = 0,
     ) -> PrefillResult:
         """Prefill a prompt; returns when its last chunk is computed (KV then on this worker).
-        ``arrival``: virtual arrival time, default now (see ``WallEngine._accept``)."""
+        ``arrival``: virtual arrival time, default now (see ``WallEngine._accept``); ``priority``:
+        its place in the worker's queue, lower first (``cluster/sim/engine_queue.py``)."""
         _check_prompt(request_id, prompt_tokens, local_hashes, seq_hashes, self.worker.block_size)
-        job = PrefillJob(request_id, prompt_tokens, local_hashes, seq_hashes)
+        job = PrefillJob(request_id, prompt_tokens, local_hashes, seq_hashes, priority=priority)
         future: asyncio.Future[PrefillResult] = asyncio.get_running_loop().create_future()
         self._accept(job, arrival)
         self._futures[job] = future
@@ -226,12 +228,14 @@ class DecodeEngine(WallEngine[DecodeSeq]):
         *,
         prefill_locally: bool,
         arrival: float | None = None,
+        priority: int = 0,
     ) -> AsyncGenerator[Token, None]:
         """Decode ``output_tokens`` tokens, yielding each as its iteration ends.
 
         The request is submitted on the first ``__anext__`` (an async generator runs nothing
-        before). Stopping early (``aclose()``, cancellation; wrap in ``contextlib.aclosing`` for
-        prompt cleanup after ``break``) withdraws or abandons the sequence, see the module doc.
+        before); ``priority`` orders it in the worker's queue, lower first. Stopping early
+        (``aclose()``, cancellation; wrap in ``contextlib.aclosing`` for prompt cleanup after
+        ``break``) withdraws or abandons the sequence, see the module doc.
         """
         stream = self._open(
             request_id,
@@ -241,6 +245,7 @@ class DecodeEngine(WallEngine[DecodeSeq]):
             output_tokens,
             prefill_locally,
             arrival,
+            priority,
         )
         try:
             while True:
@@ -282,6 +287,7 @@ class DecodeEngine(WallEngine[DecodeSeq]):
         output_tokens: int,
         prefill_locally: bool,
         arrival: float | None,
+        priority: int,
     ) -> _Stream:
         self._check_open()
         bs = self.worker.block_size
@@ -308,6 +314,7 @@ class DecodeEngine(WallEngine[DecodeSeq]):
             local_hashes,
             seq_hashes,
             prefill_locally=prefill_locally,
+            priority=priority,
         )
         stream = _Stream(seq, ids, asyncio.Queue())
         self._accept(seq, arrival)

@@ -1,4 +1,5 @@
-"""A prefill worker: a FCFS queue and chunked-prefill iterations over a block KV cache.
+"""A prefill worker: a (priority, arrival) queue and chunked-prefill iterations over a block
+KV cache.
 
 An iteration continues the requests already started, then admits waiting ones, until
 ``max_batch_tokens`` new tokens or ``max_batch_requests`` requests; it takes
@@ -15,10 +16,10 @@ A virtual-time loop or a wall-clock actor can drive it alike.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from cluster.sim.engine_queue import WaitingQueue
 from cluster.sim.jitter import Jitter
 from cluster.sim.kv_cache import KvCache, KvEventSink, Lease
 from cluster.sim.profile import PrefillModel
@@ -30,6 +31,7 @@ class PrefillJob:
     prompt_tokens: int
     local_hashes: Sequence[int]
     seq_hashes: Sequence[int]
+    priority: int = 0  # lower first (cluster/sim/engine_queue.py)
     enqueued_at: float = 0.0
     started_at: float | None = None
     finished_at: float | None = None
@@ -51,7 +53,7 @@ class PrefillWorker:
         self.model = model
         self.block_size = block_size
         self.cache = KvCache(worker_id, max(1, model.kv_capacity_tokens // block_size), sink)
-        self.waiting: deque[PrefillJob] = deque()
+        self.waiting: WaitingQueue[PrefillJob] = WaitingQueue()
         self.running: list[PrefillJob] = []
         self._plan: list[tuple[PrefillJob, int]] = []
         self._jitter = Jitter(model.jitter, seed)

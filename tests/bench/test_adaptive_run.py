@@ -5,25 +5,18 @@ verdict, printed in the JSON, not this test's: the suite checks the measurement 
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import math
 from typing import Any
 
 import pytest
 
 from bench import adaptive
+from tests.bench.reports import bench_report
 
 
 @pytest.fixture(scope="module")
 def report() -> dict[str, Any]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        status = adaptive.main(["--reduced", "--quiet"])
-    parsed: dict[str, Any] = json.loads(out.getvalue(), parse_constant=pytest.fail)
-    assert status == (0 if parsed["met"] else 1)
-    return parsed
+    return bench_report(adaptive.main, ["--reduced", "--quiet"])
 
 
 def test_the_summary_has_every_reduced_case_with_finite_ratios(report: dict[str, Any]) -> None:

@@ -64,3 +64,29 @@ def test_bad_release_thresholds_name_the_knob() -> None:
 def test_every_batch_draws_its_own_ties() -> None:
     seeds = {batch_seed(0, k) for k in range(100)}
     assert len(seeds) == 100 and batch_seed(5, 1) == batch_seed(5, 1) != batch_seed(6, 1)
+
+
+def test_a_batch_window_lets_close_arrivals_compete_in_one_auction(profile) -> None:
+    """With a window, requests arriving within it form one batch (as the service's
+    ``batch_window_ms``); without, each arrival that finds the queue empty is a batch of one."""
+    requests = make_workload("mixshare-50", 6, users=3, seed=2).sim_requests()
+
+    def batches(window: float) -> tuple[int, list[float | None]]:
+        admission = AuctionAdmission(8, "dfs-bid", None, batch_window_s=window)
+        cluster = SimCluster(profile, "0P/1D", seed=0, admission=admission)
+        for k, request in enumerate(requests):  # one every 10 ms
+            cluster.loop.at(0.01 * k, cluster.submit, request)
+        cluster.loop.run()
+        assert all(r.status == "ok" for r in cluster.records)
+        return admission.batches, [r.released for r in cluster.records]
+
+    alone, _ = batches(0.0)
+    together, released = batches(0.1)
+    assert alone == 6 and together == 1
+    assert released == [pytest.approx(0.1)] * 6  # the oldest request's window closed it
+
+
+def test_a_batch_window_is_bounded() -> None:
+    for bad in (-0.1, 61.0):
+        with pytest.raises(ValueError, match="batch_window_s"):
+            AuctionAdmission(8, batch_window_s=bad)

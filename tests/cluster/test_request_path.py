@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from ray.exceptions import ActorDiedError
 
+from auction import PAYING, engine_priority
 from auction.admission import Release
 from cluster.dataplane.admission import AdmissionGate, Lease
 from cluster.dataplane.exchange import ExchangeIn, ExchangeOut, Refused, Settled
@@ -281,8 +282,9 @@ def test_a_replica_over_its_share_asks_the_auction_and_gives_its_slots_back() ->
 def test_a_remote_prefill_runs_before_decode_and_is_reported() -> None:
     router, prefill = Router(prefill=0), Prefill()
     events = _run(_path(router=router, prefill={0: prefill}))
-    ((rid, prompt, local, seq),) = prefill.prefill.calls
+    ((rid, prompt, local, seq, priority),) = prefill.prefill.calls
     assert (rid, prompt) == ("r1", 40) and len(local) == len(seq) == 40 // PROFILE.block_size
+    assert priority == engine_priority(REQ.bid) == PAYING  # alice bid: ahead of free traffic
     assert router.calls["finish_prefill"] == [("r1",)]
     routed = next(e for e in events if isinstance(e, Routed))
     assert routed.prefill_worker == 0

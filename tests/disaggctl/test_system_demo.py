@@ -140,6 +140,8 @@ def test_priced_priority_charges_bidders_only(demo: Run) -> None:
         assert 0 <= row["auctioned"] <= row["requests"]
     for user in system_demo.BIDDERS:
         assert by_user[user]["requests"] > 0 and by_user[user]["paid"] > 0
+        per = by_user[user]["paid_per_auctioned"]  # the price of a position, per auctioned one
+        assert per is not None and 0 < per <= by_user[user]["paid"]
     # Every request's payment is at most what its batch's bids of that user were worth.
     bids: dict[tuple[int, str], float] = {}
     charged: dict[tuple[int, str], float] = {}

@@ -8,6 +8,7 @@ NATS, the session's Ray. Through the ingress with the official ``openai`` client
 - every request has a route event with our breakdown, and the shadow agrees with Dynamo;
 - a load ramp saturates the service: the regime switches and the next requests carry the new
   policy (the response's ``disagg.policy_version`` and ``regime``);
+- clients that hang up after one chunk leave no request in flight on the mockers;
 - a SIGKILLed mocker is restarted with a new instance id, re-bound in the router, and serves;
   requests sent while it was dead are answered elsewhere or fail with a clear 503;
 - a re-split stops a decode mocker and starts a prefill one on the same slot, then moves back.
@@ -225,6 +226,62 @@ def test_a_ramp_switches_the_regime_and_the_next_requests_carry_the_override(
     assert override == {
         "router_temperature": policy["tau"], "overlap_score_weight": policy["omega"]
     }
+
+
+def _decode_inflight(svc: DynamoService) -> list[float | None]:
+    """Requests in flight on each decode mocker's generate endpoint (its ``/metrics``)."""
+    return [ray.get(w.load.remote())["inflight"] for w in svc.handles.decode.values()]
+
+
+def test_clients_that_hang_up_after_one_chunk_stop_the_mockers(service: DynamoService) -> None:
+    """A disconnect stops the work on Dynamo too: the ingress closes the request's stream from
+    the decode worker, Dynamo's runtime cancels the request there, and the mocker frees it within
+    2 s, long before its ``max_tokens`` would have run out (a 400-token answer read to its end
+    took 9.2 s here when this was written)."""
+    clients = 12
+
+    async def hang_up(i: int) -> str:
+        client = _client(service)
+        stream = await client.chat.completions.create(
+            model=MODEL, messages=_messages(9000 + i, k=i % 3), max_tokens=400, stream=True
+        )
+        async for chunk in stream:
+            if any(c.delta.content for c in chunk.choices):
+                break
+        await stream.close()  # the client leaves after its first chunk of text
+        await client.close()
+        return "left"
+
+    async def seen_decoding() -> float:
+        """What the metric reads while a stream is open: it does count a decoding request."""
+        client = _client(service)
+        stream = await client.chat.completions.create(
+            model=MODEL, messages=_messages(8999, k=0), max_tokens=400, stream=True
+        )
+        seen = 0.0
+        async for _ in stream:
+            seen = sum(n or 0 for n in await asyncio.to_thread(_decode_inflight, service))
+            if seen:
+                break
+        await stream.close()
+        await client.close()
+        return seen
+
+    async def main() -> tuple[float, list[str], list[float | None]]:
+        seen = await seen_decoding()
+        left = await asyncio.gather(*(hang_up(i) for i in range(clients)))
+        return seen, left, await asyncio.to_thread(_decode_inflight, service)
+
+    seen, left, at_hang_up = asyncio.run(main())
+    assert seen >= 1 and left == ["left"] * clients
+    assert all(n is not None for n in at_hang_up)
+    hung_up = time.monotonic()
+    while any(n for n in _decode_inflight(service)):
+        assert time.monotonic() - hung_up < 2.0, (at_hang_up, _decode_inflight(service))
+        time.sleep(0.1)
+    # The next client is served in full.
+    answer = asyncio.run(_ask(_client(service), 9100, k=0, max_tokens=8))
+    assert answer["text"]
 
 
 def test_a_killed_mocker_is_restarted_and_rebound(service: DynamoService) -> None:

@@ -30,6 +30,14 @@ def test_the_demo_drives_the_live_service_and_reports(tmp_path: Path) -> None:
     for name, bid, _ in BIDDERS:  # a VCG payment never exceeds the bid
         assert users[name]["paid"] <= bid * users[name]["answered"] + 1e-9
     assert users["anonymous"]["paid"] == 0.0
+    assert users["anonymous"]["answered"] > 0
+    for row in users.values():  # the table's per-request price and TTFTs, beside the totals
+        if not row["answered"]:
+            assert row["paid_per_request"] is None and row["ttft_p50_s"] is None
+            continue
+        assert row["paid_per_request"] == pytest.approx(row["paid"] / row["answered"])
+        assert row["ttft_p50_s"] is not None and row["ttft_p50_s"] <= row["ttft_p99_s"]
+    assert "per req" in format_report(report) and "TTFT p50" in format_report(report)
     # The ledger's charges are the auction's revenue, and welfare is V_i summed over users.
     assert sum(u["paid"] for u in users.values()) == pytest.approx(report["revenue"])
     assert sum(u["welfare"] for u in users.values()) == pytest.approx(report["welfare"])

@@ -76,6 +76,7 @@ USERS: Mapping[str, tuple[float, float]] = {
     "bronze": (0.1, 0.1),
 }
 TOP = "gold"
+ARMS = ("fcfs", "priority")
 OVER_ANONYMOUS_MAX = 0.5
 THROUGHPUT_MIN = 0.95
 
@@ -139,23 +140,33 @@ def throughput(records: Sequence[RequestRecord], start: float, end: float) -> fl
     )
 
 
+def measured_window(seconds: float) -> tuple[float, float]:
+    """[start, end): the hold after the ramp and as long again for the queue to form."""
+    return 1.5 * RAMP_S, seconds
+
+
+def arm_figures(deployment: str, arm: str, seed: int, seconds: float) -> dict[str, Any]:
+    """One run's throughput and per-user figures (``disaggctl experiment priority``'s job)."""
+    start, end = measured_window(seconds)
+    records = one_run(deployment, arm, seed, seconds)
+    return {
+        "throughput_rps": round(throughput(records, start, end), 3),
+        "users": user_rows(records, start, end),
+    }
+
+
 def deployment_report(
     deployment: str, seeds: Sequence[int], seconds: float, bar: Any = None
 ) -> dict[str, Any]:
-    start, end = 1.5 * RAMP_S, seconds
     runs: list[dict[str, Any]] = []
     for seed in seeds:
         arms = {}
-        for arm in ("fcfs", "priority"):
-            records = one_run(deployment, arm, seed, seconds)
-            arms[arm] = {
-                "throughput_rps": round(throughput(records, start, end), 3),
-                "users": user_rows(records, start, end),
-            }
+        for arm in ARMS:
+            arms[arm] = arm_figures(deployment, arm, seed, seconds)
             if bar is not None:
                 bar.update(1)
         runs.append({"seed": seed, **arms})
-    return {"deployment": deployment, "window_s": [start, end], "runs": runs,
+    return {"deployment": deployment, "window_s": list(measured_window(seconds)), "runs": runs,
             "mean": mean_figures(runs)}  # fmt: skip
 
 
@@ -167,7 +178,7 @@ def _mean(values: Sequence[float | None]) -> float | None:
 def mean_figures(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Means over seeds of the judged figures, per arm and user."""
     out: dict[str, Any] = {}
-    for arm in ("fcfs", "priority"):
+    for arm in ARMS:
         users = {
             user: {
                 key: _mean([run[arm]["users"][user][key] for run in runs])

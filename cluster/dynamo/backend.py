@@ -68,10 +68,11 @@ class DynamoBackend:
     async def stream(self, req: PathRequest, placement: Placement) -> AsyncIterator[TokenChunk]:
         rid = req.request_id
         tokens, prefill_id, decode_id, override = self._placed[rid]
-        params = await self.dynamo.prefill(tokens, prefill_id, override, rid)
+        priority = engine_priority(req.bid)
+        params = await self.dynamo.prefill(tokens, prefill_id, override, rid, priority)
         self.view.finish_prefill(rid)
         decode = self.dynamo.decode(
-            tokens, decode_id, params, req.max_tokens, override, rid, engine_priority(req.bid)
+            tokens, decode_id, params, req.max_tokens, override, rid, priority
         )
         async with contextlib.aclosing(coalesced(decode, self.chunk_interval_s)) as chunks:
             async for ids in chunks:

@@ -165,16 +165,20 @@ class DynamoRoutes:
 
     async def prefill(
         self, tokens: list[int], instance: int, override: Mapping[str, float],
-        request_id: str | None = None,
+        request_id: str | None = None, priority: int = 0,
     ) -> Any:  # fmt: skip
-        """Run the prompt on prefill ``instance``; the KV handoff for the decode worker."""
+        """Run the prompt on prefill ``instance``; the KV handoff for the decode worker.
+        ``priority`` as in ``decode``: the whole request (``KvRouter.generate`` takes no
+        priority in 1.6.1) so the routing hints carry it."""
         params: Any = None
+        request = {
+            "token_ids": tokens, "model": self.model_name,
+            "stop_conditions": {"max_tokens": 1}, "sampling_options": {}, "output_options": {},
+            "eos_token_ids": [], "annotations": [], "router_config_override": dict(override),
+            "routing": {"backend_instance_id": instance, "priority": -priority},
+        }  # fmt: skip
         try:
-            stream = await self.routers["prefill"].generate(
-                tokens, self.model_name, stop_conditions={"max_tokens": 1},
-                sampling_options={}, output_options={},
-                router_config_override=dict(override), worker_id=instance,
-            )  # fmt: skip
+            stream = await self.routers["prefill"].generate_from_request(request)
             await self.release("prefill", request_id)  # the engine call tracks it from here
             async for out in stream:
                 if isinstance(out, dict) and out.get("disaggregated_params") is not None:

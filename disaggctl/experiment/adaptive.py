@@ -13,9 +13,7 @@ targets.
 
 from __future__ import annotations
 
-import importlib
 import re
-import sys
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -23,7 +21,7 @@ from typing import Any
 
 from disaggctl.experiment import adaptive_plots
 from disaggctl.experiment.base import Plan, Settings
-from disaggctl.experiment.fanout import ROOT, Job
+from disaggctl.experiment.fanout import Job, bench_module
 from disaggctl.experiment.report import Section, markdown_table, stat_cell, write_csv
 from disaggctl.experiment.stats import fmt, fmt_mean_se, mean_se, summarise
 
@@ -58,10 +56,8 @@ REGIMES = ("below", "transition", "saturated")
 
 
 def bench() -> ModuleType:
-    """``bench.adaptive`` (``bench/`` is not installed: the project root goes on the path)."""
-    if ROOT not in sys.path:
-        sys.path.insert(0, ROOT)
-    return importlib.import_module("bench.adaptive")
+    """``bench.adaptive``, imported from the project root."""
+    return bench_module("adaptive")
 
 
 def _phases(quick: bool) -> Any:

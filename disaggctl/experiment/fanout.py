@@ -23,11 +23,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from cluster.progress import progress_bar
 
-__all__ = ["Job", "RaySession", "available_cores", "call", "run_jobs"]
+__all__ = ["Job", "RaySession", "available_cores", "bench_module", "call", "run_jobs"]
 
 ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -42,6 +43,13 @@ class Job:
     fn: str
     kwargs: dict[str, Any] = field(default_factory=dict)
     units: float = 1.0
+
+
+def bench_module(name: str) -> ModuleType:
+    """``bench.<name>`` (``bench/`` is not installed: the project root goes on the path)."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    return importlib.import_module(f"bench.{name}")
 
 
 def resolve(path: str) -> Callable[..., Any]:

@@ -28,7 +28,7 @@ from disaggctl.experiment.report import Section, knob_table, render, write_docs,
 
 __all__ = ["EXPERIMENTS", "estimate", "load", "run"]
 
-EXPERIMENTS = ("poa", "pareto", "adaptive", "autobid", "auction")
+EXPERIMENTS = ("poa", "pareto", "adaptive", "autobid", "auction", "priority")
 # probe() on the machine SECONDS_PER_UNIT were measured on (2 cores, the development container)
 PROBE_REFERENCE_S = 0.045
 

@@ -20,7 +20,8 @@ decides how much of each prompt is recomputed, so a request planned early may be
 default ``None`` gives the worker the whole planned order at once, as an engine's waiting queue
 holds it, and the worker starts requests in that order as its batch and KV memory allow. ``1``
 throttles the worker to one new request per iteration (the order is then kept exactly, and
-TTFTs never tie).
+TTFTs never tie). The worker serves its queue first-come (no engine priority), so what is
+compared is the schedulers' orders alone.
 """
 
 from __future__ import annotations
@@ -162,7 +163,11 @@ def simulate_queue(
         raise ValueError("the workload has no requests")
     hardware = profile if isinstance(profile, HardwareProfile) else load_profile(profile)
     admission = AuctionAdmission(batch_size, scheduler_name, release_while_backlog_below, seed=seed)
-    cluster = SimCluster(hardware, topology, seed=seed, admission=admission)
+    # A first-come worker: the experiment compares the schedulers' orders, which the engines'
+    # priority (bidders before non-payers, docs/design.md §1) would partly redo for them.
+    cluster = SimCluster(
+        hardware, topology, seed=seed, admission=admission, priority=lambda bid: 0
+    )
     cluster.submit_many(workload.sim_requests())
     cluster.loop.run()
     records = cluster.records

@@ -207,7 +207,8 @@ def test_with_a_ca_in_the_credentials_the_bus_speaks_tls_and_plain_clients_are_r
             await sub.flush()
             await pub.publish(route)
             await pub.flush()
-            for _ in range(100):
+            # A bound on hanging, not a timing: a busy 2-core machine once took more than 2 s.
+            for _ in range(1000):
                 if received:
                     break
                 await asyncio.sleep(0.02)

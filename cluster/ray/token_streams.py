@@ -99,6 +99,14 @@ class _Outbox:
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # something waits to leave
     urgent: asyncio.Event = field(default_factory=asyncio.Event)  # a first token or an end
     attached: bool = False
+    listening: bool = False  # its frames() waits for news: every frame taken has left
+
+    @property
+    def delivered(self) -> bool:
+        """Nothing runs, nothing waits to leave, and the last frame taken has left."""
+        return not (self.pumps or self.tokens or self.ends) and (
+            self.listening or not self.attached
+        )
 
     def put(self, request_id: str, token_id: int) -> None:
         waiting = self.tokens.setdefault(request_id, [])
@@ -217,7 +225,9 @@ class StreamHost:
         seq, tick = 0, loop.time()
         try:
             while True:
+                box.listening = True
                 await box.ready.wait()
+                box.listening = False
                 wait = tick + interval_s - loop.time()
                 if wait > 0 and not box.urgent.is_set():  # gather what decodes meanwhile
                     with contextlib.suppress(TimeoutError):
@@ -241,6 +251,12 @@ class StreamHost:
         for box in self._streams.values():
             box.withdraw()
         self._streams.clear()
+
+    @property
+    def delivered(self) -> bool:
+        """Every request's tokens and end have left in a frame (what a drain waits for after
+        the engine's: the worker may stop only once its consumers have everything)."""
+        return all(box.delivered for box in self._streams.values())
 
     @property
     def running(self) -> int:

@@ -310,6 +310,20 @@ class DecodeWorkerActor(_WorkerActor):
             async for frame in frames:
                 yield frame
 
+    async def drain(self, timeout_s: float) -> bool:
+        """As the engine's drain, and then until the streams have sent every token and end:
+        a role switch that stopped this actor as the engine finished would otherwise cut the
+        last frames off, and their requests would fail mid-stream."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (timeout_s if isinstance(timeout_s, int | float) else 0.0)
+        if not await super().drain(timeout_s):
+            return False
+        while not self.streams.delivered:
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
+
     async def shutdown(self) -> None:
         self.streams.close()
         await super().shutdown()

@@ -209,3 +209,30 @@ def test_a_stream_nobody_reads_is_dropped_with_its_requests(monkeypatch: Any) ->
         await worker.shutdown()
 
     _run(body)
+
+
+def test_a_drain_waits_until_the_consumer_has_the_last_frame() -> None:
+    """The engine may finish before its stream has sent the last tokens; the worker reports
+    drained (and a re-split may stop it) only once they have left."""
+
+    async def body() -> None:
+        worker = _decode()
+        async with contextlib.aclosing(worker.frames("r0.d", 0.0)) as frames:
+            await worker.submit("r0.d", [_order("last", 6)])
+            first = await anext(frames)  # the first token; the rest wait, unread
+            drain = asyncio.ensure_future(worker.drain(10.0))
+            await asyncio.wait_for(worker.engine.drain(10.0), 10.0)  # the engine is done...
+            await asyncio.sleep(0.05)
+            assert not drain.done() and not worker.streams.delivered  # ...its stream is not
+            parts = await _until_ended(frames, {"last"}, read=(first,))
+            # A reader asks for the next frame at once (Ray's streaming generator runs ahead of
+            # its consumer): the last frame taken has then left.
+            reading = asyncio.ensure_future(anext(frames))
+            assert await asyncio.wait_for(drain, 5.0) is True
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading
+        assert sum(len(p.token_ids) for p in parts["last"]) == 6
+        await worker.shutdown()
+
+    _run(body)

@@ -216,9 +216,16 @@ def test_repeated_long_prompt_reports_cached_tokens(live_service: LiveService) -
     assert 0 < cached <= first.usage.prompt_tokens
     # Most of the prompt (all its full blocks) is cached, not a token or two.
     assert cached >= first.usage.prompt_tokens - 16
-    second = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
-    assert second.usage.prompt_tokens_details.cached_tokens == _disagg(second)["cached_tokens"]
-    assert _disagg(second)["cached_tokens"] > 0
+
+    def unary() -> int:  # the non-streamed answer reports the same figure in both places
+        second = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+        cached_tokens = second.usage.prompt_tokens_details.cached_tokens
+        assert cached_tokens == _disagg(second)["cached_tokens"]
+        return int(cached_tokens)
+
+    # Retried like the first: on a busy machine the controller may leave `below` (τ > 0), and
+    # a softmax route can then pick a worker without the prefix.
+    assert until(unary, 10, "a repeated long prompt, not streamed, reports cached tokens", 0.3)
 
 
 def test_metrics_has_every_design_metric(live_service: LiveService) -> None:

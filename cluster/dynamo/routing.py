@@ -163,6 +163,19 @@ class DynamoRoutes:
         with contextlib.suppress(Exception):  # "not found": released already, or never held
             await self.routers[role].free(request_id)
 
+    def _request(
+        self, tokens: list[int], instance: int, override: Mapping[str, float], priority: int,
+        stop_conditions: dict[str, Any],
+    ) -> dict[str, Any]:  # fmt: skip
+        """A preprocessed request for ``instance`` (``generate_from_request``), ``priority``
+        negated into the routing hint (see ``decode``)."""
+        return {
+            "token_ids": tokens, "model": self.model_name, "stop_conditions": stop_conditions,
+            "sampling_options": {}, "output_options": {}, "eos_token_ids": [],
+            "annotations": [], "router_config_override": dict(override),
+            "routing": {"backend_instance_id": instance, "priority": -priority},
+        }  # fmt: skip
+
     async def prefill(
         self, tokens: list[int], instance: int, override: Mapping[str, float],
         request_id: str | None = None, priority: int = 0,
@@ -171,12 +184,7 @@ class DynamoRoutes:
         ``priority`` as in ``decode``: the whole request (``KvRouter.generate`` takes no
         priority in 1.6.1) so the routing hints carry it."""
         params: Any = None
-        request = {
-            "token_ids": tokens, "model": self.model_name,
-            "stop_conditions": {"max_tokens": 1}, "sampling_options": {}, "output_options": {},
-            "eos_token_ids": [], "annotations": [], "router_config_override": dict(override),
-            "routing": {"backend_instance_id": instance, "priority": -priority},
-        }  # fmt: skip
+        request = self._request(tokens, instance, override, priority, {"max_tokens": 1})
         try:
             stream = await self.routers["prefill"].generate_from_request(request)
             await self.release("prefill", request_id)  # the engine call tracks it from here
@@ -198,14 +206,10 @@ class DynamoRoutes:
         """Stream the output token ids of the request on decode ``instance``. ``priority`` is
         ``auction.engine_priority``'s (lower first); Dynamo's routing hint counts the other way
         (dynamo.vllm hands vLLM ``-routing.priority``), so it is sent negated."""
-        request = {
-            "token_ids": tokens, "model": self.model_name,
-            "stop_conditions": {"max_tokens": max_tokens, "ignore_eos": True},
-            "sampling_options": {}, "output_options": {}, "eos_token_ids": [],
-            "annotations": [], "router_config_override": dict(override),
-            "prefill_result": {"disaggregated_params": params},
-            "routing": {"backend_instance_id": instance, "priority": -priority},
-        }  # fmt: skip
+        request = self._request(
+            tokens, instance, override, priority, {"max_tokens": max_tokens, "ignore_eos": True}
+        )
+        request["prefill_result"] = {"disaggregated_params": params}
         try:
             stream = await self.routers["decode"].generate_from_request(request)
             await self.release("decode", request_id)  # the engine call tracks it from here

@@ -1,11 +1,14 @@
 """Priced priority at saturation: does a bid buy latency, and what does it cost per request?
 
-Llama-3.1-70B FP8 on simulated B200s, 1P/5D and 2P/4D, a closed loop held at saturation
-(C = 384, the spike of ``bench.adaptive``: at its saturated hold, C = 192, 2P/4D still answers in
-0.09 s, so nothing queues and no order can buy anything). Three users bid on a scale two orders of
-magnitude wide (``USERS``: each request's bid is the user's scale times a 1 + Pareto(1.5) draw,
-the calibration workload's value model) and the rest of the traffic is anonymous (bid 0). Two
-arms on the same requests (same seed):
+Llama-3.1-70B FP8 on simulated B200s, 1P/5D and 2P/4D, each held at saturation: a closed loop of
+``saturation_concurrency`` clients, twice the population the deployment serves with full prefill
+batches and no queue (C = 391 on 1P/5D, 783 on 2P/4D; see that function for why). A bid can only
+buy latency where requests wait longer than one prefill iteration: below that every waiting
+request joins the next batch whatever it bid (2P/4D at C = 384, 0.98x its no-queue population,
+gave the top bidder 0.97x anonymous's TTFT). Three users bid on a scale two orders of magnitude
+wide (``USERS``: each request's bid is the user's scale times a 1 + Pareto(1.5) draw, the
+calibration workload's value model) and the rest of the traffic is anonymous (bid 0). Two arms
+on the same requests (same seed):
 
 - ``fcfs``: the engines' first-come queues, everything released at once, bids ignored;
 - ``priority``: the auction (``dfs-bid``, batches of 32 as the service's default, VCG prices),
@@ -24,15 +27,14 @@ deployment, on the mean over seeds: the top bidder's TTFT P50 and P99 each ≤ 0
 FCFS, and payment per request non-decreasing in the users' bid scale (a VCG price on the DFS
 order may break it; the report then shows the users and numbers) with some bidder paying.
 
-What it shows (3 seeds, 60 s). On 1P/5D requests wait in the prefill worker's queue, and the
-engines' priority moves every bidder ahead of anonymous traffic: the top bidder's TTFT is 0.26×
-anonymous's at P50 and 0.27× at P99, at 0.99× FCFS's throughput. On 2P/4D nothing can be bought:
-each prefill iteration admits everything that waits (64 requests of 128 tokens fill it; the
-iteration takes 1.34 s and a request waits 0.60 s for the next one, bidder or not), so there is
-no queue to reorder, and the top bidder's TTFT is 0.97× anonymous's while it pays 0.55 per
-request. The auction still prices the positions it hands out (payment per request rises with the
-bid), but on a deployment whose engines batch everything waiting a position is worth nothing:
-what would buy latency there is a smaller prefill batch for bidders, which is not built.
+What it shows (3 seeds, 60 s). On both deployments requests wait in the prefill workers' queues,
+and the engines' priority moves every bidder ahead of anonymous traffic: the top bidder's TTFT is
+0.24× anonymous's at P50 and 0.27× at P99 on 1P/5D (C = 391, 1.97 vs 8.09 s at P50), 0.28× and
+0.32× on 2P/4D (C = 783, 2.22 vs 7.92 s), at 0.98× and 1.00× FCFS's throughput. What the bidders
+gain, anonymous traffic loses (its P50 rises from 6.2 s under FCFS to 8.1 and 7.9 s); payment per
+request rises with the bid (gold / silver / bronze 0.57 / 0.055 / 0.005 on 1P/5D, 0.60 / 0.074 /
+0.003 on 2P/4D). Bidders all gain about alike: the engines rank paying before non-paying, and
+among bidders the auction's order holds only within a batch of 32.
 
     .venv/bin/python -m bench.priority [--seeds 3] [--seconds 60] [--reduced] [--progress] [--quiet]
 """
@@ -58,13 +60,14 @@ from cluster.progress import progress_bar
 from cluster.sim.admission import Admission, AuctionAdmission, FcfsAdmission
 from cluster.sim.cluster import SimCluster, SimRequest
 from cluster.sim.loadgen import ClosedLoop, Phase
+from cluster.sim.pools import Topology
 from cluster.sim.profile import load_profile
 from cluster.sim.records import RequestRecord, percentile
 from cluster.sim.scenario import template_source
 
 PROFILE = "b200-llama70b-fp8-tp4"
 DEPLOYMENTS = ("1P/5D", "2P/4D")
-CONCURRENCY = 384  # bench.adaptive's spike: both deployments queue (module docstring)
+OVERLOAD = 2.0  # clients per client the deployment serves with no queue (saturation_concurrency)
 RAMP_S = 10.0
 BATCH_SIZE = 32  # the service's defaults (auction.AuctionSettings): batches of 32 requests,
 BATCH_WINDOW_S = 0.05  # formed at most 50 ms after their oldest request arrived
@@ -79,6 +82,32 @@ TOP = "gold"
 ARMS = ("fcfs", "priority")
 OVER_ANONYMOUS_MAX = 0.5
 THROUGHPUT_MIN = 0.95
+
+
+def saturation_concurrency(deployment: str) -> int:
+    """C = OVERLOAD · X · E, twice the closed-loop population the deployment serves with full
+    prefill batches and no queue (Little's law), from the profile's models:
+
+        X = n_P · B / T,    E = 1.5 · T + (L_out − 1) · d0,
+
+    with B requests per full prefill batch (``max_batch_requests``, or fewer where
+    ``max_batch_tokens`` binds first), T that batch's iteration (each request computing its
+    ``input_tokens − template_tokens`` new tokens after the cached template), n_P prefill workers,
+    L_out output tokens and d0 the decode iteration's fixed cost (its per-sequence and KV terms add
+    under 3% at these batches). E is a request's latency when every prefill batch is full: it
+    arrives mid-iteration, waits half of one, then rides a whole one. Below X · E every waiting
+    request joins the next batch, so there is no order to sell; at twice it, about half the
+    clients wait for a later batch, the same overload on both deployments."""
+    profile = load_profile(PROFILE)
+    topology = Topology.parse(deployment)
+    w, pm = profile.workload, profile.prefill
+    new = w.input_tokens - w.template_tokens
+    batch = min(pm.max_batch_requests, pm.max_batch_tokens // new)
+    iteration = pm.iteration_s([(new, w.template_tokens)] * batch)
+    population = (topology.prefill * batch / iteration) * (
+        1.5 * iteration + (w.output_tokens - 1) * profile.decode.d0_s
+    )
+    return round(OVERLOAD * population)
 
 
 class ScaledBids:
@@ -108,7 +137,9 @@ def one_run(deployment: str, arm: str, seed: int, seconds: float) -> list[Reques
             load_profile(PROFILE), deployment, seed=seed, admission=admission,
             priority=lambda bid: 0,
         )  # fmt: skip
-    load = ClosedLoop(cluster, ScaledBids(seed), [Phase(seconds, CONCURRENCY, ramp=RAMP_S)])
+    load = ClosedLoop(
+        cluster, ScaledBids(seed), [Phase(seconds, saturation_concurrency(deployment), ramp=RAMP_S)]
+    )
     cluster.loop.run(load.end)
     return cluster.records
 
@@ -166,7 +197,8 @@ def deployment_report(
             if bar is not None:
                 bar.update(1)
         runs.append({"seed": seed, **arms})
-    return {"deployment": deployment, "window_s": list(measured_window(seconds)), "runs": runs,
+    return {"deployment": deployment, "concurrency": saturation_concurrency(deployment),
+            "window_s": list(measured_window(seconds)), "runs": runs,
             "mean": mean_figures(runs)}  # fmt: skip
 
 
@@ -256,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     reports = [deployment_report(d, seeds, seconds, bar) for d in deployments]
     bar.close()
     report = {
-        "profile": PROFILE, "concurrency": CONCURRENCY, "seconds": seconds,
+        "profile": PROFILE, "overload": OVERLOAD, "seconds": seconds,
         "reduced": args.reduced, "users": {u: {"share": s, "bid_scale": b}
                                            for u, (s, b) in USERS.items()},
         "deployments": reports,

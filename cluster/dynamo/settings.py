@@ -64,6 +64,9 @@ class DynamoSettings(StrictModel):
     num_gpu_blocks: int = Field(default=512, ge=16, le=10_000_000)
     # The mocker's --speedup-ratio: simulated time runs this much faster than wall time.
     speedup_ratio: float = Field(default=10.0, gt=0.0, le=1000.0)
+    # --max-num-seqs of either engine: the most sequences one worker runs at once (None: the
+    # engine's default). Past it requests wait in the engine's queue, where priority counts.
+    max_num_seqs: int | None = Field(default=None, ge=1, le=65536)
     # Extra flags for dynamo.vllm (e.g. "--tensor-parallel-size", "4"); ignored by the mocker.
     # A YAML list arrives as a list: accepted here (the items stay strict strings).
     vllm_args: tuple[str, ...] = Field(default=(), max_length=MAX_VLLM_ARGS, strict=False)
@@ -124,6 +127,20 @@ def _endpoint_flag(settings: DynamoSettings, role: Role) -> list[str]:
     return ["--endpoint", f"dyn://{settings.namespace}.{component}.{settings.endpoint}"]
 
 
+def _engine_flags(settings: DynamoSettings) -> list[str]:
+    if settings.max_num_seqs is None:
+        return []
+    return ["--max-num-seqs", str(settings.max_num_seqs)]
+
+
+def _vllm_scheduling(settings: DynamoSettings) -> list[str]:
+    """``--scheduling-policy priority`` unless ``vllm_args`` picks a policy: without it vLLM
+    serves first-come and ignores the ``routing.priority`` each request carries."""
+    if any(a.startswith("--scheduling-policy") for a in settings.vllm_args):
+        return []
+    return ["--scheduling-policy", "priority"]
+
+
 def worker_command(settings: DynamoSettings, role: str, model_path: str) -> list[str]:
     """The argv of one worker of ``role`` (prefill or decode) serving ``model_path``."""
     r = _check_role(role)
@@ -137,6 +154,7 @@ def worker_command(settings: DynamoSettings, role: str, model_path: str) -> list
             "--speedup-ratio", repr(settings.speedup_ratio),
             "--disaggregation-mode", r,
             *_endpoint_flag(settings, r),
+            *_engine_flags(settings),
         ]
     return [
         sys.executable, "-m", "dynamo.vllm",
@@ -145,6 +163,8 @@ def worker_command(settings: DynamoSettings, role: str, model_path: str) -> list
         "--block-size", str(settings.block_size),
         "--disaggregation-mode", r,
         *_endpoint_flag(settings, r),
+        *_engine_flags(settings),
+        *_vllm_scheduling(settings),
         *settings.vllm_args,
     ]
 

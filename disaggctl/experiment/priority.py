@@ -1,11 +1,13 @@
 """``priority``: what a bid buys at saturation, on the simulator (docs/design.md §1, "Priority
 reaches the engine"; the runs are ``bench.priority``'s).
 
-Llama-3.1-70B FP8, 1P/5D and 2P/4D, a closed loop at C = 384 (both deployments queue). Three users
-bid on scales two orders of magnitude apart (gold 10, silver 1, bronze 0.1, each request's bid the
-scale times a 1 + Pareto(1.5) draw) and the rest of the traffic is anonymous. Two arms on the same
-requests: ``fcfs`` (first-come engines, bids ignored) and ``priority`` (the auction's batches,
-VCG prices, and the engines' queues ordered by ``engine_priority``: bidders before non-payers).
+Llama-3.1-70B FP8, 1P/5D and 2P/4D, each held at saturation: a closed loop of twice the clients
+it serves with full prefill batches and no queue (``bench.priority.saturation_concurrency``).
+Three users bid on scales two orders of magnitude apart (gold 10, silver 1, bronze 0.1, each
+request's bid the scale times a 1 + Pareto(1.5) draw) and the rest of the traffic is anonymous.
+Two arms on the same requests: ``fcfs`` (first-come engines, bids ignored) and ``priority`` (the
+auction's batches, VCG prices, and the engines' queues ordered by ``engine_priority``: bidders
+before non-payers).
 Per user: TTFT P50 and P99 and payment per request, over the requests that arrived in the hold.
 """
 
@@ -23,7 +25,9 @@ from disaggctl.experiment.stats import fmt, summarise
 
 NAME = "priority"
 TITLE = "priority: what a bid buys at saturation"
-SECONDS_PER_UNIT = 0.009  # per simulated second of a run, measured (runner.estimate)
+# Per simulated second and 100 clients (a run's events grow with its clients): 0.009 s per
+# simulated second measured at C = 384 (runner.estimate).
+SECONDS_PER_UNIT = 0.0023
 
 DEPLOYMENTS = ("1P/5D", "2P/4D")
 USERS = ("gold", "silver", "bronze", "anonymous")  # by bid scale, highest first
@@ -36,7 +40,7 @@ def plan(settings: Settings) -> Plan:
     setup = {
         "profile": B.PROFILE,
         "deployments": list(DEPLOYMENTS),
-        "concurrency C": B.CONCURRENCY,
+        "concurrency C": {d: B.saturation_concurrency(d) for d in DEPLOYMENTS},
         "run (s, the first 15 s unmeasured)": seconds,
         "bid scales": [
             f"{u} {scale:g} ({share:.0%} of requests)" for u, (share, scale) in B.USERS.items()
@@ -48,7 +52,7 @@ def plan(settings: Settings) -> Plan:
         Job(
             "bench.priority:arm_figures",
             {"deployment": d, "arm": arm, "seed": seed, "seconds": seconds},
-            units=seconds,
+            units=seconds * B.saturation_concurrency(d) / 100,
         )
         for d in DEPLOYMENTS
         for arm in B.ARMS
@@ -150,7 +154,7 @@ def plot_ttft(data: dict[str, Any], path: Path) -> None:
             ax.bar(xs, plots.values(rows, f"ttft_{q}_s"), width, label=f"{arm} {q.upper()}",
                    hatch="//" if q == "p99" else None, alpha=0.85)  # fmt: skip
         ax.set_xticks(range(len(USERS)), USERS)
-        ax.set_title(f"70B {d}, C = 384")
+        ax.set_title(f"70B {d}, C = {bench_module('priority').saturation_concurrency(d)}")
         ax.set_ylabel("TTFT (s)")
     axes[0].legend(fontsize=7)
     plots.save(fig, path)

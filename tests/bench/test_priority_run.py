@@ -53,3 +53,14 @@ def test_the_judgement_names_a_higher_bidder_who_pays_less() -> None:
     assert priority.payment_exceptions(users) == [
         {"lower_bidder": "silver", "pays": 0.2, "higher_bidder": "gold", "pays_only": 0.1}
     ]
+
+
+def test_saturation_is_twice_the_population_full_prefill_batches_serve() -> None:
+    # 70B: a full batch is 64 requests of 64 new tokens after the 64-token template,
+    # T = 0.004 + 64 (64 · 2e-5 + 0.0204) = 1.3915 s (the attention term adds 0.2 ms); E = 1.5 T
+    # + 255 · 8.5 ms. Twice X · E per prefill worker, twice that with two.
+    t = 0.004 + 64 * (64 * 2e-5 + 0.0204)
+    one = 2 * (64 / t) * (1.5 * t + 255 * 0.0085)
+    assert abs(priority.saturation_concurrency("1P/5D") - one) < 1.0
+    assert abs(priority.saturation_concurrency("2P/4D") - 2 * one) < 1.5
+    assert priority.saturation_concurrency("2P/4D") > 384  # where 2P/4D had no queue to reorder

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from cluster.dynamo.install import require_dynamo
+from cluster.dynamo.settings import DynamoSettings, dynamo_env
+from cluster.dynamo.worker_actor import DynamoWorkerActor
 from cluster.model_dir import build_model_dir
 from cluster.nats_server import NatsServer
 from tests.integration.conftest import ray_session
@@ -74,3 +76,28 @@ def discovery_dir(tmp_path: Path) -> str:
     path = tmp_path / "discovery"
     path.mkdir()
     return str(path)
+
+
+WorkerFactory = Callable[[DynamoSettings, str, int], DynamoWorkerActor]
+
+
+@pytest.fixture
+def dynamo_worker(
+    dynamo_nats_url: str, discovery_dir: str, model_path: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> WorkerFactory:  # fmt: skip
+    """``make(settings, role, slot)``: an unstarted worker actor, run here as a local object, on
+    this test's NATS, discovery directory and model. This process joins the deployment too
+    (the variables are restored after the test: ``DynamoRoutes`` sets them as well)."""
+    env = dynamo_env(DynamoSettings(), nats_url=dynamo_nats_url, discovery_dir=discovery_dir,
+                     system_port=None)  # fmt: skip
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+    def make(settings: DynamoSettings, role: str, slot: int) -> DynamoWorkerActor:
+        return DynamoWorkerActor(
+            role, slot, settings.model_dump(), nats_url=dynamo_nats_url,
+            discovery_dir=discovery_dir, log_dir=str(tmp_path / "logs"), model_path=model_path,
+        )  # fmt: skip
+
+    return make

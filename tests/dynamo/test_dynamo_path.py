@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from cluster.dataplane.exchange import ExchangeIn, ExchangeOut, Settled
 from cluster.dataplane.routing import PoolRouting
 from cluster.dynamo.backend import DynamoBackend
 from cluster.dynamo.routing import DynamoRoutes, DynamoWorkerFailed
-from cluster.dynamo.settings import DynamoSettings, dynamo_env
+from cluster.dynamo.settings import DynamoSettings
 from cluster.dynamo.shadow import ShadowRouterActor
 from cluster.dynamo.shadow_view import ShadowView
 from cluster.dynamo.worker_actor import DynamoWorkerActor
@@ -26,6 +25,7 @@ from cluster.ray.actor_support import ActorBus
 from cluster.serve.path import ActorRequestPath
 from cluster.serve.path_types import Admitted, Finished, PathError, PathRequest, Routed, TokenChunk
 from cluster.serve.worker_handles import Workers
+from tests.dynamo.conftest import WorkerFactory
 
 pytestmark = pytest.mark.integration
 
@@ -83,19 +83,10 @@ async def _collect(path: ActorRequestPath, req: PathRequest) -> list[Any]:
 
 
 def test_requests_stream_and_dead_workers_are_routed_around(
-    dynamo_nats_url: str, discovery_dir: str, model_path: str, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
-    env = dynamo_env(SETTINGS, nats_url=dynamo_nats_url, discovery_dir=discovery_dir,
-                     system_port=None)  # fmt: skip
-    for key, value in env.items():  # restored after the test: DynamoRoutes sets them too
-        monkeypatch.setenv(key, value)
-
+    dynamo_nats_url: str, discovery_dir: str, dynamo_worker: WorkerFactory
+) -> None:
     def worker(role: str, slot: int) -> DynamoWorkerActor:
-        return DynamoWorkerActor(
-            role, slot, SETTINGS.model_dump(), nats_url=dynamo_nats_url,
-            discovery_dir=discovery_dir, log_dir=str(tmp_path / "logs"), model_path=model_path,
-        )  # fmt: skip
+        return dynamo_worker(SETTINGS, role, slot)
 
     async def main() -> None:
         pool = {0: worker("prefill", 0), 1: worker("decode", 1), 2: worker("decode", 2)}

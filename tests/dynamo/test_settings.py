@@ -54,7 +54,17 @@ def test_the_vllm_command_uses_vllm_flags_and_appends_extra_args() -> None:
     assert worker_command(s, "decode", "/models/llama") == [
         sys.executable, "-m", "dynamo.vllm", "--model", "/models/llama",
         "--served-model-name", "disagg-tiny", "--block-size", "32",
-        "--disaggregation-mode", "decode", "--tensor-parallel-size", "4",
+        "--disaggregation-mode", "decode", "--scheduling-policy", "priority",
+        "--tensor-parallel-size", "4",
+    ]
+    # The request's routing.priority counts only under vLLM's priority scheduler; a policy the
+    # config names is left alone, and --max-num-seqs goes to either engine.
+    own = DynamoSettings(engine="vllm", vllm_args=("--scheduling-policy=fcfs",), max_num_seqs=8)
+    assert worker_command(own, "decode", "/m")[-3:] == [
+        "--max-num-seqs", "8", "--scheduling-policy=fcfs",
+    ]
+    assert worker_command(DynamoSettings(max_num_seqs=2), "decode", "/m")[-2:] == [
+        "--max-num-seqs", "2",
     ]
 
 
@@ -111,6 +121,7 @@ def test_the_environment_is_file_discovery_nats_events_tcp_requests_on_loopback(
         ("block_size", 2048),
         ("block_size", "16"),
         ("num_gpu_blocks", 8),
+        ("max_num_seqs", 0),
         ("speedup_ratio", 0.0),
         ("speedup_ratio", float("nan")),
         ("speedup_ratio", 1e6),

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from disaggctl.experiment import auction_plots
+from disaggctl.experiment.auction_baselines import baselines, describe_baselines
 from disaggctl.experiment.auction_rows import SCHEDULERS, one, pick
 from disaggctl.experiment.base import Plan, Settings
 from disaggctl.experiment.fanout import Job
@@ -171,7 +172,13 @@ def analyse(plan: Plan, results: list[Any]) -> dict[str, Any]:
             ratios = [_share(r["dfs-bid"][figure], r["bid-sort"][figure]) for r in runs]
             share[figure], share[f"{figure}_se"] = mean_se(ratios)
         shares.append(share)
-    return {"rows": rows, "shares": shares, "trials": raw}
+    n_sweep = [job.kwargs for job in plan.jobs if job.kwargs["sweep"] == "n"]
+    checked = baselines(
+        list(dict.fromkeys(kw["workload"] for kw in n_sweep)),
+        n_sweep[0]["Q"],
+        sorted({kw["seed"] for kw in n_sweep}),
+    )
+    return {"rows": rows, "shares": shares, "trials": raw, "baselines": checked}
 
 
 def _beats(a: dict[str, Any], b: dict[str, Any], key: str) -> bool:
@@ -379,6 +386,7 @@ def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: S
             ("sweep", "workload", "n", "ρ", "values", "realised", "planned"), share_rows
         )
     )
+    section.text("Baselines: " + describe_baselines(data["baselines"]))
     auction_plots.plot_n(data, folder / "auction_welfare_vs_n.png")
     section.figure("auction_welfare_vs_n.png", "Realised welfare vs batch size", describe_n(data))
     auction_plots.plot_cache(data, folder / "auction_cache_ttft.png")

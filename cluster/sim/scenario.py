@@ -189,6 +189,8 @@ def phase_figures(
         "poa_routing": round(mean([s.poa_routing for s in ticks]), 4),
         "poa_capacity": round(mean([s.poa_capacity for s in ticks]), 3),
         "cache_hit_rate": round(summary.cache_hit_rate, 4),
-        "prefill_workers": ticks[-1].prefill_workers if ticks else None,
-        "decode_workers": ticks[-1].decode_workers if ticks else None,
+        # Time averages (ticks are evenly spaced): a worker draining or warming up for a
+        # re-split serves in neither pool, and the phase pays for that time.
+        "prefill_workers": round(mean([s.prefill_workers for s in ticks]), 3) if ticks else None,
+        "decode_workers": round(mean([s.decode_workers for s in ticks]), 3) if ticks else None,
     }

@@ -262,7 +262,7 @@ def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: S
         for arm in e["arms"]:
             for p in e[arm]["phases"]:
                 csv_rows.append({"case": name, "arm": arm, **p})
-                pools = f"{fmt(p['prefill_workers'], 2)}P/{fmt(p['decode_workers'], 2)}D"
+                pools = f"{fmt(p['prefill_workers'])}P/{fmt(p['decode_workers'])}D"
                 rows.append(
                     (
                         name,
@@ -286,7 +286,7 @@ def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: S
         "req/s",
         "poa_hat",
         "poa_capacity",
-        "pools (mean)",
+        "pools (time mean)",
     )
     section.text("Per case, arm and phase, mean ± 1 s.e.:\n\n" + markdown_table(header, rows))
     summary_rows, summary_csv = [], []

@@ -279,3 +279,18 @@ def test_phase_figures_of_an_empty_window() -> None:
     assert row["phase"] == "idle" and row["completed"] == 0 and row["throughput_rps"] == 0
     assert math.isnan(row["ttft_p99_s"]) and math.isnan(row["poa_hat"])
     assert row["cache_hit_rate"] == 0.0
+    assert row["prefill_workers"] is None and row["decode_workers"] is None
+
+
+def test_phase_pools_are_time_averages_counting_warm_ups_in_neither_pool() -> None:
+    def tick(t: float, prefill: int, decode: int) -> TickSample:
+        return TickSample(t=t, regime=0, tau=0.0, omega=1.0, ttft_p99_window_s=None,
+                          ttft_p99_smoothed_s=None, poa_hat=1.0, poa_routing=1.0,
+                          poa_capacity=1.0, queue_depth=0, in_flight=0, prefill_workers=prefill,
+                          decode_workers=decode, arrival_rate=0.0)  # fmt: skip
+
+    # 1P/5D for 2 ticks, a decode worker draining and warming up for 4 (1P/4D), then 2P/4D.
+    timeline = [tick(t, 1, 5) for t in (1, 2)] + [tick(t, 1, 4) for t in (3, 4, 5, 6)]
+    timeline += [tick(t, 2, 4) for t in (7, 8)]
+    row = phase_figures("spike", 0.0, 8.0, [], timeline)
+    assert (row["prefill_workers"], row["decode_workers"]) == (1.25, 4.25)

@@ -7,13 +7,14 @@ router that sees load exactly (fresh) and with four router replicas whose load v
 250 ms, 10 ms late (stale; ``ViewSettings.stale(4, report_period_s=0.25, delay_s=0.01)``, as
 ``bench/adaptive.py``). Per cell: throughput, TTFT P99, ITL P99, poa_hat and its factors, the
 prefix-cache hit rate and the regime of the hold's TTFT P99 against the controller's thresholds
-for that view. The throughput–TTFT P99 frontier per (C, view) shows which policies are never
-beaten on both; the policy table's entries are (0, 1) below and (0.8, 0.1) saturated.
+for that view. The throughput–TTFT P99 frontier per (C, view) shows which policies no other
+beats beyond the noise (better on one axis by more than the two cells' combined standard errors,
+and not worse by that on the other); the policy table's entries are (0, 1) below and (0.8, 0.1)
+saturated.
 """
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import numpy as np
 from disaggctl.experiment import plots
 from disaggctl.experiment.base import Plan, Settings, regime_of
 from disaggctl.experiment.fanout import Job
+from disaggctl.experiment.frontier import mark_frontier
 from disaggctl.experiment.report import Section, markdown_table, stat_cell, write_csv
 from disaggctl.experiment.stats import fmt, summarise
 
@@ -140,19 +142,6 @@ def run_cell(
     }
 
 
-def _frontier(cells: list[dict[str, Any]]) -> None:
-    """Mark the cells no other cell beats on both throughput (higher) and TTFT P99 (lower)."""
-    for a in cells:
-        ta, la = a["throughput_rps"] or 0.0, a["ttft_p99_s"] or math.inf
-        a["frontier"] = not any(
-            (b["throughput_rps"] or 0.0) >= ta
-            and (b["ttft_p99_s"] or math.inf) <= la
-            and ((b["throughput_rps"] or 0.0) > ta or (b["ttft_p99_s"] or math.inf) < la)
-            for b in cells
-            if b is not a
-        )
-
-
 def analyse(plan: Plan, results: list[Any]) -> dict[str, Any]:
     groups: dict[tuple[int, str, float, float], list[dict[str, Any]]] = {}
     raw, th = [], {}
@@ -170,7 +159,7 @@ def analyse(plan: Plan, results: list[Any]) -> dict[str, Any]:
         cells.append(row)
     for c in CONCURRENCY:
         for view in VIEWS:
-            _frontier([r for r in cells if (r["concurrency"], r["view"]) == (c, view)])
+            mark_frontier([r for r in cells if (r["concurrency"], r["view"]) == (c, view)])
     return {"thresholds": th, "cells": cells, "trials": raw}
 
 

@@ -6,11 +6,13 @@ Release rule. At most ``max_in_prefill`` requests are released and still without
 (their prefill "slots"), less the slots lent to ingress replicas that admit FCFS on their own
 (``set_leased``). While the regime is ``below`` and fewer than ``queue_threshold``
 requests queue, requests leave in arrival order as slots free (FCFS: position 0, payment 0, no
-batch). Otherwise the queue is cut into batches: when no batch is pending and a slot is free, the
-oldest ``batch_size`` requests form one as soon as ``batch_size`` have queued or the oldest has
-waited ``batch_window_ms``. A batch is ordered by ``scheduler`` (``dfs-bid``: the welfare-maximal
-DFS order of the prompts' radix tree) and leaves in that order as slots free; a pending batch
-always leaves before anything else, so a position once given is kept.
+batch). Otherwise the queue is cut into batches: when no batch is pending and a slot is free, a
+batch forms as soon as ``batch_size`` have queued or the oldest has waited ``batch_window_ms``:
+the oldest ``batch_size`` by (``engine_priority``, arrival), so paying requests first
+(``auction.priority.batch_members``: a zero bid gains nothing from its place). A batch is
+ordered by ``scheduler`` (``dfs-bid``: the welfare-maximal DFS order of the prompts' radix tree)
+and leaves in that order as slots free; a pending batch always leaves before anything else, so a
+position once given is kept.
 
 Payments. For ``dfs-bid``, user i pays its VCG price p_i (``auction.vcg``), split over its
 requests R_i in the batch in proportion to their bids:
@@ -30,6 +32,7 @@ from typing import Final, Literal
 
 import numpy as np
 
+from auction.priority import batch_members
 from auction.request import Request
 from auction.run import run_auction
 from auction.schedulers import SCHEDULERS
@@ -282,8 +285,9 @@ class AdmissionQueue:
         )
 
     def _form_batch(self, now: float) -> None:
-        ids = list(self._waiting)[: self.settings.batch_size]
-        batch = [self._waiting.pop(rid).request for rid in ids]
+        waiting = list(self._waiting.values())
+        chosen = batch_members([q.request.bid for q in waiting], self.settings.batch_size)
+        batch = [self._waiting.pop(waiting[i].request.id).request for i in chosen]
         # The batch's number seeds the neutral ties of the bid-blind baselines: batches differ.
         result = run_auction(batch, self.settings.scheduler, seed=self.batches)
         shares = split_payments(result.payments, batch)

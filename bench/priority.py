@@ -11,13 +11,12 @@ calibration workload's value model) and the rest of the traffic is anonymous (bi
 on the same requests (same seed):
 
 - ``fcfs``: the engines' first-come queues, everything released at once, bids ignored;
-- ``priority``: the auction (``dfs-bid``, batches of 32 as the service's default, VCG prices),
-  each batch released in its order as it forms, and the engines' queues ordered by
-  ``auction.engine_priority`` (docs/design.md §1, "Priority reaches the engine"). Releasing only
-  what the workers can start now (``release_while_backlog_below`` = 1 or one per worker) was
-  measured too and bought the top bidder nothing on these deployments (TTFT P50 within 3% of
-  anonymous's): the queue then sits in batches formed in arrival order, where a bid competes
-  only with the 31 requests that arrived beside it, and it cost 4-6% of throughput.
+- ``priority``: the service's admission. The auction (``dfs-bid``, batches of 32 as the
+  service's default, VCG prices) cuts its batches paying requests first
+  (``auction.batch_members``) and releases while fewer than one prefill iteration's requests
+  (``next_iteration_slots``) wait at the engines unstarted, so the queue beyond what the
+  engines can start soon stays in front of the auction; the engines' queues are ordered by
+  ``auction.engine_priority`` (docs/design.md §1, "Priority reaches the engine").
 
 Per user, over the requests that arrived in the measured window (after the ramp): TTFT P50/P99,
 mean queue wait (arrival → release), payment per request, and how many never got a first token
@@ -27,14 +26,19 @@ deployment, on the mean over seeds: the top bidder's TTFT P50 and P99 each ≤ 0
 FCFS, and payment per request non-decreasing in the users' bid scale (a VCG price on the DFS
 order may break it; the report then shows the users and numbers) with some bidder paying.
 
-What it shows (3 seeds, 60 s). On both deployments requests wait in the prefill workers' queues,
-and the engines' priority moves every bidder ahead of anonymous traffic: the top bidder's TTFT is
-0.24× anonymous's at P50 and 0.27× at P99 on 1P/5D (C = 391, 1.97 vs 8.09 s at P50), 0.28× and
-0.32× on 2P/4D (C = 783, 2.22 vs 7.92 s), at 0.98× and 1.00× FCFS's throughput. What the bidders
-gain, anonymous traffic loses (its P50 rises from 6.2 s under FCFS to 8.1 and 7.9 s); payment per
-request rises with the bid (gold / silver / bronze 0.57 / 0.055 / 0.005 on 1P/5D, 0.60 / 0.074 /
-0.003 on 2P/4D). Bidders all gain about alike: the engines rank paying before non-paying, and
-among bidders the auction's order holds only within a batch of 32.
+What it shows (3 seeds, 60 s). Anonymous traffic waits in front of the auction (4.8 s on average
+before its release) while bidders wait about half a second: the top bidder's TTFT is 0.45×
+anonymous's at P50 and 0.41× at P99 on 1P/5D (C = 391, 3.36 vs 7.55 s at P50), 0.43× and 0.44×
+on 2P/4D (C = 783, 3.22 vs 7.51 s), at 0.98× and 1.00× FCFS's throughput; what the bidders gain,
+anonymous traffic loses (its P50 rises from 6.2 s under FCFS to 7.5 s). Payment per request
+rises with the bid (gold / silver / bronze 0.65 / 0.093 / 0.003 on 1P/5D, 0.64 / 0.12 / 0.002 on
+2P/4D). Bidders all gain about alike: paying requests form batches only with each other, and
+among them the oldest go first. Releasing everything at once and leaving the queue to the
+engines buys the top bidder more (0.24× at P50 on 1P/5D: a late bidder joins the very next
+prefill iteration instead of waiting for a slot), but the engines then hold every waiting
+request, and among bidders only the engines' arrival order counts; cutting batches in plain
+arrival order under the same release bound buys nothing (1.00×: a bidder waits behind every
+non-paying request that arrived before it).
 
     .venv/bin/python -m bench.priority [--seeds 3] [--seconds 60] [--reduced] [--progress] [--quiet]
 """
@@ -110,6 +114,15 @@ def saturation_concurrency(deployment: str) -> int:
     return round(OVERLOAD * population)
 
 
+def next_iteration_slots(deployment: str) -> int:
+    """What the prefill workers can start at their next iteration, n_P · B: the priority arm
+    releases while fewer wait routed and unstarted, as the service releases while fewer than
+    twice that (the batch running and the next) lack a first token
+    (``ServeConfig.prefill_slots_per_worker``)."""
+    profile = load_profile(PROFILE)
+    return Topology.parse(deployment).prefill * profile.prefill.max_batch_requests
+
+
 class ScaledBids:
     """The calibration workload's requests with each bidder's bid scaled by its ``USERS`` scale."""
 
@@ -128,8 +141,9 @@ def one_run(deployment: str, arm: str, seed: int, seconds: float) -> list[Reques
     admission: Admission
     if arm == "priority":
         admission = AuctionAdmission(
-            BATCH_SIZE, "dfs-bid", None, seed=seed, batch_window_s=BATCH_WINDOW_S
-        )
+            BATCH_SIZE, "dfs-bid", next_iteration_slots(deployment), seed=seed,
+            batch_window_s=BATCH_WINDOW_S,
+        )  # fmt: skip
         cluster = SimCluster(load_profile(PROFILE), deployment, seed=seed, admission=admission)
     else:
         admission = FcfsAdmission()

@@ -51,6 +51,7 @@ from cluster.serve.deployment import INGRESS_REPLICA_CPUS
 from cluster.serve.users import Users
 from cluster.sim.cluster import Topology
 from cluster.sim.profile import HardwareProfile, load_profile
+from controller.resplit import Pools
 
 if TYPE_CHECKING:
     from ray.serve import Application
@@ -238,10 +239,17 @@ class Service:
         ray.get(pg.ready(), timeout=READY_TIMEOUT_S)
         return start_worker(self._spec, role, worker_id, pg, self._lifetime)  # type: ignore[arg-type]
 
+    def _max_in_prefill(self) -> int:
+        """The auction's bound as configured, or as derived for the largest prefill pool a
+        re-split can make (every worker but one decode worker)."""
+        fixed = self.config.auction.max_in_prefill
+        workers = self.topology.prefill + self.topology.decode
+        return fixed or self.config.prefill_slots_per_worker() * workers
+
     def _control_options(self, role: str) -> dict[str, Any]:
         # Every queued admit holds one of the auction's concurrency slots while it waits.
         auction = self.config.auction
-        concurrency = auction.max_queue + auction.max_in_prefill + 1024
+        concurrency = auction.max_queue + self._max_in_prefill() + 1024
         # The auction owns the ledger and runs on Ray's head: the one node that holds a SQLite
         # ledger's volume, or a PostgreSQL ledger's password (the Helm chart gives either to
         # the head only). The head carries the GCS, so pinning costs no availability.
@@ -276,6 +284,8 @@ class Service:
                 ledger_schema=cfg.ledger_schema,
                 users=users,
                 lease_ttl_s=cfg.admission.lease_ttl_s,
+                slots_per_prefill_worker=cfg.prefill_slots_per_worker(),
+                prefill_workers=Pools(self.topology.prefill, self.topology.decode).prefilling,
                 **nats,
             ),
         )

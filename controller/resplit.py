@@ -53,6 +53,12 @@ class Pools:
     def __str__(self) -> str:
         return f"{self.prefill}P/{self.decode}D"
 
+    @property
+    def prefilling(self) -> int:
+        """Workers that run prefills: the prefill pool, or the decode workers when there is
+        none (0P/nD: each prefills its own requests)."""
+        return self.prefill if self.prefill > 0 else self.decode
+
 
 class PoolTarget(Protocol):
     """What the resplitter drives: the cluster's pools."""

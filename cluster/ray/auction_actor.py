@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
@@ -40,7 +41,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from auction.admission import AdmissionQueue, BatchOutcome, QueueFull, Release
+from auction.admission import SETTING_BOUNDS, AdmissionQueue, BatchOutcome, QueueFull, Release
 from auction.ledger import BudgetExceeded, LedgerError, UnknownAccountError
 from auction.realised import RealisedBatch, RealisedWelfare
 from auction.request import Request
@@ -88,14 +89,24 @@ class AuctionActor(ReplicaExchange):
         speedup: float = 1.0,
         epoch_wall: float | None = None,
         lease_ttl_s: float = LEASE_TTL_S,
+        slots_per_prefill_worker: int | None = None,
+        prefill_workers: int = 1,
     ) -> None:
         model = validate_model(AuctionSettingsModel, settings, "auction settings")
+        for name, value in (("slots_per_prefill_worker", slots_per_prefill_worker or 1),
+                            ("prefill_workers", prefill_workers)):  # fmt: skip
+            if type(value) is not int or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        # max_in_prefill derived (the config leaves it out): what the prefill workers can start
+        # soon, following re-splits (set_prefill_workers); fixed when the config gives it.
+        self._per_worker = None if model.max_in_prefill is not None else slots_per_prefill_worker
+        derived = self._derived_slots(prefill_workers)
+        self.settings = model.to_settings(derived) if derived else model.to_settings()
         self._instance = uuid.uuid4().hex[:8]  # hold and batch ids stay unique across restarts
         self._leases = LeaseBook(
-            max_in_prefill=model.max_in_prefill, ttl_s=lease_ttl_s, prefix=self._instance
+            max_in_prefill=self.settings.max_in_prefill, ttl_s=lease_ttl_s, prefix=self._instance
         )
         accounts = [validate_model(UserAccount, u, f"users[{k}]") for k, u in enumerate(users)]
-        self.settings = model.to_settings()
         self.namespace = namespace
         self._nats_url = nats_url
         self._queue = AdmissionQueue(self.settings, batch_prefix=f"auction-{self._instance}")
@@ -136,6 +147,28 @@ class AuctionActor(ReplicaExchange):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
         metrics.AUCTION_QUEUE_DEPTH.set(0)
+
+    def _derived_slots(self, prefill_workers: int) -> int | None:
+        """max_in_prefill for ``prefill_workers`` (at least 1: a pool emptied by a re-split
+        still lets one request through), or None when the config fixes it."""
+        if self._per_worker is None:
+            return None
+        low, high = SETTING_BOUNDS["max_in_prefill"]
+        return int(min(max(self._per_worker * prefill_workers, low), high))
+
+    async def set_prefill_workers(self, count: int) -> int:
+        """The prefill pool now has ``count`` workers (a re-split moved one): a derived
+        ``max_in_prefill`` follows it. Returns the bound in force."""
+        if type(count) is not int or not 0 <= count <= 100_000:
+            raise ValueError(f"count must be an int in [0, 100000], got {count!r}")
+        derived = self._derived_slots(count)
+        if derived is not None and derived != self.settings.max_in_prefill:
+            self.settings = dataclasses.replace(self.settings, max_in_prefill=derived)
+            self._queue.settings = self.settings
+            self._leases.max_in_prefill = derived
+            self._queue.set_leased(min(self._queue.leased, derived))
+            self._pump()  # more slots may release what waits now
+        return self.settings.max_in_prefill
 
     def _open_accounts(self, users: list[UserAccount]) -> None:
         for user in users:
@@ -421,6 +454,7 @@ class AuctionActor(ReplicaExchange):
             "queue_depth": self._queue.depth,
             "in_flight": len(self._entries),
             "in_prefill": self._queue.in_prefill,
+            "max_in_prefill": self.settings.max_in_prefill,
             "leases": self._leases.slots(),
             "regime": self._queue.regime,
             "batches": self._queue.batches,

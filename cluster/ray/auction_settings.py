@@ -29,16 +29,23 @@ class AuctionSettingsModel(StrictModel):
     queue_threshold: int = Field(
         _D.queue_threshold, ge=_B["queue_threshold"][0], le=_B["queue_threshold"][1]
     )
-    max_in_prefill: int = Field(
-        _D.max_in_prefill, ge=_B["max_in_prefill"][0], le=_B["max_in_prefill"][1]
+    # None (the default): derived from the engines' batch capacity by the composition root
+    # (``cluster.service.prefill_slots_per_worker`` per prefill worker, following re-splits);
+    # a number fixes it.
+    max_in_prefill: int | None = Field(
+        None, ge=_B["max_in_prefill"][0], le=_B["max_in_prefill"][1]
     )
     scheduler: Literal["dfs-bid", "dfs-uniform", "dfs-weight", "bid-sort", "no-sort"] = (
         _D.scheduler  # type: ignore[assignment]  # the dataclass's str; the Literal checks it
     )
     max_queue: int = Field(_D.max_queue, ge=_B["max_queue"][0], le=_B["max_queue"][1])
 
-    def to_settings(self) -> AuctionSettings:
-        return AuctionSettings(**self.model_dump())
+    def to_settings(self, derived_max_in_prefill: int = _D.max_in_prefill) -> AuctionSettings:
+        """The dataclass, ``max_in_prefill`` given or else ``derived_max_in_prefill``."""
+        values = self.model_dump()
+        if values["max_in_prefill"] is None:
+            values["max_in_prefill"] = derived_max_in_prefill
+        return AuctionSettings(**values)
 
 
 # The Literal above names every scheduler the auction knows, and nothing else.

@@ -50,7 +50,7 @@ from cluster.ray.pools import ActorPools, Launcher
 from cluster.ray.worker_factory import WorkerSpec
 from controller.controller import Controller, RegimeChange
 from controller.detector import SaturationDetector
-from controller.resplit import ResplitDecision, Resplitter
+from controller.resplit import Pools, ResplitDecision, Resplitter
 from telemetry.metrics import POOL_WORKERS
 
 __all__ = ["DEFAULT_THETA_S", "ControllerActor", "ControllerSettings"]
@@ -160,6 +160,7 @@ class ControllerActor:
         self._regime_pending: str | None = None
         self.delivered_version = 0  # newest version the router acknowledged
         self.delivered_regime: str | None = None  # newest regime the auction acknowledged
+        self.delivered_prefill: int | None = None  # prefill workers the auction last heard of
         self.push_failures = 0
         self.observed = 0
         self.errors = 0  # first_token events the detector refused
@@ -247,6 +248,7 @@ class ControllerActor:
                 self._discovered = True
                 self.pools.discover()
             rate = self.arrivals.rate(now)
+            await self._sync_prefill_slots()
         self.last_signals = signals if rate is None else {**signals, "arrival_rate": rate}
         self.controller.tick(now, **signals, arrival_rate=rate)
         self.ticks += 1
@@ -254,6 +256,17 @@ class ControllerActor:
             del self.controller.changes[:-MAX_CHANGES]
         self._kick_push()
         return self._snapshot()
+
+    async def _sync_prefill_slots(self) -> None:
+        """Tell the auction how many workers prefill now, so a derived ``max_in_prefill``
+        follows a re-split (``AuctionActor.set_prefill_workers``); again until it is heard."""
+        assert self.pools is not None
+        workers = self.pools.workers
+        count = Pools(len(workers["prefill"]), len(workers["decode"])).prefilling
+        if count != self.delivered_prefill and await self._deliver(
+            self.auction, "set_prefill_workers", count
+        ):
+            self.delivered_prefill = count
 
     async def _ask(self, handle: Any, method: str) -> Any:
         """``handle.method()`` within the call timeout, or None (missing, failed or slow)."""

@@ -24,10 +24,13 @@ from cluster.models import StrictModel, load_yaml_model
 from cluster.ray.auction_settings import AuctionSettingsModel
 from cluster.ray.controller_actor import ControllerSettings
 from cluster.serve.limits import LimitSettings
-from cluster.sim.profile import available_profiles, normalise_topology
+from cluster.sim.profile import available_profiles, load_profile, normalise_topology
 from cluster.sim.wallclock import MAX_SPEEDUP, MIN_SPEEDUP
 
 __all__ = ["DEFAULT_CONFIG", "ServeConfig", "load_config"]
+
+
+DYNAMO_DEFAULT_MAX_NUM_SEQS = 256  # dynamo.mocker's and vLLM's default --max-num-seqs
 
 
 def _known_profile(name: str) -> str:
@@ -113,6 +116,20 @@ class ServeConfig(StrictModel):
                 f"({self.model_name!r}): the ingress serves the model the workers load"
             )
         return self
+
+    def prefill_slots_per_worker(self) -> int:
+        """Released requests each prefill worker may hold without a first token when the
+        auction's ``max_in_prefill`` is derived: twice what one prefill iteration takes (the
+        profile's ``max_batch_requests``; Dynamo's ``max_num_seqs``, 256 by default in the
+        mocker and vLLM), the batch running and the next one waiting. Fewer and the engine
+        idles between iterations (a batch forms only from what was released before it starts);
+        more and the queue leaves the auction for the engine, where only paying versus
+        non-paying counts (docs/design.md §1, "Priority reaches the engine")."""
+        if self.backend == "dynamo":
+            per_iteration = self.dynamo.max_num_seqs or DYNAMO_DEFAULT_MAX_NUM_SEQS
+        else:
+            per_iteration = load_profile(self.profile).prefill.max_batch_requests
+        return 2 * per_iteration
 
 
 DEFAULT_CONFIG = ServeConfig()

@@ -18,7 +18,8 @@ For a queue that is all there at once (``cluster.sim.auction_queue``) ``None`` i
 behaviour: a batch's order is handed to the worker, which starts its requests in that order as
 memory frees.
 
-``AuctionAdmission`` holds the queue, auctions it in batches of up to n (arrival order) and
+``AuctionAdmission`` holds the queue, auctions it in batches of up to n (paying requests first,
+then arrival order: ``auction.priority.batch_members``, as the service cuts its batches) and
 releases each batch in auction order; for ``dfs-bid`` each request carries its user's VCG payment
 share.
 """
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from auction import Request, get_scheduler, run_auction
+from auction.priority import batch_members
 from telemetry import metrics
 
 if TYPE_CHECKING:
@@ -97,10 +99,11 @@ class FcfsAdmission(Admission):
 class AuctionAdmission(Admission):
     """Auctioned batches of up to ``batch_size``, released in auction order.
 
-    When the current batch is used up and requests wait, the next ``batch_size`` of them (arrival
-    order) are ordered by ``scheduler``; its requests then leave one at a time while the backlog
-    is below ``release_while_backlog_below`` (default 1: the workers start the batch in auction
-    order, one new request per iteration; ``None``: the whole batch at once). Below saturation
+    When the current batch is used up and requests wait, the next ``batch_size`` of them (paying
+    ones first, then by arrival: ``batch_members``) are ordered by ``scheduler``; its requests
+    then leave one at a time while the backlog is below ``release_while_backlog_below`` (default
+    1: the workers start the batch in auction order, one new request per iteration; ``None``:
+    the whole batch at once). Below saturation
     nothing waits and a batch is a single request: FCFS pass-through. Batch k of the bid-blind
     schedulers draws its neutral ties from ``batch_seed(seed, k)``.
 
@@ -176,9 +179,11 @@ class AuctionAdmission(Admission):
         self.cluster.loop.after(at - self.cluster.now, wake)
 
     def _auction_next_batch(self) -> None:
-        take = [self.waiting.popleft() for _ in range(min(self.batch_size, len(self.waiting)))]
-        for _ in take:
-            self._arrived.popleft()
+        waiting, arrived = list(self.waiting), list(self._arrived)
+        chosen = set(batch_members([r.bid for r in waiting], self.batch_size))
+        take = [waiting[i] for i in sorted(chosen)]
+        self.waiting = deque(r for i, r in enumerate(waiting) if i not in chosen)
+        self._arrived = deque(t for i, t in enumerate(arrived) if i not in chosen)
         batch = [
             Request(r.request_id, r.user, r.tokens, r.bid, arrival=self._arrivals + k)
             for k, r in enumerate(take)

@@ -1,9 +1,9 @@
 """A queue of Q requests through the auction on the simulator (docs/design.md §8, "auction").
 
 All Q requests of a workload arrive at t = 0 in their arrival order. ``AuctionAdmission`` cuts
-the queue into batches of n (arrival order), orders each with the scheduler, and hands the
-batches, back to back, to one worker: the order the auctions planned. The simulator then says
-when each request's first token came out, and from that:
+the queue into batches of n (arrival order, paying requests first), orders each with the
+scheduler, and hands the batches, back to back, to one worker: the order the auctions planned.
+The simulator then says when each request's first token came out, and from that:
 
 - realised welfare: W = Σ_r b_r·x_r with x_r = (Q − pos_r)/(Q − 1), pos_r the rank of r's
   TTFT among all Q (equal TTFTs share the average rank: requests started in one iteration
@@ -40,6 +40,7 @@ from auction import (
     welfare,
     welfare_pct_above_half,
 )
+from auction.priority import batch_members
 from cluster.sim.admission import AuctionAdmission, batch_seed
 from cluster.sim.cluster import SimCluster
 from cluster.sim.profile import HardwareProfile, load_profile
@@ -107,19 +108,24 @@ class QueuePlan:
 def plan_queue(
     workload: Workload, scheduler_name: str, batch_size: int, *, seed: int = 0
 ) -> QueuePlan:
-    """Batches of ``batch_size`` in arrival order, each auctioned as ``AuctionAdmission`` does
-    (batch k's neutral ties from ``batch_seed(seed, k)``)."""
+    """Batches of ``batch_size`` cut as ``AuctionAdmission`` cuts them (paying requests first,
+    then arrival order: ``batch_members``), each auctioned as it does (batch k's neutral ties
+    from ``batch_seed(seed, k)``)."""
     get_scheduler(scheduler_name)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     queue = sorted(workload.requests, key=lambda r: r.arrival)
-    results = []
-    for k, start in enumerate(range(0, len(queue), batch_size)):
+    waiting, start = list(queue), 0
+    results: list[AuctionResult] = []
+    while waiting:
+        chosen = set(batch_members([r.bid for r in waiting], batch_size))
         batch = [
             Request(r.id, r.user, r.token_array, r.bid, arrival=start + j)
-            for j, r in enumerate(queue[start : start + batch_size])
+            for j, r in enumerate(r for i, r in enumerate(waiting) if i in chosen)
         ]
-        results.append(run_auction(batch, scheduler_name, seed=batch_seed(seed, k)))
+        waiting = [r for i, r in enumerate(waiting) if i not in chosen]
+        results.append(run_auction(batch, scheduler_name, seed=batch_seed(seed, len(results))))
+        start += len(batch)
     order = tuple(rid for result in results for rid in result.order)
     bid_of = {r.id: r.bid for r in queue}
     bids = np.array([bid_of[rid] for rid in order], dtype=np.float64)

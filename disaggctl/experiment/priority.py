@@ -6,8 +6,8 @@ it serves with full prefill batches and no queue (``bench.priority.saturation_co
 Three users bid on scales two orders of magnitude apart (gold 10, silver 1, bronze 0.1, each
 request's bid the scale times a 1 + Pareto(1.5) draw) and the rest of the traffic is anonymous.
 Two arms on the same requests: ``fcfs`` (first-come engines, bids ignored) and ``priority`` (the
-auction's batches, VCG prices, and the engines' queues ordered by ``engine_priority``: bidders
-before non-payers).
+service's admission: batches cut paying requests first, VCG prices, released while fewer than one
+prefill iteration's requests wait at the engines, whose queues put bidders before non-payers).
 Per user: TTFT P50 and P99 and payment per request, over the requests that arrived in the hold.
 """
 

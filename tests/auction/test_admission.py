@@ -230,3 +230,14 @@ def test_a_batch_reports_each_users_value_and_they_add_up_to_its_welfare() -> No
         by_hand[user] = by_hand.get(user, 0.0) + BIDS[r.request_id] * x
     assert outcome.user_welfare == pytest.approx(by_hand)
     assert sum(outcome.user_welfare.values()) == pytest.approx(outcome.welfare)
+
+
+def test_a_batch_takes_the_paying_requests_first_then_fills_up_in_arrival_order() -> None:
+    queue = _queue(batch_size=3, queue_threshold=0, max_in_prefill=1000)
+    for k, bid in enumerate([0.0, 0.0, 2.0, 0.0, 1.0, 0.0]):
+        queue.enqueue(f"r{k}", f"u{k}", bid, [k + 1], now=0.0)
+    first = queue.releasable(now=1.0)  # the window has passed: both batches form in turn
+    batches = queue.pop_batches()
+    assert set(batches[0].order) == {"r2", "r4", "r0"}  # both bidders, then the oldest non-payer
+    assert set(batches[1].order) == {"r1", "r3", "r5"}
+    assert [r.request_id for r in first][:3] == list(batches[0].order)

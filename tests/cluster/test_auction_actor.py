@@ -277,7 +277,7 @@ def test_settings_and_users_are_validated_at_the_edge(tmp_path: Path) -> None:
         "batch_size": 32,
         "batch_window_ms": 50.0,
         "queue_threshold": 8,
-        "max_in_prefill": 64,
+        "max_in_prefill": None,  # derived from the engines' batches (test below)
         "scheduler": "dfs-bid",
         "max_queue": 10_000,
     }
@@ -293,6 +293,36 @@ def test_settings_and_users_are_validated_at_the_edge(tmp_path: Path) -> None:
             users=[{"name": "x", "budget": -1.0}],
             nats_url=None,
         )
+
+
+def test_a_derived_max_in_prefill_follows_the_prefill_pool_and_a_fixed_one_stays(
+    tmp_path: Path,
+) -> None:
+    def actor(**settings: Any) -> AuctionActor:
+        return AuctionActor(
+            settings=settings, ledger=str(tmp_path / "l.db"), users=USERS, nats_url=None,
+            slots_per_prefill_worker=128, prefill_workers=1,
+        )  # fmt: skip
+
+    async def main() -> None:
+        derived = actor()
+        fixed = actor(max_in_prefill=16)
+        try:
+            assert derived.settings.max_in_prefill == 128 and derived._leases.max_in_prefill == 128
+            assert await derived.set_prefill_workers(2) == 256  # a re-split added one
+            assert derived._queue.slots == 256 and derived._leases.max_in_prefill == 256
+            assert await derived.set_prefill_workers(0) == 1  # never closed entirely
+            assert await fixed.set_prefill_workers(3) == 16  # the config's number stands
+            with pytest.raises(ValueError, match="count"):
+                await derived.set_prefill_workers(-1)
+        finally:
+            await derived.shutdown()
+            await fixed.shutdown()
+
+    asyncio.run(main())
+    with pytest.raises(ValueError, match="prefill_workers"):
+        AuctionActor(settings={}, ledger=str(tmp_path / "l.db"), users=USERS, nats_url=None,
+                     prefill_workers=-1)  # fmt: skip
 
 
 def test_a_caller_cancelled_mid_reserve_leaves_no_hold(tmp_path: Path) -> None:

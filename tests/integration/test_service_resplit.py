@@ -145,6 +145,14 @@ def test_resplit_moves_a_decode_worker_to_prefill_without_losing_requests(
             )
 
         until(moved, 10, "the re-split on /metrics")
+
+        # The auction's derived bound follows the prefill pool (the controller tells it).
+        def slots() -> int:
+            auction = ray.get(h.auction.stats.remote(), timeout=HTTP_TIMEOUT_S)
+            return int(auction["max_in_prefill"])
+
+        per_worker = live_service.service.config.prefill_slots_per_worker()
+        until(lambda: slots() == 2 * per_worker, 10, "max_in_prefill for two prefill workers")
     finally:
         # Back to 1P/2D with the same ids, for whatever runs after on the shared service.
         snap = ray.get(h.controller.snapshot.remote(), timeout=HTTP_TIMEOUT_S)

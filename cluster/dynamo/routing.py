@@ -28,6 +28,7 @@ import os
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
+from auction.priority import NON_PAYING
 from cluster.dynamo.install import require_dynamo
 from cluster.dynamo.settings import DynamoSettings, dynamo_env
 from cluster.serve.backend import WorkerFailed
@@ -168,12 +169,15 @@ class DynamoRoutes:
         stop_conditions: dict[str, Any],
     ) -> dict[str, Any]:  # fmt: skip
         """A preprocessed request for ``instance`` (``generate_from_request``), ``priority``
-        negated into the routing hint (see ``decode``)."""
+        negated into the routing hint (see ``decode``) and as the router queue's tier
+        (``strict_priority``, unsigned, a higher tier first: paying requests 1, the rest 0),
+        which orders Dynamo's router queue where it queues (``--router-queue-threshold``)."""
         return {
             "token_ids": tokens, "model": self.model_name, "stop_conditions": stop_conditions,
             "sampling_options": {}, "output_options": {}, "eos_token_ids": [],
             "annotations": [], "router_config_override": dict(override),
-            "routing": {"backend_instance_id": instance, "priority": -priority},
+            "routing": {"backend_instance_id": instance, "priority": -priority,
+                        "strict_priority": max(NON_PAYING - priority, 0)},
         }  # fmt: skip
 
     async def prefill(

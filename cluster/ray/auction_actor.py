@@ -100,6 +100,7 @@ class AuctionActor(ReplicaExchange):
         # max_in_prefill derived (the config leaves it out): what the prefill workers can start
         # soon, following re-splits (set_prefill_workers); fixed when the config gives it.
         self._per_worker = None if model.max_in_prefill is not None else slots_per_prefill_worker
+        self.prefill_workers = prefill_workers
         derived = self._derived_slots(prefill_workers)
         self.settings = model.to_settings(derived) if derived else model.to_settings()
         self._instance = uuid.uuid4().hex[:8]  # hold and batch ids stay unique across restarts
@@ -161,6 +162,7 @@ class AuctionActor(ReplicaExchange):
         ``max_in_prefill`` follows it. Returns the bound in force."""
         if type(count) is not int or not 0 <= count <= 100_000:
             raise ValueError(f"count must be an int in [0, 100000], got {count!r}")
+        self.prefill_workers = count
         derived = self._derived_slots(count)
         if derived is not None and derived != self.settings.max_in_prefill:
             self.settings = dataclasses.replace(self.settings, max_in_prefill=derived)
@@ -455,6 +457,7 @@ class AuctionActor(ReplicaExchange):
             "in_flight": len(self._entries),
             "in_prefill": self._queue.in_prefill,
             "max_in_prefill": self.settings.max_in_prefill,
+            "prefill_workers": self.prefill_workers,  # what the bound was derived for
             "leases": self._leases.slots(),
             "regime": self._queue.regime,
             "batches": self._queue.batches,

@@ -160,7 +160,7 @@ class ControllerActor:
         self._regime_pending: str | None = None
         self.delivered_version = 0  # newest version the router acknowledged
         self.delivered_regime: str | None = None  # newest regime the auction acknowledged
-        self.delivered_prefill: int | None = None  # prefill workers the auction last heard of
+        self.auction_stats: dict[str, Any] = {}  # the auction's stats, read every tick
         self.push_failures = 0
         self.observed = 0
         self.errors = 0  # first_token events the detector refused
@@ -258,15 +258,15 @@ class ControllerActor:
         return self._snapshot()
 
     async def _sync_prefill_slots(self) -> None:
-        """Tell the auction how many workers prefill now, so a derived ``max_in_prefill``
-        follows a re-split (``AuctionActor.set_prefill_workers``); again until it is heard."""
+        """Tell the auction how many workers prefill now whenever its stats (read this tick)
+        say otherwise, so a derived ``max_in_prefill`` follows a re-split, and a restarted
+        auction learns the pools it was not built with (``AuctionActor.set_prefill_workers``)."""
         assert self.pools is not None
         workers = self.pools.workers
         count = Pools(len(workers["prefill"]), len(workers["decode"])).prefilling
-        if count != self.delivered_prefill and await self._deliver(
-            self.auction, "set_prefill_workers", count
-        ):
-            self.delivered_prefill = count
+        known = self.auction_stats.get("prefill_workers")
+        if isinstance(known, int) and known != count:
+            await self._deliver(self.auction, "set_prefill_workers", count)
 
     async def _ask(self, handle: Any, method: str) -> Any:
         """``handle.method()`` within the call timeout, or None (missing, failed or slow)."""
@@ -315,6 +315,7 @@ class ControllerActor:
 
     async def _queue_depth(self) -> float | None:
         stats = await self._ask(self.auction, "stats")
+        self.auction_stats = stats if isinstance(stats, dict) else {}
         return _signal(stats.get("queue_depth")) if isinstance(stats, dict) else None
 
     async def _poa_values(self) -> dict[str, float | None]:

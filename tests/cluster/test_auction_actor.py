@@ -311,6 +311,8 @@ def test_a_derived_max_in_prefill_follows_the_prefill_pool_and_a_fixed_one_stays
             assert derived.settings.max_in_prefill == 128 and derived._leases.max_in_prefill == 128
             assert await derived.set_prefill_workers(2) == 256  # a re-split added one
             assert derived._queue.slots == 256 and derived._leases.max_in_prefill == 256
+            stats = await derived.stats()  # what the controller compares with its pools
+            assert (stats["max_in_prefill"], stats["prefill_workers"]) == (256, 2)
             assert await derived.set_prefill_workers(0) == 1  # never closed entirely
             assert await fixed.set_prefill_workers(3) == 16  # the config's number stands
             with pytest.raises(ValueError, match="count"):

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from auction.priority import NON_PAYING, PAYING
 from cluster.dynamo import install
 from cluster.dynamo.install import DynamoMissingError, dynamo_available, require_dynamo
 from cluster.dynamo.process import (
@@ -18,6 +19,7 @@ from cluster.dynamo.process import (
     parse_metrics,
     read_log_tail,
 )
+from cluster.dynamo.routing import DynamoRoutes
 from cluster.dynamo.settings import (
     DynamoSettings,
     dynamo_env,
@@ -220,3 +222,15 @@ def test_a_vllm_worker_gets_its_placements_tp_unless_the_config_sets_it() -> Non
     with pytest.raises(ValueError, match="not a Dynamo service"):
         sim = spec(DynamoSettings().model_dump()).model_copy(update={"dynamo": None})
         dynamo_worker_settings(sim)
+
+
+def test_a_request_carries_its_priority_for_the_engine_and_the_router_queue() -> None:
+    routes = DynamoRoutes(DynamoSettings(), nats_url="nats://127.0.0.1:4222",
+                          discovery_dir="/nonexistent", model_name="disagg-tiny")  # fmt: skip
+    paying = routes._request([1, 2], 7, {"router_temperature": 0.5}, PAYING, {"max_tokens": 1})
+    free = routes._request([1, 2], 7, {}, NON_PAYING, {"max_tokens": 1})
+    # vLLM serves the larger hint first (dynamo.vllm negates it); the router queue's tier is
+    # unsigned, a higher one first.
+    assert paying["routing"] == {"backend_instance_id": 7, "priority": 0, "strict_priority": 1}
+    assert free["routing"] == {"backend_instance_id": 7, "priority": -1, "strict_priority": 0}
+    assert paying["router_config_override"] == {"router_temperature": 0.5}

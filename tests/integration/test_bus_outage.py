@@ -81,6 +81,11 @@ def test_publishing_through_an_outage_never_raises_and_counts_honestly() -> None
     assert pub.send_dropped["buffer_full"] > 0  # the bounded buffer overflowed, and said so
     assert set(pub.send_dropped) <= {"buffer_full"}
     assert received == sorted(received) and len(set(received)) == len(received)  # in order
-    # End to end: every attempt took a number, so each one is received or counted as a gap.
-    assert len(received) + sub.dropped["gap"] == attempted
+    # End to end: every attempt took a number, so each one from the subscriber's first message
+    # on is received or counted as a gap. What went out before that first message is nobody's
+    # gap (a late joiner counts nothing before it: on a busy machine the first few messages can
+    # beat the subscription to the server).
+    first = received[0]
+    assert first < 100  # the outage waited for 100 received messages
+    assert len(received) + sub.dropped["gap"] == attempted - first
     assert received[-1] == attempted - 1

@@ -32,7 +32,7 @@ from typing import Final, Literal
 
 import numpy as np
 
-from auction.priority import batch_members
+from auction.priority import take_batch
 from auction.request import Request
 from auction.run import run_auction
 from auction.schedulers import SCHEDULERS
@@ -285,9 +285,10 @@ class AdmissionQueue:
         )
 
     def _form_batch(self, now: float) -> None:
-        waiting = list(self._waiting.values())
-        chosen = batch_members([q.request.bid for q in waiting], self.settings.batch_size)
-        batch = [self._waiting.pop(waiting[i].request.id).request for i in chosen]
+        taken, _ = take_batch(
+            list(self._waiting.values()), lambda q: q.request.bid, self.settings.batch_size
+        )
+        batch = [self._waiting.pop(q.request.id).request for q in taken]
         # The batch's number seeds the neutral ties of the bid-blind baselines: batches differ.
         result = run_auction(batch, self.settings.scheduler, seed=self.batches)
         shares = split_payments(result.payments, batch)

@@ -23,10 +23,12 @@ arrived before it, and the engines could reorder only the few already released.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Callable, Sequence
+from typing import Final, TypeVar
 
-__all__ = ["NON_PAYING", "PAYING", "batch_members", "engine_priority"]
+__all__ = ["NON_PAYING", "PAYING", "batch_members", "engine_priority", "take_batch"]
+
+T = TypeVar("T")
 
 PAYING: Final = 0
 NON_PAYING: Final = 1
@@ -55,3 +57,17 @@ def batch_members(bids: Sequence[float], batch_size: int) -> list[int]:
         rest = [i for i, b in enumerate(bids) if not b > 0][: batch_size - len(paying)]
         return sorted(paying + rest)
     return paying
+
+
+def take_batch(
+    queue: Sequence[T], bid: Callable[[T], float], batch_size: int
+) -> tuple[list[T], list[T]]:
+    """(the next batch, what stays queued) of ``queue`` in arrival order, both in arrival
+    order: ``batch_members`` over ``bid`` of each item.
+
+    >>> take_batch(["a", "B", "c", "D"], lambda x: float(x.isupper()), 3)
+    (['a', 'B', 'D'], ['c'])
+    """
+    chosen = set(batch_members([bid(item) for item in queue], batch_size))
+    taken = [item for i, item in enumerate(queue) if i in chosen]
+    return taken, [item for i, item in enumerate(queue) if i not in chosen]

@@ -13,9 +13,9 @@ on the same requests (same seed):
 - ``fcfs``: the engines' first-come queues, everything released at once, bids ignored;
 - ``priority``: the service's admission. The auction (``dfs-bid``, batches of 32 as the
   service's default, VCG prices) cuts its batches paying requests first
-  (``auction.batch_members``) and releases while fewer than one prefill iteration's requests
-  (``next_iteration_slots``) wait at the engines unstarted, so the queue beyond what the
-  engines can start soon stays in front of the auction; the engines' queues are ordered by
+  (``auction.priority.batch_members``) and releases while fewer than one prefill iteration's
+  requests (``next_iteration_slots``) wait at the engines unstarted, so the queue beyond what
+  the engines can start soon stays in front of the auction; the engines' queues are ordered by
   ``auction.engine_priority`` (docs/design.md §1, "Priority reaches the engine").
 
 Per user, over the requests that arrived in the measured window (after the ramp): TTFT P50/P99,
@@ -103,15 +103,22 @@ def saturation_concurrency(deployment: str) -> int:
     request joins the next batch, so there is no order to sell; at twice it, about half the
     clients wait for a later batch, the same overload on both deployments."""
     profile = load_profile(PROFILE)
-    topology = Topology.parse(deployment)
+    batch, iteration = full_prefill_batch()
+    population = (Topology.parse(deployment).prefill * batch / iteration) * (
+        1.5 * iteration + (profile.workload.output_tokens - 1) * profile.decode.d0_s
+    )
+    return round(OVERLOAD * population)
+
+
+def full_prefill_batch() -> tuple[int, float]:
+    """(B, T): the requests of one full prefill batch of the workload (``max_batch_requests``,
+    or fewer where ``max_batch_tokens`` binds first) and that iteration's seconds, each request
+    computing its ``input_tokens − template_tokens`` new tokens after the cached template."""
+    profile = load_profile(PROFILE)
     w, pm = profile.workload, profile.prefill
     new = w.input_tokens - w.template_tokens
     batch = min(pm.max_batch_requests, pm.max_batch_tokens // new)
-    iteration = pm.iteration_s([(new, w.template_tokens)] * batch)
-    population = (topology.prefill * batch / iteration) * (
-        1.5 * iteration + (w.output_tokens - 1) * profile.decode.d0_s
-    )
-    return round(OVERLOAD * population)
+    return batch, pm.iteration_s([(new, w.template_tokens)] * batch)
 
 
 def next_iteration_slots(deployment: str) -> int:
@@ -119,8 +126,7 @@ def next_iteration_slots(deployment: str) -> int:
     releases while fewer wait routed and unstarted, as the service releases while fewer than
     twice that (the batch running and the next) lack a first token
     (``ServeConfig.prefill_slots_per_worker``)."""
-    profile = load_profile(PROFILE)
-    return Topology.parse(deployment).prefill * profile.prefill.max_batch_requests
+    return Topology.parse(deployment).prefill * full_prefill_batch()[0]
 
 
 class ScaledBids:

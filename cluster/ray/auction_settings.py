@@ -30,7 +30,7 @@ class AuctionSettingsModel(StrictModel):
         _D.queue_threshold, ge=_B["queue_threshold"][0], le=_B["queue_threshold"][1]
     )
     # None (the default): derived from the engines' batch capacity by the composition root
-    # (``cluster.service.prefill_slots_per_worker`` per prefill worker, following re-splits);
+    # (``ServeConfig.prefill_slots_per_worker`` per prefill worker, following re-splits);
     # a number fixes it.
     max_in_prefill: int | None = Field(
         None, ge=_B["max_in_prefill"][0], le=_B["max_in_prefill"][1]

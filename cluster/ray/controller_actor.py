@@ -50,7 +50,7 @@ from cluster.ray.pools import ActorPools, Launcher
 from cluster.ray.worker_factory import WorkerSpec
 from controller.controller import Controller, RegimeChange
 from controller.detector import SaturationDetector
-from controller.resplit import Pools, ResplitDecision, Resplitter
+from controller.resplit import ResplitDecision, Resplitter
 from telemetry.metrics import POOL_WORKERS
 
 __all__ = ["DEFAULT_THETA_S", "ControllerActor", "ControllerSettings"]
@@ -262,8 +262,7 @@ class ControllerActor:
         say otherwise, so a derived ``max_in_prefill`` follows a re-split, and a restarted
         auction learns the pools it was not built with (``AuctionActor.set_prefill_workers``)."""
         assert self.pools is not None
-        workers = self.pools.workers
-        count = Pools(len(workers["prefill"]), len(workers["decode"])).prefilling
+        count = self.pools.pools().prefilling
         known = self.auction_stats.get("prefill_workers")
         if isinstance(known, int) and known != count:
             await self._deliver(self.auction, "set_prefill_workers", count)

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from auction import Request, get_scheduler, run_auction
-from auction.priority import batch_members
+from auction.priority import take_batch
 from telemetry import metrics
 
 if TYPE_CHECKING:
@@ -179,11 +179,13 @@ class AuctionAdmission(Admission):
         self.cluster.loop.after(at - self.cluster.now, wake)
 
     def _auction_next_batch(self) -> None:
-        waiting, arrived = list(self.waiting), list(self._arrived)
-        chosen = set(batch_members([r.bid for r in waiting], self.batch_size))
-        take = [waiting[i] for i in sorted(chosen)]
-        self.waiting = deque(r for i, r in enumerate(waiting) if i not in chosen)
-        self._arrived = deque(t for i, t in enumerate(arrived) if i not in chosen)
+        taken, kept = take_batch(
+            list(zip(self.waiting, self._arrived, strict=True)), lambda w: w[0].bid,
+            self.batch_size,
+        )  # fmt: skip
+        take = [r for r, _ in taken]
+        self.waiting = deque(r for r, _ in kept)
+        self._arrived = deque(t for _, t in kept)
         batch = [
             Request(r.request_id, r.user, r.tokens, r.bid, arrival=self._arrivals + k)
             for k, r in enumerate(take)

@@ -40,7 +40,7 @@ from auction import (
     welfare,
     welfare_pct_above_half,
 )
-from auction.priority import batch_members
+from auction.priority import take_batch
 from cluster.sim.admission import AuctionAdmission, batch_seed
 from cluster.sim.cluster import SimCluster
 from cluster.sim.profile import HardwareProfile, load_profile
@@ -118,12 +118,11 @@ def plan_queue(
     waiting, start = list(queue), 0
     results: list[AuctionResult] = []
     while waiting:
-        chosen = set(batch_members([r.bid for r in waiting], batch_size))
+        taken, waiting = take_batch(waiting, lambda r: r.bid, batch_size)
         batch = [
             Request(r.id, r.user, r.token_array, r.bid, arrival=start + j)
-            for j, r in enumerate(r for i, r in enumerate(waiting) if i in chosen)
+            for j, r in enumerate(taken)
         ]
-        waiting = [r for i, r in enumerate(waiting) if i not in chosen]
         results.append(run_auction(batch, scheduler_name, seed=batch_seed(seed, len(results))))
         start += len(batch)
     order = tuple(rid for result in results for rid in result.order)

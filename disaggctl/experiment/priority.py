@@ -103,9 +103,9 @@ def describe(data: dict[str, Any]) -> str:
             f"throughput, paying {fmt(gold['payment_per_request'])} per request"
         )
     return (
-        "With priority, " + "; ".join(parts) + ". A bid buys latency only where requests wait "
-        "in an engine's queue: where every waiting request joins the next batch there is no "
-        "order to buy (docs/design.md §1)."
+        "With priority, " + "; ".join(parts) + ". A bid buys latency only where requests queue "
+        "(in front of the auction or in an engine): where every waiting request joins the next "
+        "batch there is no order to buy (docs/design.md §1)."
     )
 
 

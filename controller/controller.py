@@ -6,10 +6,12 @@ forwards to one), so a policy change reaches routing without restarting anything
 decision carries the version that made it. Regime changes are reported as ``RegimeChange``
 records (the bus turns them into ``disagg.<ns>.regime`` events) and in the Prometheus gauges.
 
-Two optional signals ride on the ticks:
+Optional signals ride on the ticks:
 
 - a leading indicator (off by default): queue depth or poa_hat rising faster than a set rate
   escalates one regime at once and holds it a few ticks, before TTFT P99 has caught up;
+- a drain (``controller.drain``): when a backlog that lasted has emptied, ``drained`` drops the
+  TTFT samples of requests that met it and steps the regime down at once;
 - capacity advice: saturated, with poa_capacity ≥ ``dominance``·poa_routing for ``sustain``
   ticks, means routing cannot help; the controller asks its advisor (Game 1) for a P/D re-split
   and reports it (advice only, for backends whose pools it cannot resize);
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from controller.detector import Regime, SaturationDetector
+from controller.drain import Drain
 from controller.policy import PolicyTable
 from controller.resplit import Resplitter
 from telemetry import metrics
@@ -45,7 +48,7 @@ class RegimeChange:
     omega: float
     ttft_p99_smoothed_s: float
     version: int
-    cause: str = "ttft"  # "ttft" or "leading"
+    cause: str = "ttft"  # "ttft", "leading" or "drain"
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,17 @@ class Controller:
         if self.resplitter is not None and arrival_rate is not None:
             self.resplitter.tick(now, self.detector.regime, arrival_rate, poa_routing, poa_capacity)
         return self.detector.regime
+
+    def drained(self, drain: Drain) -> Regime:
+        """The backlog ended (``controller.drain``): the detector forgets what the queue's
+        requests measured and steps down at once (``SaturationDetector.relax``)."""
+        before = self.detector.regime
+        after = self.detector.relax(drain.t, drain.since)
+        metrics.BACKLOG_DRAINS.inc()
+        self._capacity_ticks = 0  # the capacity loss the advice counted was the queue's
+        if after != before:
+            self._apply(drain.t, "drain")
+        return after
 
     def _apply(self, now: float, cause: str) -> RegimeChange:
         regime = self.detector.regime

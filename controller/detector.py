@@ -13,6 +13,11 @@ threshold or a spike shorter than the dwell does not flap the router.
 A tick with too few samples carries no evidence of saturation: s decays as if the P99 were 0
 (an idle system is not saturated), but such ticks never count toward a dwell upwards.
 
+When the caller knows the backlog has drained (``relax``, driven by ``controller.drain``), the
+samples of requests that arrived before the drain are dropped and the regime moves down at once:
+they measured a queue that no longer exists, and waiting for the window, the smoothing and the
+dwell to forget them held a calm cluster ``saturated`` for ~20 s.
+
 θ1, θ2 are seconds, or multiples of a calm baseline P99 (``Thresholds.calibrated``). The detector
 is a plain object fed (time, TTFT) samples and ticks, so tests run it in virtual time.
 
@@ -171,6 +176,8 @@ class SaturationDetector:
         self._pending: Regime | None = None
         self._pending_ticks = 0
         self._hold = 0  # ticks during which an escalation may not be undone
+        self._since = -math.inf  # the latest drain: requests that arrived before it met the queue
+        self.drain_dropped = 0  # samples of such requests, dropped (``relax``)
 
     def observe(self, t: float, ttft_s: float) -> None:
         """One request's time to first token, at time t (its first token; samples may come late).
@@ -183,6 +190,9 @@ class SaturationDetector:
             raise ValueError(f"ttft_s must be >= 0, got {ttft_s!r}")
         if self._clock is not None and t <= self._clock - self.window_s:
             self.late_dropped += 1
+            return
+        if t - ttft < self._since:
+            self.drain_dropped += 1
             return
         if self._times and t < self._times[-1]:
             i = bisect.bisect_right(self._times, t)
@@ -228,6 +238,35 @@ class SaturationDetector:
         if self.regime < Regime.SATURATED:
             self._switch(Regime(self.regime + 1), now)
             self._hold = hold_ticks
+        return self.regime
+
+    def relax(self, now: float, since: float) -> Regime:
+        """The backlog drained at ``since`` (a leading signal down, the mirror of ``escalate``).
+
+        A sample whose request arrived before ``since`` (t − TTFT < since) met a queue that is
+        gone, so it no longer says what a request arriving now meets: those samples are dropped,
+        and so are such samples that come later (``drain_dropped``). s restarts from the P99 of
+        what is left (0 with fewer than ``min_samples``: an empty queue is not saturated) and
+        the regime moves down to that level (with the hysteresis) at once, without a dwell."""
+        now = self._advance(now)
+        since = _finite("since", since)
+        if since > now:
+            raise ValueError(f"since must not be after now: got {since!r} > {now!r}")
+        self._since = max(self._since, since)
+        kept = [
+            (t, x) for t, x in zip(self._times, self._ttfts, strict=True) if t - x >= self._since
+        ]
+        self.drain_dropped += len(self._times) - len(kept)
+        self._times = deque(t for t, _ in kept)
+        self._ttfts = deque(x for _, x in kept)
+        p99 = self.window_p99(now)
+        self.last_p99 = p99
+        self.smoothed_p99 = 0.0 if p99 is None else p99
+        self._hold = 0
+        level = self.thresholds.level(self.smoothed_p99, scale=1.0 - self.hysteresis)
+        if level < self.regime:
+            self._switch(level, now)
+        self._pending, self._pending_ticks = None, 0
         return self.regime
 
     def tick(self, now: float) -> Regime:

@@ -223,6 +223,7 @@ _GAUGES = {
     "revenue": "disagg_auction_revenue_total",
     "resplits": "disagg_resplits_total",
     "resplit_in_progress": "disagg_resplit_in_progress",
+    "oldest_wait_s": "disagg_oldest_wait_seconds",
 }
 _REGIMES = {0: "below", 1: "transition", 2: "saturated"}
 

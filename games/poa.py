@@ -49,7 +49,9 @@ profile's unloaded TTFT (``unloaded_latency_s``), when the caller has it, enters
 observation at zero load with the window's mean uncached tokens.
 
 **Window** (``PoaEstimator``): a request enters when its first token arrives and is kept by its
-routing time, the latest ``max_requests`` routed within ``max_age_s`` of now.
+routing time, the latest ``max_requests`` routed within ``max_age_s`` of now. When a backlog
+drains (``controller.drain``) the caller cuts the window there (``forget_before``): requests
+routed before it measured a queue that is gone, and a 30 s window would keep them for 30 s.
 
 Edge cases: an empty window, or one whose latencies are all zero, reports 1 everywhere; 0/0 is 1
 and x/0 is +inf (a floor of zero: the model puts all latency in queues); one worker makes
@@ -252,6 +254,7 @@ class PoaEstimator:
         self.unloaded_latency_s = unloaded_latency_s
         self._window: list[WindowRequest] = []  # sorted by _key
         self._keys: list[tuple[float, float, str]] = []
+        self.since = -math.inf  # requests routed before this are forgotten (forget_before)
 
     @staticmethod
     def _key(request: WindowRequest) -> tuple[float, float, str]:
@@ -260,7 +263,10 @@ class PoaEstimator:
         return (request.routed_at, request.first_token_at, request.request_id)
 
     def add(self, request: WindowRequest) -> None:
-        """A request's first token arrived: it joins the window at its routing time."""
+        """A request's first token arrived: it joins the window at its routing time (unless it
+        was routed before ``since``)."""
+        if request.routed_at < self.since:
+            return
         key = self._key(request)
         at = bisect.bisect_right(self._keys, key)
         self._keys.insert(at, key)
@@ -268,6 +274,16 @@ class PoaEstimator:
         # A request with max_requests later-routed ones after it can never be in a window again.
         if len(self._window) > self.max_requests:
             del self._window[: -self.max_requests], self._keys[: -self.max_requests]
+
+    def forget_before(self, since: float) -> None:
+        """A backlog drained at ``since`` (``controller.drain``): the requests routed before it
+        met a queue that is gone, so they leave the window, and those still without a first
+        token never join it. The window then holds what routing does now."""
+        if not math.isfinite(since):
+            raise ValueError(f"since must be finite, got {since!r}")
+        self.since = max(self.since, float(since))
+        start = bisect.bisect_left(self._keys, (self.since,))
+        del self._window[:start], self._keys[:start]
 
     def window(self, now: float | None = None) -> list[WindowRequest]:
         if now is None or self.max_age_s is None:

@@ -172,6 +172,16 @@ EVENTS_DROPPED = Counter(
 CAPACITY_ADVICE = Counter(
     "disagg_capacity_advice", "P/D re-split recommendations issued", registry=REGISTRY
 )
+OLDEST_WAIT = Gauge(
+    "disagg_oldest_wait_seconds",
+    "How long the longest-waiting routed request has waited for its first token",
+    registry=REGISTRY,
+)
+BACKLOG_DRAINS = Counter(
+    "disagg_backlog_drains",
+    "Backlogs that drained: the detector and the PoA window forgot the queue's requests",
+    registry=REGISTRY,
+)
 POOL_WORKERS = Gauge(
     "disagg_pool_workers", "Workers per pool, by role", ["role"], registry=REGISTRY
 )

@@ -7,6 +7,11 @@ It runs the plain ``controller.controller.Controller`` (a ``SaturationDetector``
   moment it streams the first token, §3 property 2), each observed at this actor's clock.
 - Every ``tick_s`` it ticks the controller with the auction's queue depth and the PoA actor's
   estimate (both optional: a missing handle, a failed or slow call gives None for that tick).
+- Recency (``controller.drain``): routes open a request, first tokens close its wait and
+  completes end it (``pending_routes``); when a backlog that lasted has drained — the auction's
+  queue empty, nobody waiting and no first token taking the detector's down-threshold, two ticks
+  running — the detector forgets the queue's TTFTs and the PoA actor its window
+  (``forget_before``).
 - On a regime change the controller bumps the policy version and calls its target's
   ``set_policy`` synchronously. The target here only records the newest policy; a background
   push sends it to the router actor (``set_policy(tau, omega, version, regime)``) and the regime
@@ -30,7 +35,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from cluster.events import Event, FirstTokenEvent, RegimeEvent, RouteEvent
+from cluster.events import CompleteEvent, Event, FirstTokenEvent, RegimeEvent, RouteEvent
 from cluster.models import validate_model
 from cluster.plausibility import Plausibility
 from cluster.ray.actor_support import (
@@ -45,13 +50,15 @@ from cluster.ray.actor_support import (
 from cluster.ray.controller_pools import ArrivalMeter, build_pools
 from cluster.ray.controller_settings import DEFAULT_THETA_S, ControllerSettings
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
+from cluster.ray.pending_routes import EVENT_SLACK_S, PendingRoutes
 from cluster.ray.poa_actor import CONNECT_WAIT_S, service_clock
 from cluster.ray.pools import ActorPools, Launcher
 from cluster.ray.worker_factory import WorkerSpec
 from controller.controller import Controller, RegimeChange
 from controller.detector import SaturationDetector
+from controller.drain import DrainWatch, TickWaits, calm_limit_s
 from controller.resplit import ResplitDecision, Resplitter
-from telemetry.metrics import POOL_WORKERS
+from telemetry.metrics import OLDEST_WAIT, POOL_WORKERS
 
 __all__ = ["DEFAULT_THETA_S", "ControllerActor", "ControllerSettings"]
 
@@ -123,6 +130,9 @@ class ControllerActor:
         self.router, self.auction, self.poa = router, auction, poa
         self.now = service_clock(epoch_wall)
         self.bus = ActorBus(nats_url, namespace, role="controller", name="controller")
+        self.drain = DrainWatch()
+        self.pending = PendingRoutes()
+        self.waits = TickWaits()
         detector = SaturationDetector(
             s.thresholds(),
             window_s=s.window_s,
@@ -209,7 +219,9 @@ class ControllerActor:
 
     async def _subscribe(self) -> None:
         # Without NATS, TTFTs come through on_event (in-process composition).
-        kinds = ("first_token", "route")  # route: the arrival rate (controller_pools)
+        # route: the arrival rate (controller_pools) and who waits (pending_routes), which a
+        # first_token or a complete (a request that ended without one) closes.
+        kinds = ("first_token", "route", "complete")
         self._subscribed = await subscribe_when_connected(self.bus, self.on_event, kinds)
 
     def on_event(self, event: Event) -> None:
@@ -217,7 +229,12 @@ class ControllerActor:
         for usable in self.plausible.admit(event):
             if isinstance(usable, RouteEvent):
                 self.arrivals.observe(self.now())
+                self.pending.routed(usable.request_id, self.now())
+            elif isinstance(usable, CompleteEvent):
+                self.pending.ended(usable.request_id)
             elif isinstance(usable, FirstTokenEvent):
+                self.pending.answered(usable.request_id)
+                self.waits.answered(usable.ttft_s)
                 try:
                     self.controller.observe(self.now(), usable.ttft_s)
                     self.observed += 1
@@ -250,12 +267,30 @@ class ControllerActor:
             rate = self.arrivals.rate(now)
             await self._sync_prefill_slots()
         self.last_signals = signals if rate is None else {**signals, "arrival_rate": rate}
+        drain = self.drain.update(now, self._drained(queue_depth, now))
+        if drain is not None:  # the queue's samples go, here and in the PoA window
+            self.controller.drained(drain)
+            await self._deliver(self.poa, "forget_before", drain.since)
         self.controller.tick(now, **signals, arrival_rate=rate)
         self.ticks += 1
         if len(self.controller.changes) > 2 * MAX_CHANGES:  # the plain Controller keeps them all
             del self.controller.changes[:-MAX_CHANGES]
         self._kick_push()
         return self._snapshot()
+
+    def _drained(self, queue_depth: float | None, now: float) -> bool | None:
+        """The backlog reading (``cluster.ray.pending_routes``); None when the auction, which
+        holds the queue in front of routing, did not answer."""
+        wait = self.pending.oldest_wait_s(now)
+        OLDEST_WAIT.set(wait)
+        if self.auction is not None and queue_depth is None:
+            return None
+        return self.waits.reading(
+            queued=bool(queue_depth),
+            waiting_s=wait,
+            idle=self.pending.idle(now),
+            limit_s=calm_limit_s(self.controller.detector) + EVENT_SLACK_S,
+        )
 
     async def _sync_prefill_slots(self) -> None:
         """Tell the auction how many workers prefill now whenever its stats (read this tick)
@@ -408,6 +443,7 @@ class ControllerActor:
             "push_failures": self.push_failures,
             "ttft_p99_smoothed_s": d.smoothed_p99,
             "ttft_p99_window_s": d.last_p99,
+            "drains": [dataclasses.asdict(x) for x in self.drain.drains[-MAX_CHANGES:]],
             "theta1_s": d.thresholds.theta1,
             "theta2_s": d.thresholds.theta2,
             "samples": d.samples,

@@ -65,6 +65,8 @@ OWNERS: dict[str, tuple[str, ...]] = {
         # Controller.tick counts its capacity advice (controller/controller.py): the controller
         # process is the only one where this counter moves.
         "disagg_capacity_advice",
+        "disagg_backlog_drains",  # Controller.drained (controller/drain.py)
+        "disagg_oldest_wait_seconds",  # cluster/ray/pending_routes.py
     ),
     "worker": (),  # workers export only EVERY_PROCESS (their KV publishers' drops)
 }

@@ -15,7 +15,8 @@ sets the ``disagg_poa_*`` gauges and keeps the result for :meth:`PoaActor.snapsh
   time, another node); NATS delivers within milliseconds, and one router publishes in decision
   order, so arrival order is routing order and the window ages on one clock.
 - Requests enter the window at their first token and age by their routing time (the route
-  event's arrival here), so a load step shows within a tick or two of its first tokens.
+  event's arrival here), so a load step shows within a tick or two of its first tokens. When the
+  controller sees a backlog drain (``forget_before``) the requests routed before it leave.
 - The profile's unloaded TTFT (the estimator's anchor at zero load) is in virtual seconds; the
   ingress measures wall seconds, so it is divided by ``speedup``. Without a profile the model is
   fitted on the window alone (games/poa.py "Anchor").
@@ -216,6 +217,14 @@ class PoaActor:
         for gauge, value in values:
             gauge.set(value)  # PoaGauge flags (counts) a value below 1: see telemetry/metrics
         return self._snapshot()
+
+    async def forget_before(self, since: float) -> dict[str, Any]:
+        """A backlog drained at ``since`` (the controller's ``controller.drain``, on the shared
+        service clock): the window forgets the requests routed before it; the new snapshot."""
+        if isinstance(since, bool) or not isinstance(since, int | float):
+            raise ValueError(f"since must be a number, got {since!r}")
+        self.estimator.forget_before(float(since))
+        return self.tick()
 
     async def snapshot(self) -> dict[str, Any]:
         """poa_hat, poa_routing, poa_capacity (None: empty window), n, attribution_rate, t, and

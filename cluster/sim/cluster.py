@@ -253,6 +253,16 @@ class SimCluster:
             len(d.pending) for d in self.decode.values()
         )
 
+    def start_wait(self) -> float:
+        """How long a routed request waits, at worst, before a worker starts it: the longest
+        wait so far of a request no worker has started, or the rest of a prefill iteration in
+        progress (what a request routed now waits for), whichever is longer; 0 when idle."""
+        now = self.now
+        since = [job.enqueued_at for p in self.prefill.values() for job in p.waiting]
+        since += [seq.arrived_at for d in self.decode.values() for seq in d.pending]
+        busy = [p.busy_until - now for p in self.prefill.values()]
+        return max([0.0, *(now - t for t in since), *busy])
+
     def release(
         self, request: SimRequest, batch_id: int | None = None, payment: float = 0.0
     ) -> None:

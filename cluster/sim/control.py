@@ -7,7 +7,10 @@ them in serve mode: the request enters the PoA window then, keyed by its routing
 (docs/design.md §3 property 2). Every ``tick_s`` the estimator refreshes poa_hat over its window
 and the controller ticks with it, so the routers' (τ, ω) follow the regime and, with a
 re-split lever, the pools follow Game 1's split (``SimPools`` adapts the cluster to
-``controller.resplit.PoolTarget``).
+``controller.resplit.PoolTarget``). When a backlog that lasted drains (``controller.drain``: the
+admission queue empty, no routed request waiting, or about to wait, to start and no first token
+during the tick that took as long as the detector's down-threshold, two ticks running) the PoA
+window and the detector forget the requests that met it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from cluster.sim.cluster import SimCluster
 from cluster.sim.pools import PoolChange
 from cluster.sim.records import RequestRecord
 from controller.controller import Controller
+from controller.drain import Drain, DrainWatch, TickWaits, calm_limit_s
 from controller.resplit import Pools, Role
 from games.join import EventJoiner
 from games.poa import PoaEstimate, PoaEstimator
@@ -73,7 +77,11 @@ class ControlLoop:
         tick_s: float = 1.0,
         until: float = float("inf"),
         on_tick: Callable[[TickSample], None] | None = None,
+        drain_limit_s: float | None = None,
     ) -> None:
+        """``drain_limit_s``: the longest TTFT a drained cluster shows (``controller.drain``);
+        default the controller's down-threshold, and without a controller no drains (a static
+        arm compared with an adaptive one passes the same limit, so both windows age alike)."""
         if tick_s <= 0:
             raise ValueError(f"tick_s must be > 0, got {tick_s}")
         self.cluster = cluster
@@ -86,6 +94,11 @@ class ControlLoop:
         self.timeline: list[TickSample] = []
         self.last: PoaEstimate | None = None
         self.pool_changes: list[PoolChange] = []
+        self.drain = DrainWatch()
+        self.waits = TickWaits()
+        if drain_limit_s is None and controller is not None:
+            drain_limit_s = calm_limit_s(controller.detector)
+        self.drain_limit_s = drain_limit_s
         cluster.pool_listeners.append(self.pool_changes.append)
         cluster.first_token_listeners.append(self._first_token)
         cluster.completion_listeners.append(self._completed)
@@ -110,6 +123,8 @@ class ControlLoop:
             metrics.ITL.observe(record.mean_itl)
 
     def _first_token(self, record: RequestRecord) -> None:
+        if record.ttft is not None:
+            self.waits.answered(record.ttft)
         if record.ttft is not None and self.controller is not None:
             self.controller.observe(self.cluster.now, record.ttft)
         if record.decision is not None and record.routed is not None:
@@ -119,9 +134,28 @@ class ControlLoop:
         if joined is not None:
             self.estimator.add(joined)
 
+    def drained(self) -> bool | None:
+        """This tick's backlog reading (``controller.drain``); None without a drain limit."""
+        cluster = self.cluster
+        reading = self.waits.reading(
+            queued=cluster.admission.depth > 0,
+            waiting_s=cluster.start_wait(),
+            idle=cluster.in_flight == 0,
+            limit_s=self.drain_limit_s or 0.0,
+        )
+        return None if self.drain_limit_s is None else reading
+
+    def _forget(self, drain: Drain) -> None:
+        self.estimator.forget_before(drain.since)
+        if self.controller is not None:
+            self.controller.drained(drain)
+
     def _tick(self) -> None:
         now = self.cluster.now
         self.joiner.expire(now)
+        drain = self.drain.update(now, self.drained())
+        if drain is not None:
+            self._forget(drain)
         est = self.estimator.estimate(now)
         self.last = est
         metrics.POA_HAT.set(est.poa_hat)

@@ -58,6 +58,7 @@ class PrefillWorker:
         self._plan: list[tuple[PrefillJob, int]] = []
         self._jitter = Jitter(model.jitter, seed)
         self.busy_time = 0.0
+        self.busy_until = 0.0  # the end of the iteration in progress (or of the last one)
 
     @property
     def queued_tokens(self) -> int:
@@ -98,6 +99,7 @@ class PrefillWorker:
         cost = m.iteration_s((chunk, job.prompt_tokens - job.remaining) for job, chunk in plan)
         duration = cost * self._jitter()
         self.busy_time += duration
+        self.busy_until = now + duration
         return duration
 
     def finish_iteration(self, now: float) -> list[PrefillJob]:

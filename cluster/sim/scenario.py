@@ -26,7 +26,7 @@ from cluster.sim.records import RequestRecord, summarize
 from cluster.sim.views import ViewSettings
 from cluster.workloads import TemplateSource
 from controller.controller import CapacityAdvice, Controller, RegimeChange
-from controller.detector import SaturationDetector, Thresholds
+from controller.detector import HYSTERESIS, SaturationDetector, Thresholds
 from controller.policy import PolicyTable
 from controller.resplit import ResplitDecision, ResplitSettings, Resplitter
 from games.pd_allocation import SloTargets
@@ -141,7 +141,11 @@ def run_scenario(
             resplitter=resplitter,
         )
     estimator = PoaEstimator(256, MAX_AGE_S, unloaded_latency_s=unloaded_ttft(profile))
-    loop = ControlLoop(cluster, controller, estimator, until=load.end, on_tick=on_tick)
+    # Static and adaptive arms cut their PoA windows at the same drains (controller.drain).
+    limit = None if thresholds is None else (1.0 - HYSTERESIS) * thresholds.theta1
+    loop = ControlLoop(
+        cluster, controller, estimator, until=load.end, on_tick=on_tick, drain_limit_s=limit
+    )
     loop_ref.append(loop)
     cluster.loop.run(load.end)
     rows = []

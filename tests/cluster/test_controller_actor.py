@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.bus import EventBus
-from cluster.events import FirstTokenEvent, RegimeEvent, RouteEvent
+from cluster.events import CompleteEvent, FirstTokenEvent, RegimeEvent, RouteEvent
 from cluster.models import ConfigError
 from cluster.nats_auth import connect_options
 from cluster.ray.controller_actor import DEFAULT_THETA_S, ControllerActor, ControllerSettings
@@ -71,13 +71,25 @@ class FakeAuction:
         self.regimes.append(regime)
 
     async def _stats(self) -> dict[str, Any]:
-        return {"queue_depth": self.queue_depth, "in_flight": 0}
+        # max_in_prefill 64 and nothing in prefill: an empty queue reads as drained.
+        return {
+            "queue_depth": self.queue_depth,
+            "in_flight": 0,
+            "in_prefill": 0,
+            "max_in_prefill": 64,
+        }
 
 
 class FakePoa:
     def __init__(self, snap: dict[str, Any]) -> None:
         self.snap = snap
+        self.forgotten: list[float] = []
         self.snapshot = Method(self._snapshot)
+        self.forget_before = Method(self._forget_before)
+
+    async def _forget_before(self, since: float) -> dict[str, Any]:
+        self.forgotten.append(since)
+        return self.snap
 
     async def _snapshot(self) -> dict[str, Any]:
         return self.snap
@@ -168,6 +180,65 @@ def test_a_ttft_ramp_switches_regimes_and_pushes_increasing_versions(nats_url: s
             }
             assert values["disagg_regime"] == 2 and values["disagg_router_temperature"] == 0.8
             assert "disagg_ttft_seconds_count" not in values  # the ingress owns TTFT
+        finally:
+            await pub.close()
+            await actor.shutdown()
+
+    asyncio.run(main())
+
+
+def test_a_drained_auction_queue_reads_calm_at_once_and_cuts_the_poa_window(
+    nats_url: str,
+) -> None:
+    async def main() -> None:
+        router, auction = FakeRouter(), FakeAuction(queue_depth=40)
+        poa = FakePoa({"poa_hat": 30.0, "poa_routing": 1.0, "poa_capacity": 30.0})
+        # A 5 s window: the saturated samples would hold the regime up for 5 s by themselves.
+        settings = FAST | {"window_s": 5.0}
+        actor, pub, _, _ = await started(
+            nats_url, router=router, auction=auction, poa=poa, settings=settings
+        )
+        try:
+            await regime(actor, "saturated", pub, 3.0)
+            await until(lambda: actor.drain.backlogged)
+            # One routed request waits for its first token longer than the detector's
+            # down-threshold, (1 - 0.2)·θ1 = 0.4 s: when the auction's queue empties, calm first
+            # tokens around it do not make a drain.
+            await pub.publish(routed("stuck"))
+            await pub.flush()
+            await until(lambda: actor.pending.oldest_wait_s(actor.now()) > 0.6)
+            auction.queue_depth = 0
+            ticks = actor.ticks
+            while actor.ticks < ticks + 5:
+                await ttfts(pub, actor, [0.05] * 2)
+            assert poa.forgotten == [] and actor.drain.backlogged
+            # It ends without a first token (its complete event): the backlog has drained.
+            await pub.publish(
+                CompleteEvent(
+                    request_id="stuck", t=time.time(), worker_id=ROUTE.worker_id,
+                    prefill_worker_id=None, ttft_s=0.0, itl_s=0.0, e2e_s=1.0,
+                    prompt_tokens=8, cached_tokens=0, output_tokens=0, status="error",
+                )
+            )  # fmt: skip
+            await pub.flush()
+
+            async def drained() -> bool:
+                await ttfts(pub, actor, [0.05] * 2)  # calm first tokens: the evidence
+                return len(poa.forgotten) == 1
+
+            await until(drained)
+            snap = await actor.snapshot()
+            (drain,) = snap["drains"]
+            assert poa.forgotten == [drain["since"]] and drain["t"] > drain["since"]
+            assert snap["regime"] == "below" and snap["changes"][-1]["cause"] == "drain"
+            await until(lambda: router.calls[-1][3] == "below")
+            # The queue's own requests, whose first tokens come after the drain, do not count.
+            dropped = actor.controller.detector.drain_dropped
+            await ttfts(pub, actor, [30.0] * 6)
+            assert actor.controller.detector.drain_dropped == dropped + 6
+            ticks = actor.ticks
+            await until(lambda: actor.ticks >= ticks + 3)
+            assert (await actor.snapshot())["regime"] == "below" and len(poa.forgotten) == 1
         finally:
             await pub.close()
             await actor.shutdown()

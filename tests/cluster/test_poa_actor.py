@@ -176,6 +176,30 @@ def test_malformed_messages_are_counted_not_fatal(nats_url: str) -> None:
     asyncio.run(main())
 
 
+def test_a_drain_empties_the_window_of_the_queues_requests() -> None:
+    async def main() -> None:
+        actor = PoaActor(nats_url=None, tick_s=60.0)  # ticks by hand
+        await actor.ready()
+        try:
+            for i in range(4):  # routed before the drain; the last first token comes after it
+                actor.on_event(route(i, 2))
+            for i in range(3):
+                actor.on_event(first_token(i, 2, 5.0))
+            assert actor.tick()["n"] == 3
+            snap = await actor.forget_before(actor.now())
+            assert snap["n"] == 0 and snap["poa_hat"] is None
+            actor.on_event(first_token(3, 2, 5.0))  # the queue's last request: stays out
+            actor.on_event(route(9, 3))  # routed after the drain
+            actor.on_event(first_token(9, 3, 0.05))
+            assert actor.tick()["n"] == 1
+            with pytest.raises(ValueError, match="since"):
+                await actor.forget_before("soon")  # type: ignore[arg-type]
+        finally:
+            await actor.shutdown()
+
+    asyncio.run(main())
+
+
 def test_without_nats_and_bad_arguments() -> None:
     async def main() -> None:
         actor = PoaActor(nats_url=None, tick_s=0.05)

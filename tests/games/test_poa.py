@@ -167,6 +167,23 @@ def test_window_is_entered_at_first_token_and_ages_by_routing_time() -> None:
             PoaEstimator(**bad)  # type: ignore[arg-type]
 
 
+def test_a_drain_cuts_the_window_and_keeps_the_queues_requests_out() -> None:
+    est = PoaEstimator(max_requests=10, max_age_s=30.0)
+    lines = {0: CandidateLoad(0, 0, 0)}
+    for i in range(4):  # routed at 0..3 s, during a backlog
+        est.add(WindowRequest(f"q{i}", 0, float(i), 9.0, 9.0 - i, lines))
+    est.forget_before(3.0)
+    assert [r.request_id for r in est.window()] == ["q3"]
+    # The queue's last request gets its first token after the drain: it stays out.
+    est.add(WindowRequest("late", 0, 2.5, 9.5, 7.0, lines))
+    est.add(WindowRequest("calm", 0, 4.0, 4.1, 0.1, lines))
+    assert [r.request_id for r in est.window()] == ["q3", "calm"]
+    est.forget_before(1.0)  # an older drain moves nothing back
+    assert est.since == 3.0 and len(est.window()) == 2
+    with pytest.raises(ValueError, match="since"):
+        est.forget_before(float("nan"))
+
+
 def _run(phases: list[Phase], seed: int = 0) -> tuple[list[TickSample], list[float]]:
     """The simulator under the control loop (no controller); per tick, the estimate and the
     mean TTFT over the estimator's own window."""

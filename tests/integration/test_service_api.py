@@ -56,6 +56,7 @@ DESIGN_METRICS = {
     "disagg_itl_seconds", "disagg_requests_total", "disagg_auction_queue_depth",
     "disagg_auction_welfare", "disagg_auction_revenue_total", "disagg_events_dropped_total",
     "disagg_capacity_advice_total", "disagg_pool_workers", "disagg_resplits_total",
+    "disagg_backlog_drains_total", "disagg_oldest_wait_seconds",
 }  # fmt: skip
 # A prompt long enough to span many KV blocks (the 70B profile's block is 16 tokens).
 LONG_PROMPT = "Summarise the history of the river valley and its seven old mills. " * 40

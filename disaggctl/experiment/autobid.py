@@ -36,6 +36,19 @@ SPREADS = {
 }
 FULL_T, QUICK_T = (100, 400, 1600, 6400), (50, 200)
 WORKLOAD, N, USERS, SHAPES, PILOT_T = "mixshare-50", 64, 12, 4, 400
+# How many of the USERS pace: three beside nine truthful bidders, and every budgeted user. User
+# i paces with its spread's fraction i mod 3, so both populations draw from the same three
+# fractions (four users each when all twelve pace).
+PACERS = (3, USERS)
+
+
+def series(pacers: int, spread: str) -> str:
+    """A (population, spread) pair's name in the tables, plots and prose."""
+    return spread if pacers == len(next(iter(SPREADS.values()))) else f"{spread}, all {pacers}"
+
+
+SERIES = [(k, s) for k in PACERS for s in SPREADS]
+SPREADS_FIRST, SPREADS_LAST = next(iter(SPREADS)), list(SPREADS)[-1]
 KEYS = (
     "welfare_ratio",
     "bound_ratio",
@@ -57,7 +70,7 @@ def plan(settings: Settings) -> Plan:
     setup = {
         "workload": f"{WORKLOAD}, n = {N} per batch, {USERS} users, {SHAPES} tree shapes",
         "values": "1 + Pareto(1.5), fresh every batch; truthful users bid them",
-        "pacing users": len(next(iter(SPREADS.values()))),
+        "pacing users": f"{' or '.join(map(str, PACERS))} of {USERS} (user i: fraction i mod 3)",
         "budget spreads (γ / truthful spend, per pacing user)": [
             f"{k}: {', '.join(f'{f:g}' for f in v)}" for k, v in SPREADS.items()
         ],
@@ -69,16 +82,21 @@ def plan(settings: Settings) -> Plan:
         "trials (seeds)": list(settings.seeds),
     }
     jobs = [
-        Job(f"{__name__}:run_repeated", {"spread": s, "T": T, "seed": seed}, units=T + PILOT_T / 4)
-        for s in SPREADS
+        Job(
+            f"{__name__}:run_repeated",
+            {"spread": s, "T": T, "seed": seed, "pacers": k},
+            units=T + PILOT_T / 4,
+        )
+        for k, s in SERIES
         for T in horizons
         for seed in settings.seeds
     ]
     return Plan(setup, jobs)
 
 
-def run_repeated(spread: str, T: int, seed: int) -> dict[str, Any]:
-    """One repeated auction: welfare against truthful and the bound, and each pacer's regret."""
+def run_repeated(spread: str, T: int, seed: int, pacers: int = 3) -> dict[str, Any]:
+    """One repeated auction: welfare against truthful and the bound, and each pacer's regret;
+    the first ``pacers`` users pace (``PACERS``)."""
     import numpy as np
 
     from auction.pacing_bound import pacing_welfare_bound
@@ -97,9 +115,10 @@ def run_repeated(spread: str, T: int, seed: int) -> dict[str, Any]:
     users = [f"user{i}" for i in range(USERS)]
     pilot = simulate(source, PILOT_T, {}, users=users, seed=seed + 10_000)
     spend = pilot.payments.mean(axis=0)
+    fractions = SPREADS[spread]
     gamma = {
-        users[i]: f * float(spend[pilot.users.index(users[i])])
-        for i, f in enumerate(SPREADS[spread])
+        users[i]: fractions[i % len(fractions)] * float(spend[pilot.users.index(users[i])])
+        for i in range(pacers)
     }
     result = simulate(source, T, gamma, users=users, seed=seed + 100_000 + T)
     paced = truthful = bound = half = 0.0
@@ -136,14 +155,15 @@ def analyse(plan: Plan, results: list[Any]) -> dict[str, Any]:
     raw = []
     for job, res in zip(plan.jobs, results, strict=True):
         kw = job.kwargs
-        groups.setdefault((kw["spread"], kw["T"]), []).append(res)
-        raw.append({"spread": kw["spread"], "T": kw["T"], "seed": kw["seed"], **res})
+        name = series(kw.get("pacers", 3), kw["spread"])
+        groups.setdefault((name, kw["T"]), []).append(res)
+        raw.append({"series": name, "T": kw["T"], "seed": kw["seed"], **res})
     rows: list[dict[str, Any]] = [
-        {"spread": s, "T": T, **summarise(runs, KEYS)} for (s, T), runs in groups.items()
+        {"series": s, "T": T, **summarise(runs, KEYS)} for (s, T), runs in groups.items()
     ]
     slopes, tail_slopes = {}, {}
-    for s in SPREADS:
-        pts = sorted((int(r["T"]), float(r["regret"] or 0.0)) for r in rows if r["spread"] == s)
+    for s in _names(rows):
+        pts = sorted((int(r["T"]), float(r["regret"] or 0.0)) for r in rows if r["series"] == s)
         slopes[s] = loglog_slope([t for t, _ in pts], [g for _, g in pts])
         # The slope between the two longest horizons: the whole-range fit averages in the short
         # horizons, where regret has not yet reached its asymptotic growth.
@@ -152,14 +172,20 @@ def analyse(plan: Plan, results: list[Any]) -> dict[str, Any]:
     return {"rows": rows, "slopes": slopes, "tail_slopes": tail_slopes, "trials": raw}
 
 
-def _at(data: dict[str, Any], spread: str) -> list[dict[str, Any]]:
-    return sorted((r for r in data["rows"] if r["spread"] == spread), key=lambda r: r["T"])
+def _names(rows: list[dict[str, Any]]) -> list[str]:
+    """The series present, in ``SERIES`` order."""
+    present = {r["series"] for r in rows}
+    return [name for name in (series(k, s) for k, s in SERIES) if name in present]
+
+
+def _at(data: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    return sorted((r for r in data["rows"] if r["series"] == name), key=lambda r: r["T"])
 
 
 def describe_welfare(data: dict[str, Any]) -> str:
     parts, against = [], []
     last = {}
-    for s in SPREADS:
+    for s in _names(data["rows"]):
         rows = _at(data, s)
         if not rows:
             continue
@@ -187,17 +213,35 @@ def describe_welfare(data: dict[str, Any]) -> str:
         text += " Against the theory: " + "; ".join(against) + "."
     else:
         text += " The bound holds in every batch of every run."
-    ordered = [s for s in SPREADS if s in last]
-    if len(ordered) >= 2:
+    for k in PACERS:
+        ordered = [series(k, s) for s in SPREADS if series(k, s) in last]
+        if len(ordered) < 2:
+            continue
         a, b = last[ordered[0]]["welfare_ratio"], last[ordered[-1]]["welfare_ratio"]
         if a is not None and b is not None:
-            text += f" From the {ordered[0]} to the {ordered[-1]} spread the paced welfare " + (
-                f"drops by {100 * (a - b):.1f} points: unequal pacing reverses more "
-                "siblings, as the bound's κ says."
-                if b < a
-                else f"does not drop ({100 * (b - a):+.1f} points): the spread of budgets did "
-                "not cost welfare here."
+            text += (
+                f" With {k} of {USERS} pacing, from the {SPREADS_FIRST} to the {SPREADS_LAST} "
+                "spread the paced welfare "
+                + (
+                    f"drops by {100 * (a - b):.1f} points: unequal pacing reverses more "
+                    "siblings, as the bound's κ says."
+                    if b < a
+                    else f"does not drop ({100 * (b - a):+.1f} points): the spread of budgets "
+                    "did not cost welfare here."
+                )
             )
+    few, every = PACERS
+    pairs = [
+        (s, last.get(series(few, s)), last.get(series(every, s)))
+        for s in SPREADS
+        if series(few, s) in last and series(every, s) in last
+    ]
+    if pairs:
+        text += f" Every budgeted user pacing against {few} of {USERS}: " + "; ".join(
+            f"{s} {fmt(_pc(b, 'welfare_ratio'))}% against {fmt(_pc(a, 'welfare_ratio'))}%"
+            for s, a, b in pairs
+            if a is not None and b is not None
+        ) + " of truthful welfare."
     return text
 
 
@@ -242,12 +286,13 @@ def describe_regret(data: dict[str, Any]) -> str:
 
 
 def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: Section) -> None:
-    rows = sorted(data["rows"], key=lambda r: (list(SPREADS).index(r["spread"]), r["T"]))
+    order = _names(data["rows"])
+    rows = sorted(data["rows"], key=lambda r: (order.index(r["series"]), r["T"]))
     write_csv(folder / "autobid.csv", rows)
     write_csv(folder / "autobid_trials.csv", data["trials"])
     table = [
         (
-            r["spread"],
+            r["series"],
             r["T"],
             stat_cell(r, "welfare_ratio", scale=100),
             stat_cell(r, "bound_ratio", scale=100),
@@ -261,7 +306,7 @@ def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: S
         for r in rows
     ]
     header = (
-        "spread",
+        "spread (pacers)",
         "T",
         "paced / truthful %",
         "κ bound / truthful %",
@@ -272,7 +317,10 @@ def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: S
         "spend / budget",
         "mean α'",
     )
-    section.text("Per spread and horizon, mean ± 1 s.e.:\n\n" + markdown_table(header, table))
+    section.text(
+        f"Per spread and horizon, mean ± 1 s.e. (\"all {USERS}\": every budgeted user paces; "
+        f"otherwise {PACERS[0]} of {USERS}):\n\n" + markdown_table(header, table)
+    )
     slopes = ", ".join(f"{s} {fmt(v)}" for s, v in data["slopes"].items())
     section.text(
         f"Log-log slope of mean regret on T: {slopes} (theory ½; bench target ≤ {SLOPE_TARGET:g})."
@@ -286,39 +334,53 @@ def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: S
 
 
 def _plot_welfare(data: dict[str, Any], path: Path) -> None:
-    fig, ax = plots.plt.subplots(figsize=(7, 4.5))
-    for s in SPREADS:
-        rows = _at(data, s)
-        Ts = [r["T"] for r in rows]
-        line = plots.errorbar(
-            ax,
-            Ts,
-            [{"v": _pc(r, "welfare_ratio"), "v_se": _pc(r, "welfare_ratio_se")} for r in rows],
-            "v",
-            label=f"{s} {SPREADS[s]}",
-        )
-        ax.plot(
-            Ts,
-            plots.values([{"v": _pc(r, "bound_ratio")} for r in rows], "v"),
-            ls="--",
-            color=line[0].get_color(),
-        )
-    ax.axhline(100, color="grey", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_xlabel("T (batches)")
-    ax.set_ylabel("% of truthful welfare")
-    ax.set_title("Paced welfare (solid) and κ bound (dashed), share of truthful")
-    ax.legend(fontsize=7)
+    """One panel per pacing population, a colour per spread."""
+    fig, axes = plots.plt.subplots(1, len(PACERS), figsize=(11, 4.5), sharey=True)
+    for ax, k in zip(axes, PACERS, strict=True):
+        for s in SPREADS:
+            rows = _at(data, series(k, s))
+            Ts = [r["T"] for r in rows]
+            line = plots.errorbar(
+                ax,
+                Ts,
+                [{"v": _pc(r, "welfare_ratio"), "v_se": _pc(r, "welfare_ratio_se")} for r in rows],
+                "v",
+                label=f"{s} {SPREADS[s]}",
+            )
+            ax.plot(
+                Ts,
+                plots.values([{"v": _pc(r, "bound_ratio")} for r in rows], "v"),
+                ls="--",
+                color=line[0].get_color(),
+            )
+        ax.axhline(100, color="grey", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("T (batches)")
+        ax.set_title(f"{k} of {USERS} users pace", fontsize=9)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("% of truthful welfare")
+    fig.suptitle("Paced welfare (solid) and κ bound (dashed), share of truthful")
     plots.save(fig, path)
 
 
 def _plot_regret(data: dict[str, Any], path: Path) -> None:
+    """A colour per spread; solid: the few pace, dash-dotted: every budgeted user paces."""
     fig, ax = plots.plt.subplots(figsize=(7, 4.5))
-    for s in SPREADS:
-        rows = _at(data, s)
+    colours = plots.plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for (k, s), style in zip(SERIES, ["-"] * len(SPREADS) + ["-."] * len(SPREADS), strict=True):
+        name = series(k, s)
+        rows = _at(data, name)
+        if not rows:
+            continue
         shown = [{"v": max(r["regret"] or 0.0, 1e-6), "v_se": r["regret_se"]} for r in rows]
         plots.errorbar(
-            ax, [r["T"] for r in rows], shown, "v", label=f"{s} (slope {fmt(data['slopes'][s])})"
+            ax,
+            [r["T"] for r in rows],
+            shown,
+            "v",
+            ls=style,
+            color=colours[list(SPREADS).index(s) % len(colours)],
+            label=f"{name} (slope {fmt(data['slopes'][name])})",
         )
     Ts = sorted({r["T"] for r in data["rows"]})
     first = [r for r in data["rows"] if r["T"] == Ts[0] and r["regret"]]
@@ -329,5 +391,5 @@ def _plot_regret(data: dict[str, Any], path: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("T (batches)")
     ax.set_ylabel("regret vs best fixed α")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6)
     plots.save(fig, path)

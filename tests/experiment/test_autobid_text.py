@@ -34,3 +34,25 @@ def test_steady_square_root_growth_reads_as_within_the_line() -> None:
     data = _data({"equal": [10.0, 20.0, 40.0, 80.0]})  # slope ½ everywhere
     text = autobid.describe_regret(data)
     assert "No spread grows faster than T^0.6, over the whole range or between" in text
+
+
+def test_every_budgeted_user_pacing_is_a_series_of_its_own() -> None:
+    jobs, results = [], []
+    for pacers, ratio in ((3, 0.99), (12, 0.95)):
+        for T in (100, 400):
+            jobs.append(Job("x:y", {"spread": "equal", "T": T, "seed": 0, "pacers": pacers}))
+            figures = {"welfare_ratio": ratio, "bound_holds": 1.0, "regret": 1.0}
+            results.append({key: 0.5 for key in autobid.KEYS} | figures)
+    data = autobid.analyse(Plan({}, jobs), results)
+    assert set(data["slopes"]) == {"equal", "equal, all 12"}
+    text = autobid.describe_welfare(data)
+    assert "Every budgeted user pacing against 3 of 12: equal 95.0% against 99.0%" in text
+
+
+def test_a_run_where_every_user_paces_paces_every_user() -> None:
+    res = autobid.run_repeated("wide", 20, 0, pacers=autobid.USERS)
+    assert len(res["regret_by_user"]) == len(res["gamma"]) == autobid.USERS
+    # User i paces with fraction i mod 3 of its truthful spend: (0.2, 0.5, 1.0), four times.
+    fractions = autobid.SPREADS["wide"]
+    assert all(g > 0 for g in res["gamma"]) and len(fractions) * 4 == autobid.USERS
+    assert 0 < res["spend_over_budget"] <= 1.0 + 1e-9

@@ -161,8 +161,10 @@ class Controller:
         poa_routing: float | None = None,
         poa_capacity: float | None = None,
         arrival_rate: float | None = None,
+        backlog_since: float | None = None,
     ) -> Regime:
-        """One control tick; ``arrival_rate`` (req/s, measured) feeds the re-split lever."""
+        """One control tick; ``arrival_rate`` (req/s, measured) and ``backlog_since`` (when the
+        backlog under way began, ``controller.drain``) feed the re-split lever."""
         signals = (
             ("queue_depth", queue_depth),
             ("poa_hat", poa_hat),
@@ -188,7 +190,9 @@ class Controller:
             metrics.TTFT_P99_SMOOTHED.set(self.detector.smoothed_p99)
         self._advise(now, poa_routing, poa_capacity)
         if self.resplitter is not None and arrival_rate is not None:
-            self.resplitter.tick(now, self.detector.regime, arrival_rate, poa_routing, poa_capacity)
+            self.resplitter.tick(
+                now, self.detector.regime, arrival_rate, poa_routing, poa_capacity, backlog_since
+            )
         return self.detector.regime
 
     def drained(self, drain: Drain) -> Regime:

@@ -89,6 +89,11 @@ class DrainWatch:
         """A backlog has lasted ``episode_ticks`` and has not drained yet."""
         return self._backlog_from is not None
 
+    @property
+    def backlog_since(self) -> float | None:
+        """When the backlog under way began (its first tick not drained); None without one."""
+        return self._backlog_from
+
     def update(self, now: float, drained: bool | None) -> Drain | None:
         """One tick's reading; the ``Drain`` that ends a backlog, else None."""
         if isinstance(now, bool) or not isinstance(now, int | float) or not math.isfinite(now):

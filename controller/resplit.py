@@ -17,6 +17,26 @@ step back must carry the measured λ within the SLOs with headroom,
 itself brings TTFT down, and a lever that gave capacity back whenever TTFT looked calm would
 undo its own move while the load still needs it.
 
+A move up also has to pay for itself (``resplit_payoff``). The moving worker serves in neither
+pool for the switch, W seconds on the controller's clock (``PoolTarget.switch_s``: drain and
+warm-up; wall seconds in serve mode, so the profile's role switch divided by the speed-up). With
+κ the SLO capacity and λ the demand, the cluster serves min(λ, κ(P, D)) now, min(λ, κ(P, D − 1))
+during the switch and min(λ, κ(P + 1, D − 1)) after it, so
+
+    gain = min(λ, κ(P + 1, D − 1)) − min(λ, κ(P, D))     per second once the worker serves,
+    loss = min(λ, κ(P, D)) − min(λ, κ(P, D − 1))         per second while it moves,
+    benefit = gain · max(0, R − W),   cost = loss · W,    start only if benefit > cost,
+
+R being the overload's likely remaining time. Nothing says when an overload ends, so R is the
+time it has lasted, A: since the backlog under way began (``controller.drain``), or since the
+regime turned saturated if that is earlier; the detector confirms an overload some 10–15 s after
+its queue forms (window, smoothing, dwell). An overload seen for A seconds is as
+likely to end before another A as after (the median of a scale-free duration), so A is the
+median remaining time. In a prefill-bound saturation the decode pool does not bind, loss = 0,
+and the rule reads: move once the overload has lasted one switch; a spike shorter than the
+switch (``make demo``'s, against 60 wall seconds at speed-up 0.5) no longer takes a decode worker
+away for longer than it lasts.
+
 Never oscillating comes from three things:
 
 - hysteresis: moving up needs *saturated* and capacity dominance; moving back needs demand a
@@ -75,6 +95,10 @@ class PoolTarget(Protocol):
         """Start moving one TP group from the other role to ``to_role``."""
         ...
 
+    def switch_s(self) -> float:
+        """Seconds (on the controller's clock) a moving worker serves in neither pool."""
+        ...
+
 
 class SplitPlanner(Protocol):
     """Game 1 for the resplitter (e.g. ``cluster.sim.planning.GameOnePlanner``)."""
@@ -100,6 +124,39 @@ class ResplitDecision:
     poa_routing: float | None
     poa_capacity: float | None
     reason: str
+
+
+@dataclass(frozen=True)
+class Payoff:
+    """What one move up would return (module docstring): request-seconds within the SLOs."""
+
+    gain_rps: float
+    loss_rps: float
+    remaining_s: float
+    switch_s: float
+
+    @property
+    def benefit(self) -> float:
+        return self.gain_rps * max(0.0, self.remaining_s - self.switch_s)
+
+    @property
+    def cost(self) -> float:
+        return self.loss_rps * self.switch_s
+
+    @property
+    def pays(self) -> bool:
+        return self.benefit > self.cost
+
+
+def resplit_payoff(
+    planner: SplitPlanner, pools: Pools, arrival_rate: float, lasted_s: float, switch_s: float
+) -> Payoff:
+    """The payoff of moving one worker from decode to prefill (module docstring): gain and loss
+    from Game 1's SLO capacities at the demand λ, R = ``lasted_s``."""
+    served = min(arrival_rate, planner.capacity(pools))
+    moving = min(arrival_rate, planner.capacity(Pools(pools.prefill, pools.decode - 1)))
+    after = min(arrival_rate, planner.capacity(Pools(pools.prefill + 1, pools.decode - 1)))
+    return Payoff(after - served, max(0.0, served - moving), lasted_s, switch_s)
 
 
 def _count(name: str, value: object, low: int) -> None:
@@ -173,6 +230,8 @@ class Resplitter:
         self._down_ticks = 0
         self._busy = False
         self._idle_since: float | None = None  # when the last re-split finished
+        self._overload_since: float | None = None  # start of the regime's saturated stretch
+        self.unpaid = 0  # ticks a move up was due but would not have paid for itself
 
     def tick(
         self,
@@ -181,11 +240,17 @@ class Resplitter:
         arrival_rate: float,
         poa_routing: float | None = None,
         poa_capacity: float | None = None,
+        backlog_since: float | None = None,
     ) -> ResplitDecision | None:
-        """Update the counters with this tick's signals; start a re-split when they say so."""
+        """Update the counters with this tick's signals; start a re-split when they say so.
+        ``backlog_since``: when the backlog under way began (``DrainWatch.backlog_since``)."""
         if not (math.isfinite(arrival_rate) and arrival_rate >= 0):
             raise ValueError(f"arrival_rate must be finite and >= 0, got {arrival_rate!r}")
         s = self.settings
+        if regime != Regime.SATURATED:
+            self._overload_since = None
+        elif self._overload_since is None:
+            self._overload_since = now
         capacity_bound = (
             regime == Regime.SATURATED
             and poa_routing is not None
@@ -209,11 +274,20 @@ class Resplitter:
             return None
         if self._up_ticks >= s.dwell_ticks and pools.decode > s.min_decode:
             goal = self.planner.best_split(arrival_rate)
-            if goal.prefill > pools.prefill:
+            starts = [t for t in (self._overload_since, backlog_since) if t is not None]
+            lasted = now - min(starts) if self._overload_since is not None else 0.0
+            payoff = resplit_payoff(
+                self.planner, pools, arrival_rate, lasted, self.target.switch_s()
+            )
+            if goal.prefill > pools.prefill and not payoff.pays:
+                self.unpaid += 1
+            elif goal.prefill > pools.prefill:
                 reason = (
                     f"capacity-bound for {self._up_ticks} ticks: poa_capacity "
                     f"{poa_capacity:.3g} >= {s.dominance:g} x poa_routing {poa_routing:.3g}; "
-                    f"Game 1 at {arrival_rate:.3g} req/s: {goal}"
+                    f"Game 1 at {arrival_rate:.3g} req/s: {goal}; pays for its "
+                    f"{payoff.switch_s:.3g} s switch after {lasted:.3g} s of overload "
+                    f"(benefit {payoff.benefit:.3g} > cost {payoff.cost:.3g} request-s)"
                 )
                 return self._start(
                     now, "prefill", pools, goal, arrival_rate, reason, poa_routing, poa_capacity

@@ -271,7 +271,9 @@ class ControllerActor:
         if drain is not None:  # the queue's samples go, here and in the PoA window
             self.controller.drained(drain)
             await self._deliver(self.poa, "forget_before", drain.since)
-        self.controller.tick(now, **signals, arrival_rate=rate)
+        self.controller.tick(
+            now, **signals, arrival_rate=rate, backlog_since=self.drain.backlog_since
+        )
         self.ticks += 1
         if len(self.controller.changes) > 2 * MAX_CHANGES:  # the plain Controller keeps them all
             del self.controller.changes[:-MAX_CHANGES]

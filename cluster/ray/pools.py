@@ -145,6 +145,11 @@ class ActorPools:
     def resplitting(self) -> bool:
         return self.moving is not None or (self._task is not None and not self._task.done())
 
+    def switch_s(self) -> float:
+        """The warm-up in wall seconds (the drain, bounded by ``drain_timeout_s`` and usually
+        a few seconds of decode, left out)."""
+        return self.warmup_s
+
     def resplit(self, to_role: Role, reason: str) -> None:
         """Start moving the least-loaded worker of the other role (in the background)."""
         if self.resplitting():

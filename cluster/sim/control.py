@@ -66,6 +66,11 @@ class SimPools:
     def resplit(self, to_role: Role, reason: str) -> None:
         self.cluster.resplit(to_role, reason)
 
+    def switch_s(self) -> float:
+        """The profile's role switch (virtual seconds, the controller's clock here); a drain
+        adds the moving worker's in-flight work, a second or two on decode, left out."""
+        return self.cluster.pool_state.role_switch_s
+
 
 class ControlLoop:
     def __init__(
@@ -172,6 +177,7 @@ class ControlLoop:
                 poa_routing=est.poa_routing,
                 poa_capacity=est.poa_capacity,
                 arrival_rate=rate,
+                backlog_since=self.drain.backlog_since,
             )
             detector = self.controller.detector
             regime, p99, smoothed = int(detector.regime), detector.last_p99, detector.smoothed_p99

@@ -10,7 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from controller.detector import Regime
-from controller.resplit import Pools, ResplitDecision, ResplitSettings, Resplitter, Role
+from controller.resplit import (
+    Pools,
+    ResplitDecision,
+    ResplitSettings,
+    Resplitter,
+    Role,
+    resplit_payoff,
+)
 
 
 class FakePools:
@@ -31,6 +38,9 @@ class FakePools:
 
     def resplitting(self) -> bool:
         return self._left > 0
+
+    def switch_s(self) -> float:
+        return 0.0  # a switch that costs nothing: these tests are about when and which way
 
     def resplit(self, to_role: Role, reason: str) -> None:
         assert not self._left, "a re-split was started while one was in progress"
@@ -212,3 +222,78 @@ def test_a_non_finite_arrival_rate_is_refused() -> None:
     r = Resplitter(FakePools(1, 5), always(Pools(2, 4)))
     with pytest.raises(ValueError, match="arrival_rate"):
         r.tick(0.0, Regime.SATURATED, float("nan"), 1.0, 5.0)
+
+
+class SlowPools(FakePools):
+    """A target whose switch takes ``switch`` seconds (one tick is one second here)."""
+
+    def __init__(self, prefill: int, decode: int, switch: float) -> None:
+        super().__init__(prefill, decode, busy_ticks=max(1, int(switch)))
+        self.switch = switch
+
+    def switch_s(self) -> float:
+        return self.switch
+
+
+class AdditivePlanner(FakePlanner):
+    """A capacity every worker adds to (20 req/s per prefill, 5 per decode worker): losing a
+    decode worker for the switch costs, unlike Game 1's min(P·κ_P, D·κ_D)."""
+
+    def capacity(self, pools: Pools) -> float:
+        return 20.0 * pools.prefill + 5.0 * pools.decode
+
+
+def test_a_move_up_waits_until_the_overload_has_lasted_one_switch() -> None:
+    target = SlowPools(1, 5, switch=10.0)
+    r = Resplitter(target, always(Pools(3, 3)), ResplitSettings(dwell_ticks=4))
+    made = run(r, target, [CAPACITY] * 14)
+    # Capacity-bound from t = 0 (the dwell is met at t = 3), but the move pays only once the
+    # overload has lasted more than the 10 s switch: R = 11 s at t = 11.
+    assert [d.t for d in made] == [11.0] and r.unpaid == 8
+    assert "pays for its 10 s switch after 11 s of overload" in made[0].reason
+
+
+def test_a_spike_shorter_than_the_switch_takes_no_worker_away() -> None:
+    target = SlowPools(1, 5, switch=10.0)
+    r = Resplitter(target, always(Pools(3, 3)), ResplitSettings(dwell_ticks=4))
+    assert run(r, target, [CAPACITY] * 9 + [CALM] * 20 + [CAPACITY] * 9) == []
+    assert target.calls == []  # each overload was over before it had lasted a switch
+
+
+def test_a_switch_that_costs_capacity_must_be_paid_back() -> None:
+    # κ = 20P + 5D at λ = 60: 35 served on 1P/3D, 30 while a decode worker moves (loss 5),
+    # 50 after (gain 15); a 9 s switch: benefit 15·(R − 9) > cost 5·9 once R > 12.
+    planner = AdditivePlanner(Pools(2, 2))
+    payoff = resplit_payoff(planner, Pools(1, 3), 60.0, 12.0, 9.0)
+    assert (payoff.gain_rps, payoff.loss_rps) == (15.0, 5.0) and not payoff.pays
+    assert resplit_payoff(planner, Pools(1, 3), 60.0, 12.5, 9.0).pays
+    target = SlowPools(1, 3, switch=9.0)
+    r = Resplitter(target, planner, ResplitSettings(dwell_ticks=2))
+    made = run(r, target, [CAPACITY] * 16)
+    assert [d.t for d in made] == [13.0]
+
+
+def test_game_ones_capacity_never_gains_what_the_switch_lost() -> None:
+    # With κ = min(P·κ_P, D·κ_D), a decode worker whose absence binds during the switch also
+    # binds after it: the cost term is zero whenever the gain is positive.
+    class MinPlanner(FakePlanner):
+        def capacity(self, pools: Pools) -> float:
+            return min(20.0 * pools.prefill, 15.0 * pools.decode)
+
+    for p, d in itertools.product(range(1, 6), range(2, 8)):
+        payoff = resplit_payoff(MinPlanner(Pools(p, d)), Pools(p, d), 1000.0, 60.0, 30.0)
+        assert payoff.loss_rps == 0.0 or payoff.gain_rps <= 0.0, (p, d)
+
+
+def test_the_overload_is_dated_from_its_backlog_when_that_began_earlier() -> None:
+    # The queue formed 8 s before the regime turned saturated (the detector confirms late):
+    # with a 10 s switch the move pays 3 s into the saturated stretch, not 11 s.
+    target = SlowPools(1, 5, switch=10.0)
+    r = Resplitter(target, always(Pools(3, 3)), ResplitSettings(dwell_ticks=1))
+    regime, routing, capacity, rate = CAPACITY
+    starts = []
+    for t in range(6):
+        decision = r.tick(float(t), regime, rate, routing, capacity, backlog_since=-8.0)
+        if decision is not None:
+            starts.append(decision.t)
+    assert starts == [3.0]

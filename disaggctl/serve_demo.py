@@ -302,7 +302,8 @@ def format_report(report: dict[str, Any]) -> str:
     resplits = report.get("resplits") or []
     if not resplits:
         lines.append("re-splits: none (the pools kept their split: saturation never read as "
-                     "capacity-bound long enough)")  # fmt: skip
+                     "capacity-bound long enough, or no overload outlasted the role switch a "
+                     "move would cost)")  # fmt: skip
     for r in resplits:
         end = "still warming" if r["end_t"] is None else f"until {r['end_t']:.0f}s"
         outcome = " (abandoned)" if r["abandoned"] else ""

@@ -191,7 +191,10 @@ def run(
 def format_resplits(result: ScenarioResult) -> str:
     """The re-split lever's decisions and each step of each move, or a line saying none came."""
     if not result.resplits:
-        return "re-split: none (saturation never stayed capacity-bound long enough)"
+        return (
+            "re-split: none (saturation never stayed capacity-bound long enough, or no "
+            "overload outlasted the role switch a move would cost)"
+        )
     lines = ["re-splits (the controller's second lever):"]
     for d in result.resplits:
         lines.append(f"  t={d.t:5.0f}s {d.before} → one worker to {d.to_role}: {d.reason}")

@@ -25,17 +25,20 @@ and a queue that is empty at one tick may be a batch just released into a satura
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
-from controller.detector import SaturationDetector
+from controller.detector import HYSTERESIS, Thresholds
 
 __all__ = ["Drain", "DrainWatch", "TickWaits", "calm_limit_s"]
 
+MAX_DRAINS = 64  # drains a long-running controller remembers
 
-def calm_limit_s(detector: SaturationDetector) -> float:
+
+def calm_limit_s(thresholds: Thresholds, hysteresis: float = HYSTERESIS) -> float:
     """The longest TTFT a drained cluster shows: the detector's down-threshold (1 − h)·θ1. A
     request that has waited longer keeps the detector from reading ``below``."""
-    return (1.0 - detector.hysteresis) * detector.thresholds.theta1
+    return (1.0 - hysteresis) * thresholds.theta1
 
 
 class TickWaits:
@@ -77,7 +80,7 @@ class DrainWatch:
                 raise ValueError(f"{name} must be an integer >= 1, got {count!r}")
         self.episode_ticks = episode_ticks
         self.drain_ticks = drain_ticks
-        self.drains: list[Drain] = []
+        self.drains: deque[Drain] = deque(maxlen=MAX_DRAINS)  # the latest, for snapshots
         self._queued = 0  # consecutive ticks not drained
         self._queued_from = 0.0  # the first of them
         self._backlog_from: float | None = None  # start of a backlog that lasted

@@ -274,24 +274,27 @@ class Resplitter:
             return None
         if self._up_ticks >= s.dwell_ticks and pools.decode > s.min_decode:
             goal = self.planner.best_split(arrival_rate)
-            starts = [t for t in (self._overload_since, backlog_since) if t is not None]
-            lasted = now - min(starts) if self._overload_since is not None else 0.0
-            payoff = resplit_payoff(
-                self.planner, pools, arrival_rate, lasted, self.target.switch_s()
-            )
-            if goal.prefill > pools.prefill and not payoff.pays:
-                self.unpaid += 1
-            elif goal.prefill > pools.prefill:
-                reason = (
-                    f"capacity-bound for {self._up_ticks} ticks: poa_capacity "
-                    f"{poa_capacity:.3g} >= {s.dominance:g} x poa_routing {poa_routing:.3g}; "
-                    f"Game 1 at {arrival_rate:.3g} req/s: {goal}; pays for its "
-                    f"{payoff.switch_s:.3g} s switch after {lasted:.3g} s of overload "
-                    f"(benefit {payoff.benefit:.3g} > cost {payoff.cost:.3g} request-s)"
+            if goal.prefill > pools.prefill:
+                starts = [t for t in (self._overload_since, backlog_since) if t is not None]
+                lasted = now - min(starts) if self._overload_since is not None else 0.0
+                payoff = resplit_payoff(
+                    self.planner, pools, arrival_rate, lasted, self.target.switch_s()
                 )
-                return self._start(
-                    now, "prefill", pools, goal, arrival_rate, reason, poa_routing, poa_capacity
-                )
+                if not payoff.pays:  # due, but the switch would cost more than it returns
+                    self.unpaid += 1
+                else:
+                    reason = (
+                        f"capacity-bound for {self._up_ticks} ticks: poa_capacity "
+                        f"{poa_capacity:.3g} >= {s.dominance:g} x poa_routing "
+                        f"{poa_routing:.3g}; Game 1 at {arrival_rate:.3g} req/s: {goal}; pays "
+                        f"for its {payoff.switch_s:.3g} s switch after {lasted:.3g} s of "
+                        f"overload (benefit {payoff.benefit:.3g} > cost {payoff.cost:.3g} "
+                        "request-s)"
+                    )
+                    return self._start(
+                        now, "prefill", pools, goal, arrival_rate, reason, poa_routing,
+                        poa_capacity,
+                    )  # fmt: skip
         if self._down_ticks >= s.release_ticks:
             reason = (
                 f"demand {arrival_rate:.3g} req/s <= {s.release_fraction:g} x the SLO capacity "

@@ -285,13 +285,14 @@ class ControllerActor:
         holds the queue in front of routing, did not answer."""
         wait = self.pending.oldest_wait_s(now)
         OLDEST_WAIT.set(wait)
+        detector = self.controller.detector
         if self.auction is not None and queue_depth is None:
             return None
         return self.waits.reading(
             queued=bool(queue_depth),
             waiting_s=wait,
             idle=self.pending.idle(now),
-            limit_s=calm_limit_s(self.controller.detector) + EVENT_SLACK_S,
+            limit_s=calm_limit_s(detector.thresholds, detector.hysteresis) + EVENT_SLACK_S,
         )
 
     async def _sync_prefill_slots(self) -> None:
@@ -445,7 +446,7 @@ class ControllerActor:
             "push_failures": self.push_failures,
             "ttft_p99_smoothed_s": d.smoothed_p99,
             "ttft_p99_window_s": d.last_p99,
-            "drains": [dataclasses.asdict(x) for x in self.drain.drains[-MAX_CHANGES:]],
+            "drains": [dataclasses.asdict(x) for x in self.drain.drains],
             "theta1_s": d.thresholds.theta1,
             "theta2_s": d.thresholds.theta2,
             "samples": d.samples,

@@ -102,7 +102,8 @@ class ControlLoop:
         self.drain = DrainWatch()
         self.waits = TickWaits()
         if drain_limit_s is None and controller is not None:
-            drain_limit_s = calm_limit_s(controller.detector)
+            detector = controller.detector
+            drain_limit_s = calm_limit_s(detector.thresholds, detector.hysteresis)
         self.drain_limit_s = drain_limit_s
         cluster.pool_listeners.append(self.pool_changes.append)
         cluster.first_token_listeners.append(self._first_token)
@@ -141,14 +142,15 @@ class ControlLoop:
 
     def drained(self) -> bool | None:
         """This tick's backlog reading (``controller.drain``); None without a drain limit."""
+        if self.drain_limit_s is None:
+            return None
         cluster = self.cluster
-        reading = self.waits.reading(
+        return self.waits.reading(
             queued=cluster.admission.depth > 0,
             waiting_s=cluster.start_wait(),
             idle=cluster.in_flight == 0,
-            limit_s=self.drain_limit_s or 0.0,
+            limit_s=self.drain_limit_s,
         )
-        return None if self.drain_limit_s is None else reading
 
     def _forget(self, drain: Drain) -> None:
         self.estimator.forget_before(drain.since)

@@ -26,7 +26,8 @@ from cluster.sim.records import RequestRecord, summarize
 from cluster.sim.views import ViewSettings
 from cluster.workloads import TemplateSource
 from controller.controller import CapacityAdvice, Controller, RegimeChange
-from controller.detector import HYSTERESIS, SaturationDetector, Thresholds
+from controller.detector import SaturationDetector, Thresholds
+from controller.drain import calm_limit_s
 from controller.policy import PolicyTable
 from controller.resplit import ResplitDecision, ResplitSettings, Resplitter
 from games.pd_allocation import SloTargets
@@ -142,7 +143,7 @@ def run_scenario(
         )
     estimator = PoaEstimator(256, MAX_AGE_S, unloaded_latency_s=unloaded_ttft(profile))
     # Static and adaptive arms cut their PoA windows at the same drains (controller.drain).
-    limit = None if thresholds is None else (1.0 - HYSTERESIS) * thresholds.theta1
+    limit = None if thresholds is None else calm_limit_s(thresholds)
     loop = ControlLoop(
         cluster, controller, estimator, until=load.end, on_tick=on_tick, drain_limit_s=limit
     )

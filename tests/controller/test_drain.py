@@ -36,7 +36,7 @@ def test_a_backlog_that_lasted_ends_on_the_second_drained_tick() -> None:
     watch = DrainWatch()
     (drain,) = feed(watch, [True] * 3 + [False] * 5 + [True] * 4)
     assert drain == Drain(t=9.0, since=8.0, backlog_s=5.0)
-    assert watch.drains == [drain] and not watch.backlogged
+    assert list(watch.drains) == [drain] and not watch.backlogged
 
 
 def test_short_queues_and_single_empty_ticks_are_not_drains() -> None:
@@ -145,4 +145,4 @@ def test_a_tick_reads_drained_only_with_calm_evidence() -> None:
     waits.answered(0.2)
     assert not waits.reading(**{**calm, "queued": True})  # a queue in front of routing
     detector = SaturationDetector(TH, hysteresis=0.2)
-    assert calm_limit_s(detector) == pytest.approx(0.4)
+    assert calm_limit_s(detector.thresholds, detector.hysteresis) == pytest.approx(0.4)

@@ -86,65 +86,107 @@ class Candidate(StrictModel):
     probability: Probability
 
 
+def _candidates(decision: Any) -> tuple[Candidate, ...]:
+    """A ``router.Decision``'s breakdown; numpy scalars become plain ints and floats here."""
+    return tuple(
+        Candidate(
+            worker_id=operator.index(c.worker),
+            overlap_blocks=operator.index(c.overlap_blocks),
+            uncached_tokens=operator.index(c.uncached_tokens),
+            active_prefill_tokens=operator.index(active),
+            prefill_blocks=float(c.prefill_blocks),
+            decode_blocks=operator.index(c.decode_blocks),
+            cost=float(c.cost),
+            probability=float(c.probability),
+        )
+        for c, active in zip(decision.candidates, decision.active_prefill_tokens, strict=True)
+    )
+
+
+def _lines(candidates: Iterable[Candidate]) -> dict[int, CandidateLoad]:
+    """The PoA model's features of each candidate (games/poa.py)."""
+    return {
+        c.worker_id: CandidateLoad(c.uncached_tokens, c.active_prefill_tokens, c.decode_blocks)
+        for c in candidates
+    }
+
+
+def _one_line_each(worker_id: int, candidates: tuple[Candidate, ...]) -> None:
+    # to_record keys u(r, w) by worker: a repeated worker would silently lose a line.
+    ids = [c.worker_id for c in candidates]
+    if len(set(ids)) != len(ids):
+        raise ValueError("candidates name a worker more than once")
+    if ids and worker_id not in ids:
+        raise ValueError(f"worker_id {worker_id} is not among the candidates")
+
+
+class PrefillRoute(StrictModel):
+    """The prefill router's decision for a request a prefill worker runs: the worker and its
+    breakdown (absent when the decode worker prefills locally, or the engines route prefill
+    themselves, as Dynamo's frontend does)."""
+
+    worker_id: WorkerId
+    candidates: Annotated[tuple[Candidate, ...], Field(max_length=MAX_CANDIDATES)]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PrefillRoute:
+        _one_line_each(self.worker_id, self.candidates)
+        return self
+
+
 class RouteEvent(EventModel):
     kind: ClassVar[str] = "route"
     request_id: Id
     t: Seconds
     user: User
-    worker_id: WorkerId
+    worker_id: WorkerId  # the decode worker
     candidates: Annotated[tuple[Candidate, ...], Field(max_length=MAX_CANDIDATES)]
     tau: NonNegative
     omega: NonNegative
     regime: Label
     policy_version: Count
+    prefill: PrefillRoute | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> RouteEvent:
-        # to_record keys u(r, w) by worker: a repeated worker would silently lose a line.
-        ids = [c.worker_id for c in self.candidates]
-        if len(set(ids)) != len(ids):
-            raise ValueError("candidates name a worker more than once")
-        if ids and self.worker_id not in ids:
-            raise ValueError(f"worker_id {self.worker_id} is not among the candidates")
+        _one_line_each(self.worker_id, self.candidates)
         return self
 
     @classmethod
-    def from_decision(cls, decision: Any, t: float, user: str, regime: str) -> RouteEvent:
-        """From a ``router.Decision``; numpy scalars become plain ints and floats here."""
+    def from_decision(
+        cls, decision: Any, t: float, user: str, regime: str, prefill: Any = None
+    ) -> RouteEvent:
+        """From the decode router's ``router.Decision`` and, when a prefill worker was chosen,
+        the prefill router's."""
         return cls(
             request_id=decision.request_id,
             t=float(t),
             user=user,
             worker_id=operator.index(decision.worker),
-            candidates=tuple(
-                Candidate(
-                    worker_id=operator.index(c.worker),
-                    overlap_blocks=operator.index(c.overlap_blocks),
-                    uncached_tokens=operator.index(c.uncached_tokens),
-                    active_prefill_tokens=operator.index(active),
-                    prefill_blocks=float(c.prefill_blocks),
-                    decode_blocks=operator.index(c.decode_blocks),
-                    cost=float(c.cost),
-                    probability=float(c.probability),
-                )
-                for c, active in zip(
-                    decision.candidates, decision.active_prefill_tokens, strict=True
-                )
-            ),
+            candidates=_candidates(decision),
             tau=float(decision.tau),
             omega=float(decision.omega),
             regime=regime,
             policy_version=operator.index(decision.policy_version),
+            prefill=None
+            if prefill is None
+            else PrefillRoute(
+                worker_id=operator.index(prefill.worker), candidates=_candidates(prefill)
+            ),
         )
 
     def to_record(self) -> RouteRecord:
         """The joiner's route half: every candidate's uncached tokens, active prefill tokens and
-        decode blocks, the PoA model's features (games/poa.py)."""
-        candidates = {
-            c.worker_id: CandidateLoad(c.uncached_tokens, c.active_prefill_tokens, c.decode_blocks)
-            for c in self.candidates
-        }
-        return RouteRecord(self.request_id, self.t, self.worker_id, candidates)
+        decode blocks, the PoA model's features (games/poa.py), for each router that chose."""
+        prefill = self.prefill
+        return RouteRecord(
+            self.request_id,
+            self.t,
+            self.worker_id,
+            _lines(self.candidates),
+            None if prefill is None else prefill.worker_id,
+            None if prefill is None else _lines(prefill.candidates),
+        )
 
 
 class CompleteEvent(EventModel):
@@ -170,7 +212,10 @@ class CompleteEvent(EventModel):
         return self
 
     def to_record(self) -> CompletionRecord:
-        return CompletionRecord(self.request_id, self.t, self.worker_id, self.ttft_s, self.status)
+        return CompletionRecord(
+            self.request_id, self.t, self.worker_id, self.ttft_s, self.status,
+            self.prefill_worker_id,
+        )  # fmt: skip
 
 
 class RegimeEvent(EventModel):
@@ -236,7 +281,9 @@ class FirstTokenEvent(EventModel):
     def to_record(self) -> CompletionRecord:
         # The joiner's completion half: TTFT is all the PoA estimator needs of a completion, and
         # a request that produced a token is not a failure.
-        return CompletionRecord(self.request_id, self.t, self.worker_id, self.ttft_s, "ok")
+        return CompletionRecord(
+            self.request_id, self.t, self.worker_id, self.ttft_s, "ok", self.prefill_worker_id
+        )
 
 
 # "abandoned": a re-split given up (its drain timed out); the worker serves its old role again.
@@ -320,14 +367,26 @@ class EngineLoadEvent(EventModel):
 
 
 Event = (
-    RouteEvent | CompleteEvent | RegimeEvent | AuctionEvent | FirstTokenEvent | PoolsEvent
-    | LoadEvent | EngineLoadEvent
+    RouteEvent
+    | CompleteEvent
+    | RegimeEvent
+    | AuctionEvent
+    | FirstTokenEvent
+    | PoolsEvent
+    | LoadEvent
+    | EngineLoadEvent
 )
 MODELS: dict[str, type[EventModel]] = {
     m.kind: m
     for m in (
-        RouteEvent, CompleteEvent, RegimeEvent, AuctionEvent, FirstTokenEvent, PoolsEvent,
-        LoadEvent, EngineLoadEvent,
+        RouteEvent,
+        CompleteEvent,
+        RegimeEvent,
+        AuctionEvent,
+        FirstTokenEvent,
+        PoolsEvent,
+        LoadEvent,
+        EngineLoadEvent,
     )
 }
 assert tuple(MODELS) == KINDS  # one model per subject, in the order subject() lists them
@@ -368,7 +427,9 @@ def run_events(records: Iterable[Any], regime: str = "below") -> list[Event]:
     timed: list[tuple[float, Event]] = []
     for record in records:
         if record.decision is not None and record.routed is not None:
-            route = RouteEvent.from_decision(record.decision, record.routed, record.user, regime)
+            route = RouteEvent.from_decision(
+                record.decision, record.routed, record.user, regime, record.prefill_decision
+            )
             timed.append((record.routed, route))
         if record.finished is not None:
             timed.append((record.finished, completion_event(record)))

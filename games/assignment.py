@@ -63,9 +63,14 @@ def optimal_cost_hungarian(P: FloatArray, base: FloatArray, svc: FloatArray) -> 
 
 def optimal_cost(P: FloatArray, base: FloatArray, svc: FloatArray) -> float:
     """Minimum of Σ_r C[r, (a(r), k_r)] over assignments, by successive shortest paths."""
+    return optimal_assignment(P, base, svc)[0]
+
+
+def optimal_assignment(P: FloatArray, base: FloatArray, svc: FloatArray) -> tuple[float, list[int]]:
+    """``optimal_cost`` and the worker of each request in an assignment that attains it."""
     n, W = _check(P, base, svc)
     if n == 0:
-        return 0.0
+        return 0.0, []
     where = [-1] * n
     count = [0] * W
     # moves[w][v]: heap of (P[r', v] − P[r', w], r') over requests r' placed on w (lazy), and
@@ -103,7 +108,7 @@ def optimal_cost(P: FloatArray, base: FloatArray, svc: FloatArray) -> float:
         count[end] += 1
         for w in chain:  # only these workers gained or lost requests
             _refresh(w, where, moves, delta)
-    return total
+    return total, where
 
 
 def _refresh(

@@ -6,6 +6,11 @@ or until it is older than ``ttl_s`` (then it is dropped and counted). Duplicates
 held or already joined are counted and ignored. Failed requests and completions that name another
 worker than their decision (a migrated request) are counted and not attributed.
 
+The window request carries the decision that placed the request's prefill (games/poa.py): the
+prefill router's when the completion names the prefill worker it chose, the decode router's when
+the decode worker prefilled locally or nobody told us how the prefill was routed (the engines
+routed it themselves).
+
     attribution_rate = joined / (joined + completions that expired unjoined + unusable ones)
 
 is the share of settled completions the estimator could use; 1 before any settled.
@@ -22,13 +27,16 @@ from games.poa import CandidateLoad, WindowRequest
 
 @dataclass(frozen=True)
 class RouteRecord:
-    """A routing decision: the chosen worker and the router's line for every candidate (its
-    uncached tokens, active prefill tokens and decode blocks: the route event's breakdown)."""
+    """A routing decision: the chosen decode worker and the router's line for every candidate
+    (its uncached tokens, active prefill tokens and decode blocks: the route event's breakdown);
+    the prefill router's worker and lines when it chose one."""
 
     request_id: str
     t: float
     worker: int
     candidates: Mapping[int, CandidateLoad]
+    prefill_worker: int | None = None
+    prefill_candidates: Mapping[int, CandidateLoad] | None = None
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,7 @@ class CompletionRecord:
     worker: int
     ttft_s: float
     status: str = "ok"
+    prefill_worker: int | None = None  # None: prefilled on the decode worker
 
 
 class EventJoiner:
@@ -119,15 +128,21 @@ class EventJoiner:
         if completion.status != "ok":
             self.counts["failed"] += 1
             return None
-        if completion.worker != route.worker or route.worker not in route.candidates:
+        worker, candidates = route.worker, route.candidates
+        if route.prefill_worker is not None and completion.prefill_worker is not None:
+            worker, candidates = route.prefill_worker, route.prefill_candidates or {}
+            if completion.prefill_worker != worker:  # prefilled elsewhere than routed
+                self.counts["worker_mismatch"] += 1
+                return None
+        if completion.worker != route.worker or worker not in candidates:
             self.counts["worker_mismatch"] += 1
             return None
         self.counts["joined"] += 1
         return WindowRequest(
             request_id=route.request_id,
-            worker=route.worker,
+            worker=worker,
             routed_at=route.t,
             first_token_at=completion.t,
             latency=max(0.0, completion.ttft_s),
-            candidates=route.candidates,
+            candidates=candidates,
         )

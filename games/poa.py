@@ -1,51 +1,55 @@
 """Game 3: the routing game's Price of Anarchy, estimated live from a window of requests
 (docs/design.md §3).
 
-A window request r carries what the router's route event carries for every candidate worker w at
-decision time (U[r, w] uncached tokens, Q[r, w] active prefill tokens, D[r, w] active KV blocks),
-the worker it chose, a(r), and its realised latency ℓ_r (TTFT, from the ``first_token`` event).
+A window request r carries the routing decision that placed its prefill, with what the router's
+route event carries for every candidate worker w at decision time (U[r, w] uncached tokens,
+Q[r, w] active prefill tokens, D[r, w] active KV blocks): the prefill router's decision when a
+prefill worker ran it, the decode router's when the decode worker prefilled locally. With it come
+the worker chosen, a(r), its routing time t_r, and its realised latency ℓ_r (TTFT, from the
+``first_token`` event).
 
-**Model.** m is a linear model of latency in those features, fitted on the window
-(``games.poa_model.fit_model``: bounded least squares, all θ ≥ 0 at once, in relative error
-since latency noise is multiplicative, Huber-reweighted):
+**Queues, replayed.** What routing changes is who waits behind whom. A prefill engine runs
+iterations: an idle worker starts a request at once, and those that reach it while an iteration
+runs go together into the next one, which lasts their summed work (``games.poa_replay``). Each
+request brings work σ(r, w) = σ₀ + σ_u·U[r, w]; replaying the window under an assignment A gives
+each request's wait for others' work, wait_A(r). The router's own assignment gives wait_R.
 
-    ℓ_r ≈ θ₀ + θ_u·U[r, a] + θ_q·Q[r, a] + θ_d·D[r, a] + θ_Ū·Ū_r + θ_Q̄·Q̄_r + θ_D̄·D̄_r
+**Model** (``games.poa_model``). A fit on the router's own view gives the seconds a prefill
+token costs, σ_u = θ_u, and the zero-load latency; then, σ₀ being the one of a geometric grid
+below that latency whose replay explains the window best,
 
-(Ū, Q̄, D̄: means over r's candidates, the load r would have met on any worker.) Only the own
-terms differ between workers. Q[r, w] splits into the prefill tokens of window requests the router
-put on w ahead of r and still without a first token when r was routed, Q_win, and the rest,
-Q_ext = Q − Q_win. In a counterfactual assignment the window's own part is the slot term: the
-k-th window request on w meets k·svc_w more latency, svc_w = θ_q·ρ·ū_w, ρ the share of ordered
-window pairs (r' routed before r) with r' still in flight at r's routing, ū_w the window's mean
-U[·, w]. So for r in slot k of w
+    ℓ_r ≈ φ₀ + σ_u·U[r, a] + λ·wait_R(r) + φ_Ū·Ū_r                          (φ, λ ≥ 0)
 
-    m(r, w, k) = θ_u·U[r, w] + θ_q·Q_ext[r, w] + θ_d·D[r, w] + k·svc_w
+and a request's counterfactual latency under A is
 
-and its counterfactual latency is
+    ℓ̂_A(r) = max(0, ℓ_r + σ_u·(U[r, A(r)] − U[r, a]) + λ·(wait_A(r) − wait_R(r))),
 
-    ℓ̂(r, w, k) = ℓ_r + m(r, w, k) − m(r, a(r), k_r),
-
-k_r being r's slot in the router's own assignment (by latency on a(r): the slot costs of a worker
-sum to svc·n(n − 1)/2 in any order, and this one keeps every cell ≥ 0 once svc_w is capped at
-min_i ℓ_(i)/i over w's sorted latencies). ℓ̂ is floored at 0 off the router's choice, +∞ off the
-candidates. On this one matrix the router's assignment costs exactly Σ_r ℓ_r.
++∞ off its candidates. The router's assignment costs exactly Σ_r ℓ_r. The view's Q and D
+measure the same queues, late under a stale view: they do not enter ℓ̂, so a herd the router did
+not see is costed as the queue it made.
 
 **Estimate.**
 
-    OPT   = min over assignments of Σ ℓ̂   (games.assignment: exact, slot structure; the set holds
-                                           the router's assignment, so OPT ≤ Σ ℓ_r)
-    F     = Σ_r min( min_w m₀(r, w), min_w ℓ̂(r, w, 0) ),  m₀ = θ₀ + θ_Ū·Ū_r + θ_u·U[r, w]:
-            the zero-queue floor, the model's latency of r with every load and queue term at
-            zero, capped by r's cheapest counterfactual (so F ≤ OPT)
-    poa_routing  = Σ ℓ_r / OPT   ≥ 1   what better routing of this window could recover
-    poa_capacity = OPT / F       ≥ 1   the queueing even the best routing leaves: compute
-    poa_hat      = Σ ℓ_r / F     = poa_routing · poa_capacity ≥ 1
+    OPT   = min(Σ ℓ_r, Σ ℓ̂_F)    F: the assignment of a router that sees the replayed queues,
+                                 each epoch of requests routed within one mean work of each
+                                 other placed at once by the minimum-cost slot assignment
+                                 (games.assignment: a batch-mate waits for the others)
+    Fl    = min( Σ_r min_w m₀(r, w), OPT ),  m₀ = φ₀ + φ_Ū·Ū_r + σ_u·U[r, w]: the model's
+            latency with nobody queued, the floor no routing goes below
+    poa_routing  = Σ ℓ_r / OPT   ≥ 1   what better routing of these requests, at these times,
+                                       on these workers, would have saved
+    poa_capacity = OPT / Fl      ≥ 1   the queueing even that routing leaves: compute
+    poa_hat      = Σ ℓ_r / Fl    = poa_routing · poa_capacity ≥ 1
 
-Each factor is ≥ 1 by construction, not by clamping: OPT and F are taken as min(OPT, Σℓ) and
-min(F, OPT), which change them only by float rounding (the router's assignment costs Σℓ exactly).
+OPT is the better of two assignments, not a minimum over all (the pairwise costs of a queue make
+that a quadratic assignment problem): poa_routing is a lower bound on what routing could
+recover. Each factor is ≥ 1: OPT ≤ Σℓ because the router's assignment is one of the two (it
+costs Σℓ up to rounding, which the min removes), and Fl ≤ OPT by its min. The floor is capped as
+a sum, not request by request: a request the model over-predicts would otherwise lend its misfit
+to the floor, and a saturated window's noise (±100 ms on 9 s) would swamp a 35 ms floor.
 
-**Anchor.** A saturated window never sees a load near zero, so it cannot place θ₀ by itself; the
-profile's unloaded TTFT (``unloaded_latency_s``), when the caller has it, enters the fit as an
+**Anchor.** A saturated window never sees a load near zero, so it cannot place φ₀ by itself; the
+profile's unloaded TTFT (``unloaded_latency_s``), when the caller has it, enters both fits as an
 observation at zero load with the window's mean uncached tokens.
 
 **Window** (``PoaEstimator``): a request enters when its first token arrives and is kept by its
@@ -66,16 +70,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
-from games.assignment import optimal_cost
 from games.poa_model import (
     Counterfactual,
     LatencyModel,
+    QueueModel,
     WindowArrays,
+    assignment_cost,
     counterfactual,
     fit_model,
+    fit_queue_model,
     window_arrays,
 )
+from games.poa_replay import fresh_assignment
 
 __all__ = [
     "MAX_AGE_S",
@@ -84,6 +92,7 @@ __all__ = [
     "PoaEstimator",
     "WindowRequest",
     "estimate_parts",
+    "fresh_routing",
     "poa_hat",
     "ratio",
 ]
@@ -142,7 +151,7 @@ class PoaEstimate:
     workers: tuple[int, ...]
     realised: float  # Σ_r ℓ_r (also the router's assignment's cost on the matrix)
     router_cost: float  # the router's assignment on the matrix, as computed (= realised)
-    optimal_cost: float  # OPT
+    optimal_cost: float  # OPT: the better of the router's and the fresh router's assignment
     poa_hat: float
     poa_routing: float
     poa_capacity: float
@@ -150,6 +159,7 @@ class PoaEstimate:
     model: LatencyModel | None = None
     window_start: float = 0.0  # earliest routing time in the window
     window_end: float = 0.0  # latest first token in the window
+    queue: QueueModel | None = None
 
 
 def ratio(numerator: float, denominator: float) -> float:
@@ -170,9 +180,9 @@ def estimate_parts(
     window: Sequence[WindowRequest],
     workers: Iterable[int] | None = None,
     unloaded_latency_s: float | None = None,
-) -> tuple[WindowArrays, LatencyModel, Counterfactual]:
-    """The window's arrays, the fitted model and the counterfactual matrix (for tests and the
-    benchmark's Hungarian cross-check). ``window`` must not be empty."""
+) -> tuple[WindowArrays, LatencyModel, QueueModel, Counterfactual]:
+    """The window's arrays, both fitted models and the counterfactual costs (for tests and the
+    benchmark). ``window`` must not be empty."""
     _check_unloaded(unloaded_latency_s)
     pool = set(workers or ())
     for request in window:
@@ -185,7 +195,13 @@ def estimate_parts(
         at_zero_load = np.array([1.0, X[:, 1].mean(), 0.0, 0.0, X[:, 4].mean(), 0.0, 0.0])
         anchor = (at_zero_load, float(unloaded_latency_s))
     model = fit_model(X, arrays.latency, anchor)
-    return arrays, model, counterfactual(arrays, model.theta)
+    queue, router_wait = fit_queue_model(arrays, model.theta, unloaded_latency_s)
+    return arrays, model, queue, counterfactual(arrays, queue, router_wait)
+
+
+def fresh_routing(arrays: WindowArrays, cf: Counterfactual) -> npt.NDArray[np.intp]:
+    """F of the module docstring: the window routed by a router that sees the replayed queues."""
+    return fresh_assignment(cf.own, cf.wait_scale, cf.order, arrays.routed, cf.work, cf.free)
 
 
 def poa_hat(
@@ -207,15 +223,14 @@ def poa_hat(
         return PoaEstimate(
             len(window), tuple(sorted(pool)), 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, None, *span
         )
-    arrays, model, cf = estimate_parts(window, workers, unloaded_latency_s)
-    counts = np.bincount(arrays.chosen, minlength=len(arrays.workers))
-    rows = np.arange(arrays.n)
-    router = math.fsum(cf.P[rows, arrays.chosen].tolist()) + float(
-        np.dot(cf.svc, counts * (counts - 1) / 2)
-    )
-    # The router's assignment is in the set and costs Σℓ exactly; the min drops rounding only.
-    opt = min(optimal_cost(cf.P, np.zeros(len(arrays.workers)), cf.svc), realised)
-    floor = min(math.fsum(cf.floor.tolist()), opt)  # F ≤ OPT cell by cell; rounding only
+    arrays, model, queue, cf = estimate_parts(window, workers, unloaded_latency_s)
+    router = assignment_cost(cf, arrays, arrays.chosen)
+    fresh = fresh_routing(arrays, cf)
+    opt = realised
+    if not np.array_equal(fresh, arrays.chosen):
+        # The router's assignment costs Σℓ (up to rounding): the min keeps OPT ≤ Σℓ exactly.
+        opt = min(assignment_cost(cf, arrays, fresh), realised)
+    floor = min(math.fsum(cf.floor.tolist()), opt)
     return PoaEstimate(
         n=arrays.n,
         workers=arrays.workers,
@@ -229,6 +244,7 @@ def poa_hat(
         model=model,
         window_start=span[0],
         window_end=span[1],
+        queue=queue,
     )
 
 

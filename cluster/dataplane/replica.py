@@ -115,7 +115,9 @@ class ReplicaRouter:
     ) -> Route:
         route = self.routing.route(request_id, tokens, user, tuple(exclude))
         self.last_cost = float(route.decision.chosen.cost)  # disagg_routing_cost
-        event = RouteEvent.from_decision(route.decision, time.time(), user, route.regime)
+        event = RouteEvent.from_decision(
+            route.decision, time.time(), user, route.regime, route.prefill_decision
+        )
         self.bus.publish(event)
         return route
 

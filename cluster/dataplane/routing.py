@@ -54,7 +54,8 @@ class Route:
 
     ``prefill_worker`` is None when the decode worker prefills locally; ``local_hashes`` and
     ``seq_hashes`` are the prompt's block and sequence hashes (computed once, here, so the
-    workers never hash again); ``decision`` is the decode router's breakdown (the route event)."""
+    workers never hash again); ``decision`` is the decode router's breakdown and
+    ``prefill_decision`` the prefill router's (both in the route event)."""
 
     request_id: str
     decode_worker: int
@@ -65,6 +66,7 @@ class Route:
     seq_hashes: tuple[int, ...]
     regime: str
     decision: Decision
+    prefill_decision: Decision | None = None  # the prefill router's, when it chose a worker
 
     @property
     def cached_tokens(self) -> int:
@@ -236,11 +238,12 @@ class PoolRouting:
         decision = self._decide(decode, request_id, tokens, local, banned)
         try:
             uncached = decision.chosen.uncached_tokens
-            prefill_worker = None
+            picked: Decision | None = None
             prefill = self.routers["prefill"]
             allowed = [w for w in prefill.workers if w not in banned]
             if uncached > self.local_prefill_max_tokens and allowed:
-                prefill_worker = self._decide(prefill, request_id, tokens, local, banned).worker
+                picked = self._decide(prefill, request_id, tokens, local, banned)
+            prefill_worker = None if picked is None else picked.worker
             seq = tuple(sequence_hashes(local))
         except BaseException:
             self.complete(request_id)  # no half-made reservation survives a failure
@@ -255,6 +258,7 @@ class PoolRouting:
             request_id=request_id, decode_worker=int(decision.worker),
             prefill_worker=prefill_worker, prompt_tokens=len(tokens), uncached_tokens=uncached,
             local_hashes=tuple(local), seq_hashes=seq, regime=self.regime, decision=decision,
+            prefill_decision=picked,
         )  # fmt: skip
 
     def checked_request(self, request_id: object, tokens: object, user: object) -> list[int]:

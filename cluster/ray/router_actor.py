@@ -158,7 +158,9 @@ class RouterActor:
         route = self.pools.route(request_id, tokens, user, exclude or ())
         decision = route.decision
         try:
-            event = RouteEvent.from_decision(decision, time.time(), user, route.regime)
+            event = RouteEvent.from_decision(
+                decision, time.time(), user, route.regime, route.prefill_decision
+            )
         except BaseException:
             self.pools.complete(request_id)
             raise

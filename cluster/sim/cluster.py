@@ -285,7 +285,7 @@ class SimCluster:
             self._to_decode(flight, prefill_locally=True)
             return
         pick = self.views.route("prefill", request.request_id, request.tokens, flight.local_hashes)
-        rec.prefill_worker = pick.worker
+        rec.prefill_worker, rec.prefill_decision = pick.worker, pick
         self.pool_state.hold(pick.worker)
         job = PrefillJob(
             request.request_id, prompt, flight.local_hashes, flight.seq_hashes,

@@ -134,7 +134,9 @@ class ControlLoop:
         if record.ttft is not None and self.controller is not None:
             self.controller.observe(self.cluster.now, record.ttft)
         if record.decision is not None and record.routed is not None:
-            route = RouteEvent.from_decision(record.decision, record.routed, record.user, "")
+            route = RouteEvent.from_decision(
+                record.decision, record.routed, record.user, "", record.prefill_decision
+            )
             self.joiner.add_route(route.to_record())
         joined = self.joiner.add_completion(first_token_event(record).to_record())
         if joined is not None:

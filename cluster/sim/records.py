@@ -31,7 +31,8 @@ class RequestRecord:
     cached_tokens: int = 0
     payment: float = 0.0
     batch_id: int | None = None
-    decision: Any = field(default=None, repr=False)  # router.Decision
+    decision: Any = field(default=None, repr=False)  # router.Decision: the decode route
+    prefill_decision: Any = field(default=None, repr=False)  # the prefill route, when remote
     itl: np.ndarray | None = field(default=None, repr=False)
     status: str = "pending"
 

@@ -21,7 +21,15 @@ from cluster.sim.scenario import template_source, unloaded_ttft
 from cluster.wire import decode, encode
 from games.assignment import optimal_cost, optimal_cost_hungarian
 from games.join import EventJoiner
-from games.poa import CandidateLoad, PoaEstimator, WindowRequest, estimate_parts, poa_hat
+from games.poa import (
+    CandidateLoad,
+    PoaEstimator,
+    WindowRequest,
+    estimate_parts,
+    fresh_routing,
+    poa_hat,
+)
+from games.poa_model import assignment_cost
 
 PROFILE, TOPOLOGY = "b200-llama70b-fp8-tp4", "1P/5D"
 
@@ -103,8 +111,9 @@ def windows(draw: st.DrawFn) -> tuple[list[WindowRequest], float | None]:
 @given(windows())
 @settings(max_examples=300, deadline=None)
 def test_poa_is_at_least_one_by_construction(case) -> None:
-    """One matrix: the router's assignment costs exactly Σℓ on it, OPT minimises over a set
-    holding that assignment, and the floor lies below every cell (games/poa.py)."""
+    """One cost model: the router's assignment costs exactly Σℓ on it, OPT is the better of it
+    and the fresh router's assignment costed the same way, and the floor lies below it
+    (games/poa.py)."""
     window, unloaded = case
     est = poa_hat(window, unloaded_latency_s=unloaded)
     realised = math.fsum(r.latency for r in window)
@@ -116,15 +125,14 @@ def test_poa_is_at_least_one_by_construction(case) -> None:
     if math.isfinite(est.poa_hat):
         assert est.poa_hat == pytest.approx(est.poa_routing * est.poa_capacity, rel=1e-9)
     if realised > 0:
-        _, model, cf = estimate_parts(window, unloaded_latency_s=unloaded)
-        assert np.all(model.theta >= 0)
-        assert np.all(cf.P >= 0) and np.all(cf.svc >= 0) and np.all(cf.floor >= 0)
-        base = np.zeros(len(est.workers))
-        assert optimal_cost(cf.P, base, cf.svc) == pytest.approx(est.optimal_cost, rel=1e-9)
-        if len(window) <= 8:  # the slot-expanded reference agrees on the same matrix
-            assert optimal_cost_hungarian(cf.P, base, cf.svc) == pytest.approx(
-                optimal_cost(cf.P, base, cf.svc), rel=1e-9, abs=1e-12
-            )
+        arrays, model, queue, cf = estimate_parts(window, unloaded_latency_s=unloaded)
+        assert np.all(model.theta >= 0) and np.all(queue.phi >= 0)
+        assert queue.per_request_s >= 0 and queue.per_token_s >= 0
+        assert np.all(cf.work >= 0) and np.all(cf.floor >= 0) and np.all(cf.router_wait >= 0)
+        fresh = fresh_routing(arrays, cf)
+        candidates = np.isfinite(cf.base)
+        assert np.all(candidates[np.arange(arrays.n), fresh])  # only candidates are options
+        assert est.optimal_cost <= assignment_cost(cf, arrays, fresh) + 1e-9 * realised
 
 
 def test_edge_cases() -> None:
@@ -345,7 +353,11 @@ def test_the_wire_path_gives_the_simulators_estimate() -> None:
     events = []
     for record in cluster.records:
         if record.first_token is not None and record.first_token <= load.end:
-            events.append(RouteEvent.from_decision(record.decision, record.routed, "", ""))
+            events.append(
+                RouteEvent.from_decision(
+                    record.decision, record.routed, "", "", record.prefill_decision
+                )
+            )
             events.append(first_token_event(record))
     np.random.default_rng(0).shuffle(events)  # type: ignore[arg-type]
     joiner, wire_side = EventJoiner(ttl_s=1e9), PoaEstimator(256, None, unloaded_latency_s=unloaded)
@@ -363,8 +375,11 @@ def test_the_wire_path_gives_the_simulators_estimate() -> None:
         b.poa_routing,
         b.poa_capacity,
     )
+    # A request a prefill worker ran is placed by the prefill router's decision.
     request = sim_side.window()[-1]
-    decision = next(r.decision for r in cluster.records if r.request_id == request.request_id)
+    record = next(r for r in cluster.records if r.request_id == request.request_id)
+    decision = record.prefill_decision
+    assert decision is not None and request.worker == record.prefill_worker
     assert request.candidates == {
         w: CandidateLoad(u, a, d)
         for w, u, a, d in zip(

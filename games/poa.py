@@ -83,7 +83,7 @@ from games.poa_model import (
     fit_queue_model,
     window_arrays,
 )
-from games.poa_replay import fresh_assignment
+from games.poa_replay import EpochProblem, fresh_assignment
 
 __all__ = [
     "MAX_AGE_S",
@@ -199,9 +199,13 @@ def estimate_parts(
     return arrays, model, queue, counterfactual(arrays, queue, router_wait)
 
 
-def fresh_routing(arrays: WindowArrays, cf: Counterfactual) -> npt.NDArray[np.intp]:
+def fresh_routing(
+    arrays: WindowArrays, cf: Counterfactual, on_epoch: EpochProblem | None = None
+) -> npt.NDArray[np.intp]:
     """F of the module docstring: the window routed by a router that sees the replayed queues."""
-    return fresh_assignment(cf.own, cf.wait_scale, cf.order, arrays.routed, cf.work, cf.free)
+    return fresh_assignment(
+        cf.own, cf.wait_scale, cf.order, arrays.routed, cf.work, cf.free, on_epoch
+    )
 
 
 def poa_hat(

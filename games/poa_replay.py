@@ -21,14 +21,14 @@ request sees the queues the earlier ones left in the replay, not a stale report 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from games.assignment import FloatArray, optimal_assignment
 
-__all__ = ["IterationReplay", "epochs", "fresh_assignment", "replay_waits"]
+__all__ = ["EpochProblem", "IterationReplay", "epochs", "fresh_assignment", "replay_waits"]
 
 IntArray = npt.NDArray[np.intp]
 Order = Sequence[int] | IntArray  # request indices in routing order
@@ -99,14 +99,19 @@ def epochs(order: Order, routed: FloatArray, gap: float) -> Iterator[list[int]]:
         yield run
 
 
+EpochProblem = Callable[[FloatArray, FloatArray, FloatArray], None]
+
+
 def fresh_assignment(
     own: FloatArray, wait_scale: float, order: Order, routed: FloatArray,
-    work: FloatArray, free: FloatArray,
+    work: FloatArray, free: FloatArray, on_epoch: EpochProblem | None = None,
 ) -> IntArray:  # fmt: skip
     """The assignment of a router that sees the replayed queues (module docstring).
 
     ``own[r, w]`` is r's own latency on w (+∞ off its candidates); a second of wait costs
-    ``wait_scale``, the model's weight on the replayed wait."""
+    ``wait_scale``, the model's weight on the replayed wait. ``on_epoch`` is shown each
+    epoch's assignment problem (P, base, svc) before it is solved (bench.poa checks the solver
+    against the Hungarian method on them)."""
     n, W = own.shape
     assignment = np.zeros(n, dtype=np.intp)
     if n == 0:
@@ -118,7 +123,10 @@ def fresh_assignment(
     for run in epochs(order, routed, gap if math.isfinite(gap) else 0.0):
         t = float(routed[run[0]])
         base = wait_scale * np.array([replay.waiting_at(w, t) for w in range(W)])
-        _, where = optimal_assignment(own[run], base, 2.0 * wait_scale * sigma)
+        problem = (own[run], base, 2.0 * wait_scale * sigma)
+        if on_epoch is not None:
+            on_epoch(*problem)
+        _, where = optimal_assignment(*problem)
         for r, w in zip(run, where, strict=True):
             assignment[r] = w
             replay.add(r, int(w))

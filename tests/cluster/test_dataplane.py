@@ -14,7 +14,7 @@ from cluster.dataplane.peers import PeerLoads, PeerReport
 from cluster.dataplane.replica import ReplicaRouter, peer_report
 from cluster.dataplane.routing import PoolRouting, RoutingView
 from cluster.dataplane.settings import RoutingSettings
-from cluster.events import EngineLoadEvent, LoadEvent, PoolsEvent, RegimeEvent
+from cluster.events import EngineLoadEvent, LoadEvent, PoolsEvent, RegimeEvent, RouteEvent
 from cluster.serve.replica_metrics import view_requests_text
 from cluster.wire import decode, encode
 from router import LoadView
@@ -72,7 +72,21 @@ def test_a_route_reserves_on_both_pools_and_complete_returns_everything() -> Non
 
 
 def test_a_short_prompt_is_prefilled_on_the_decode_worker() -> None:
-    assert _pools().route("r1", PROMPT[:20], "alice").prefill_worker is None
+    route = _pools().route("r1", PROMPT[:20], "alice")
+    assert route.prefill_worker is None and route.prefill_decision is None
+
+
+def test_the_route_event_carries_both_routers_decisions() -> None:
+    """The PoA window places a remotely prefilled request by the prefill router's decision
+    (games/join.py): the replica's route event carries it beside the decode router's."""
+    replica = _replica("a", Clock(), prefill=(0, 3))
+    route = replica.route("r1", PROMPT, "alice")
+    (event,) = replica.bus.events  # type: ignore[attr-defined]
+    assert isinstance(event, RouteEvent) and event.worker_id == route.decode_worker
+    assert event.prefill is not None and event.prefill.worker_id == route.prefill_worker
+    assert {c.worker_id for c in event.prefill.candidates} == {0, 3}
+    replica.route("r2", PROMPT[:20], "alice")
+    assert replica.bus.events[-1].prefill is None  # type: ignore[attr-defined]
 
 
 def test_excluded_workers_are_not_chosen_and_a_fully_excluded_pool_is_refused() -> None:

@@ -22,6 +22,7 @@ from cluster.events import (
     FirstTokenEvent,
     LoadEvent,
     PoolsEvent,
+    PrefillRoute,
     RegimeEvent,
     RouteEvent,
     WorkerLoad,
@@ -119,7 +120,36 @@ def test_round_trip(event) -> None:
 def test_route_event_becomes_a_join_record() -> None:
     record = ROUTE.to_record()
     assert (record.worker, dict(record.candidates)) == (3, {3: CandidateLoad(16, 48, 4)})
+    assert (record.prefill_worker, record.prefill_candidates) == (None, None)
     assert COMPLETE.to_record().ttft_s == 0.12
+    assert COMPLETE.to_record().prefill_worker == FIRST_TOKEN.to_record().prefill_worker == 0
+
+
+PREFILL_LINE = CANDIDATE.model_copy(update={"worker_id": 0, "active_prefill_tokens": 640})
+ROUTED_TO_PREFILL = ROUTE.model_copy(
+    update={"prefill": PrefillRoute(worker_id=0, candidates=(PREFILL_LINE,))}
+)
+
+
+def test_a_route_names_the_prefill_router_decision_when_there_was_one() -> None:
+    decoded, _, _ = decode("route", encode(ROUTED_TO_PREFILL, "p", 1))
+    assert decoded == ROUTED_TO_PREFILL
+    record = decoded.to_record()
+    assert (record.worker, record.prefill_worker) == (3, 0)
+    assert dict(record.prefill_candidates or {}) == {0: CandidateLoad(16, 640, 4)}
+    joiner = EventJoiner()
+    joiner.add_route(record)
+    joined = joiner.add_completion(FIRST_TOKEN.to_record())  # prefilled on worker 0
+    assert joined is not None and joined.worker == 0
+    prefill = json.loads(encode(ROUTED_TO_PREFILL, "p", 1))["events"][0]["prefill"]
+    for bad in (
+        prefill | {"worker_id": 5},  # not among its candidates
+        prefill | {"candidates": [prefill["candidates"][0]] * 2},
+        prefill | {"extra": 1},
+        "0",
+    ):
+        assert _reason("route", _wire(ROUTE, prefill=bad)) == "schema"
+    assert decode("route", _wire(ROUTE, prefill=None))[0].prefill is None
 
 
 @pytest.mark.parametrize(

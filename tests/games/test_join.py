@@ -83,3 +83,33 @@ def test_has_completion_covers_held_and_joined_halves() -> None:
     assert joiner.add_completion(CompletionRecord("b", 1.0, 0, 0.1)) is not None
     assert joiner.has_completion("b")  # joined: a second completion half would be a duplicate
     assert joiner.counts["duplicate_completion"] == 0
+
+
+PREFILL_LINES = {7: CandidateLoad(64, 640, 0), 8: CandidateLoad(64, 0, 0)}
+
+
+def _routed_to_prefill(i: int) -> RouteRecord:
+    return RouteRecord(
+        f"r{i}", 0.0, 1, CANDIDATES, prefill_worker=8, prefill_candidates=PREFILL_LINES
+    )
+
+
+def test_the_window_request_is_the_decision_that_placed_the_prefill() -> None:
+    """A prefill worker's queue is what a remotely prefilled request's TTFT waits in: its
+    window request is the prefill router's decision. A local prefill, or a completion that does
+    not say, keeps the decode router's."""
+    joiner = EventJoiner()
+    joiner.add_route(_routed_to_prefill(1))
+    remote = joiner.add_completion(CompletionRecord("r1", 1.0, 1, 0.25, prefill_worker=8))
+    assert remote is not None and (remote.worker, remote.candidates) == (8, PREFILL_LINES)
+    joiner.add_route(_routed_to_prefill(2))
+    local = joiner.add_completion(CompletionRecord("r2", 1.0, 1, 0.25))
+    assert local is not None and (local.worker, local.candidates) == (1, CANDIDATES)
+    # The engines routed the prefill themselves (Dynamo): the decode decision is all there is.
+    joiner.add_route(_route(3))
+    theirs = joiner.add_completion(CompletionRecord("r3", 1.0, 1, 0.25, prefill_worker=8))
+    assert theirs is not None and theirs.worker == 1
+    # Prefilled elsewhere than routed: not attributed.
+    joiner.add_route(_routed_to_prefill(4))
+    assert joiner.add_completion(CompletionRecord("r4", 1.0, 1, 0.25, prefill_worker=7)) is None
+    assert joiner.counts["worker_mismatch"] == 1 and joiner.counts["joined"] == 3

@@ -26,7 +26,7 @@ from disaggctl.experiment.base import Plan, Settings, regime_of
 from disaggctl.experiment.fanout import Job
 from disaggctl.experiment.frontier import mark_frontier
 from disaggctl.experiment.report import Section, markdown_table, stat_cell, write_csv
-from disaggctl.experiment.stats import fmt, summarise
+from disaggctl.experiment.stats import fmt, routing_share, summarise
 
 NAME = "pareto"
 TITLE = "pareto: fixed (τ, ω) policies below and at saturation"
@@ -256,14 +256,26 @@ def describe_heatmaps(data: dict[str, Any]) -> str:
             lo = min(rows, key=lambda r: r["poa_hat"])
             hi = max(rows, key=lambda r: r["poa_hat"])
             rho = float(spearmanr([r["poa_hat"] for r in rows], [r["ttft_p99_s"] for r in rows])[0])
-            parts.append(
+            text = (
                 f"C = {c}, {view}: poa_hat from {fmt(lo['poa_hat'])} at ({lo['tau']:g}, "
                 f"{lo['omega']:g}) to {fmt(hi['poa_hat'])} at ({hi['tau']:g}, "
                 f"{hi['omega']:g}), rank correlation with TTFT P99 {rho:+.2f}"
             )
+            share = routing_share(rows)
+            if share is not None:
+                text += f", {100 * share:.0f}% of its spread in log poa_routing"
+            parts.append(text)
             if not rho > 0.5:
                 against.append(f"C = {c}, {view}")
     text = "poa_hat per (τ, ω) cell (left) and TTFT P99 (right). " + "; ".join(parts) + "."
+    text += (
+        " The share in log poa_routing is cov(log poa_routing, log poa_hat) / var(log poa_hat)"
+        " across the panel's cells; the rest is in log poa_capacity. In this closed loop a herd"
+        " also bunches the clients' next requests, which no routing of those requests undoes,"
+        " so part of a policy's cost shows as capacity (with open-loop arrivals, where only the"
+        " routing differs, most of it is in poa_routing:"
+        " tests/games/test_poa_split_on_simulator.py)."
+    )
     if against:
         text += (
             " Where poa_hat should rank policies as their latency does, it does not clearly "

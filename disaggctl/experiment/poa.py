@@ -166,7 +166,7 @@ def _knees(rows: list[dict[str, Any]]) -> tuple[int | None, int | None]:
 def describe_factors(data: dict[str, Any]) -> str:
     """What the poa_hat figure shows, from the numbers."""
     parts, against = [], []
-    for name, _, _ in CONFIGS:
+    for name, _, topology in CONFIGS:
         rows = _rows(data, name)
         if not rows:
             continue
@@ -179,7 +179,15 @@ def describe_factors(data: dict[str, Any]) -> str:
         text += f"; transition from C = {trans}" if trans else "; never in transition"
         text += f", saturated from C = {sat}" if sat else ", never saturated"
         sat_rows = [p for p in rows if p["regime"] == "saturated" and p["poa_hat"]]
-        if sat_rows:
+        if topology.startswith("1P/"):
+            # The window places a request by its prefill decision (docs/design.md §3), and one
+            # prefill worker leaves that decision no choice: the split says so by construction.
+            route = max(p["poa_routing"] or 1.0 for p in rows)
+            text += (
+                f"; poa_routing is at most {fmt(route)} (one prefill worker: the prefill that "
+                f"TTFT waits on has nowhere else to go, so routing can recover nothing)"
+            )
+        elif sat_rows:
             share = [
                 math.log(p["poa_capacity"]) / math.log(p["poa_hat"])
                 for p in sat_rows

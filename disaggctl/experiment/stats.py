@@ -12,7 +12,9 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["fmt", "fmt_mean_se", "mean_se", "summarise"]
+import numpy as np
+
+__all__ = ["fmt", "fmt_mean_se", "mean_se", "routing_share", "summarise"]
 
 
 def _measured(values: Iterable[Any]) -> list[float]:
@@ -87,3 +89,15 @@ def fmt_mean_se(mean: float | None, se: float | None, digits: int = 3) -> str:
     if se <= 1e-9 * abs(mean):  # rounding noise of identical trials
         se = 0.0
     return f"{fmt(mean, digits)} ± {fmt(se, 2)}"
+
+
+def routing_share(rows: list[dict[str, Any]]) -> float | None:
+    """The share of the spread of log poa_hat across ``rows`` that is in log poa_routing (the
+    two factors' shares sum to 1, since log poa_hat = log poa_routing + log poa_capacity);
+    None when poa_hat does not vary."""
+    hat = np.log([r["poa_hat"] for r in rows])
+    routing = np.log([r["poa_routing"] for r in rows])
+    spread = float(np.var(hat))
+    if spread <= 0:
+        return None
+    return float(np.mean((routing - routing.mean()) * (hat - hat.mean()))) / spread

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from disaggctl.experiment.stats import fmt, fmt_mean_se, mean_se, summarise
+from disaggctl.experiment.stats import fmt, fmt_mean_se, mean_se, routing_share, summarise
 
 
 def test_mean_and_standard_error_by_hand() -> None:
@@ -41,3 +41,16 @@ def test_formats() -> None:
     assert fmt_mean_se(5.0, math.sqrt(13 / 3)) == "5.00 ± 2.1"
     assert fmt_mean_se(2.0, None) == "2.00"
     assert fmt_mean_se(None, 1.0) == "–"
+
+
+def test_the_routing_share_splits_the_spread_of_log_poa_hat() -> None:
+    """log poa_hat = log poa_routing + log poa_capacity, so the two shares sum to 1; a factor
+    that does not move carries none of the spread."""
+    cells = [
+        {"poa_hat": r * c, "poa_routing": r, "poa_capacity": c}
+        for r, c in ((1.0, 2.0), (2.0, 2.0), (4.0, 2.0))
+    ]
+    assert routing_share(cells) == pytest.approx(1.0)
+    mixed = [{"poa_hat": r * c, "poa_routing": r} for r, c in ((1.0, 1.0), (2.0, 2.0))]
+    assert routing_share(mixed) == pytest.approx(0.5)
+    assert routing_share([{"poa_hat": 3.0, "poa_routing": 1.5}] * 2) is None

@@ -18,6 +18,7 @@ from cluster.sim.profile import load_profile
 from cluster.sim.scenario import unloaded_ttft
 from cluster.sim.views import ViewSettings
 from cluster.workloads import TemplateSource
+from controller.resplit import ResplitSettings
 from games.poa import MAX_AGE_S, PoaEstimator
 
 pytestmark = pytest.mark.slow
@@ -70,6 +71,16 @@ def test_a_policy_change_moves_poa_hat_through_the_routing_factor(
     routing = _log_mean(worse, "poa_routing") - _log_mean(better, "poa_routing")
     assert hat > 0.1, hat
     assert routing >= 0.5 * hat, (routing, hat)
+    # The re-split reads capacity only when capacity dominates routing: not in a herd.
+    assert not _capacity_dominates(worse)
+
+
+def _capacity_dominates(ticks: list[TickSample]) -> bool:
+    """The re-split's reading of the split (controller/resplit.py), on the mean factors."""
+    dominance = ResplitSettings().dominance
+    return _log_mean(ticks, "poa_capacity") >= math.log(dominance) + _log_mean(
+        ticks, "poa_routing"
+    )
 
 
 def test_with_one_prefill_worker_routing_recovers_nothing() -> None:
@@ -88,3 +99,4 @@ def test_short_of_prefill_capacity_the_capacity_factor_dominates(views: ViewSett
     routing, capacity = _log_mean(ticks, "poa_routing"), _log_mean(ticks, "poa_capacity")
     assert max(s.poa_routing for s in ticks) <= 1.1
     assert capacity >= 10 * routing and capacity > math.log(20), (routing, capacity)
+    assert _capacity_dominates(ticks)

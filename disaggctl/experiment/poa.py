@@ -6,8 +6,10 @@ controller): a warm-up ramping to C, a measured hold, then a drain at C = 0 so t
 arriving in the hold finishes and counts (TTFT and ITL belong to the hold's arrivals, throughput
 to its completions). Per point: poa_hat and its factors poa_routing and poa_capacity (the mean of
 the estimator's ticks over the hold), TTFT P99, ITL P99, throughput, and the regime the
-controller would call it, from the hold's TTFT P99 against its calibrated thresholds
-(``Thresholds.calibrated(calm_baseline_p99(profile, topology))``: 5× and 15× the calm P99).
+controller would call it, from the hold's TTFT P99 against thresholds at the deployment's own
+knee (``controller.knee``: N* = X_max·R₀, where the closed loop's two throughput asymptotes
+meet, from the sweep itself; θ2 the TTFT P99 there, θ1 = θ2/3). The calm calibration (5× and
+15× the calm P99) is reported beside it, with the regimes it would give.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from disaggctl.experiment import plots
 from disaggctl.experiment.base import Plan, Settings, regime_of
 from disaggctl.experiment.fanout import Job
+from disaggctl.experiment.knee_labels import describe_thresholds, knee_thresholds
 from disaggctl.experiment.report import Section, markdown_table, stat_cell, write_csv
 from disaggctl.experiment.stats import fmt, summarise
 
@@ -62,7 +65,8 @@ def plan(settings: Settings) -> Plan:
         "hold s (measured)": hold,
         "drain s": "30 + 0.15·C (C = 0, lets the hold's requests finish)",
         "policy": "static: τ = 0, ω = 1, no controller",
-        "thresholds": "θ1, θ2 = 5×, 15× the calm TTFT P99 (C = 32, 30 s, seed 0)",
+        "thresholds": "at the knee N* = X_max·R₀ of the sweep's mean throughput: θ2 the TTFT "
+        "P99 there, θ1 = θ2/3 (beside them 5×, 15× the calm TTFT P99: C = 32, 30 s, seed 0)",
         "poa estimator": "window 256 requests, max age games.poa.MAX_AGE_S",
         "trials (seeds)": list(settings.seeds),
     }
@@ -87,14 +91,14 @@ def plan(settings: Settings) -> Plan:
 
 
 def baseline(profile: str, topology: str) -> dict[str, float]:
-    """The calm TTFT P99 and the controller's thresholds on this deployment."""
+    """The calm TTFT P99 and the calm calibration's thresholds on this deployment."""
     from cluster.sim.profile import load_profile
     from cluster.sim.scenario import calm_baseline_p99
     from controller.detector import Thresholds
 
     p99 = calm_baseline_p99(load_profile(profile), topology)
     th = Thresholds.calibrated(p99)
-    return {"baseline_p99_s": p99, "theta1_s": th.theta1, "theta2_s": th.theta2}
+    return {"baseline_p99_s": p99, "calm_theta1_s": th.theta1, "calm_theta2_s": th.theta2}
 
 
 def run_point(
@@ -126,7 +130,7 @@ def run_point(
 
 
 def analyse(plan: Plan, results: list[Any]) -> dict[str, Any]:
-    thresholds: dict[str, dict[str, float]] = {}
+    thresholds: dict[str, dict[str, float | None]] = {}
     trials: dict[tuple[str, int], list[dict[str, Any]]] = {}
     raw = []
     for job, res in zip(plan.jobs, results, strict=True):
@@ -141,11 +145,19 @@ def analyse(plan: Plan, results: list[Any]) -> dict[str, Any]:
         )
     points = []
     for (name, c), runs in trials.items():
-        th = thresholds[name]
         row: dict[str, Any] = {"config": name, "concurrency": c, **summarise(runs, KEYS)}
-        row["regime"] = regime_of(row["ttft_p99_s"], th["theta1_s"], th["theta2_s"])
         row["unfinished"] = sum(r["unfinished"] for r in runs)
         points.append(row)
+    for name, th in thresholds.items():
+        rows = [p for p in points if p["config"] == name]
+        th.update(knee_thresholds(rows))
+        calm = (float(th["calm_theta1_s"] or 0.0), float(th["calm_theta2_s"] or 0.0))
+        at_knee = calm  # a sweep that misses the knee is labelled as the calm multiples say
+        if th["theta1_s"] is not None and th["theta2_s"] is not None:
+            at_knee = (th["theta1_s"], th["theta2_s"])
+        for row in rows:
+            row["regime"] = regime_of(row["ttft_p99_s"], *at_knee)
+            row["calm_regime"] = regime_of(row["ttft_p99_s"], *calm)
     return {"thresholds": thresholds, "points": points, "trials": raw}
 
 
@@ -262,12 +274,18 @@ def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: S
     write_csv(folder / "poa_points.csv", points)
     write_csv(folder / "poa_trials.csv", data["trials"])
     th_rows = [
-        (n, fmt(t["baseline_p99_s"]), fmt(t["theta1_s"]), fmt(t["theta2_s"]))
+        (
+            n, fmt(t["knee_clients"]), fmt(t["theta1_s"]), fmt(t["theta2_s"]),
+            fmt(t["baseline_p99_s"]), fmt(t["calm_theta1_s"]), fmt(t["calm_theta2_s"]),
+        )
         for n, t in data["thresholds"].items()
-    ]
+    ]  # fmt: skip
+    th_header = ("deployment", "knee N*", "θ1", "θ2", "calm P99", "calm θ1 (5×)", "calm θ2 (15×)")
     section.text(
-        "Thresholds (seconds of TTFT P99):\n\n"
-        + markdown_table(("deployment", "calm P99", "θ1", "θ2"), th_rows)
+        "Thresholds (seconds of TTFT P99; the regimes below use those at the knee):\n\n"
+        + markdown_table(th_header, th_rows)
+        + "\n\n"
+        + describe_thresholds(data)
     )
     rows = [
         (
@@ -347,7 +365,7 @@ def _plot_latency(data: dict[str, Any], path: Path) -> None:
             if i == 0:
                 ax.set_yscale("log")
                 for theta in ("theta1_s", "theta2_s"):
-                    if theta in th:
+                    if th.get(theta) is not None:
                         ax.axhline(th[theta], ls="--", lw=0.8, color="grey")
                 ax.set_title(name)
             if j == 0:

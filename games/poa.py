@@ -228,7 +228,10 @@ def poa_hat(
             len(window), tuple(sorted(pool)), 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, None, *span
         )
     arrays, model, queue, cf = estimate_parts(window, workers, unloaded_latency_s)
-    router = assignment_cost(cf, arrays, arrays.chosen)
+    # wait_R is the replay of the router's own assignment: its cost needs no second replay.
+    rows = np.arange(arrays.n)
+    router_cells = np.maximum(0.0, cf.base[rows, arrays.chosen] + cf.wait_scale * cf.router_wait)
+    router = math.fsum(router_cells.tolist())
     fresh = fresh_routing(arrays, cf)
     opt = realised
     if not np.array_equal(fresh, arrays.chosen):

@@ -118,9 +118,11 @@ def fresh_assignment(
         return assignment
     finite = np.isfinite(own)
     sigma = np.where(finite, work, 0.0).sum(axis=0) / np.maximum(finite.sum(axis=0), 1)
-    gap = float(np.mean(np.where(finite, work, np.nan)[np.any(finite, axis=1)].mean(axis=1)))
+    # σ̄ over every (request, candidate) pair: a row mean would be NaN for any request that is
+    # not every worker's candidate, and the epochs would collapse to single instants.
+    gap = float(np.mean(work[finite])) if finite.any() else 0.0
     replay = IterationReplay(routed, work, free)
-    for run in epochs(order, routed, gap if math.isfinite(gap) else 0.0):
+    for run in epochs(order, routed, gap):
         t = float(routed[run[0]])
         base = wait_scale * np.array([replay.waiting_at(w, t) for w in range(W)])
         problem = (own[run], base, 2.0 * wait_scale * sigma)

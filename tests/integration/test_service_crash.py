@@ -75,6 +75,11 @@ auction: {{queue_threshold: 1, max_in_prefill: 2, batch_size: 8, batch_window_ms
 """
 MAX_TOKENS = 24  # ~0.2 s of decode at speedup 0.5, plus queueing behind the auction
 BURST = 48
+# Requests leave in clumps of CLUMP every CLUMP × 40 ms: more at once than the release slots
+# (max_in_prefill: 2) a replica's lease holds, so each clump overflows into the auction and
+# its batches are contested (a lone bidder pays 0). One by one every 40 ms, the slots often
+# kept up and the auction priced nothing.
+CLUMP = 4
 START_TIMEOUT_S = 90.0  # Ray + Serve start in ~15 s; far more on a loaded 2-core box
 MICRO = 1e-6
 _RAY_DIR = re.compile(r"(/tmp/r[A-Za-z0-9_]+)/session_")
@@ -368,23 +373,27 @@ def plan(first_k: int, n: int, base_micros: int, step_micros: int) -> list[Sent]
 
 
 async def burst_then_kill(svc: ServeProcess, sent: list[Sent]) -> dict[str, Any]:
-    """Fire ``sent`` staggered; SIGKILL the service's group once enough are answered and
-    enough are in flight (or at a deadline). What the client saw, request by request."""
+    """Fire ``sent`` in clumps of ``CLUMP``; SIGKILL the service's group once enough are
+    answered, some auctioned answer paid, and enough are in flight (or at a deadline). What
+    the client saw, request by request."""
     limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=httpx.Timeout(30.0), limits=limits) as client:
         tasks: list[asyncio.Task[None]] = []
         killed_at = None
         t0 = time.monotonic()
         deadline = t0 + 20.0
-        i = 0
+        i, tick = 0, 0
         while True:
-            if i < len(sent) and killed_at is None:
-                tasks.append(asyncio.create_task(send(client, svc.url, sent[i])))
-                i += 1
+            if i < len(sent) and killed_at is None and tick % CLUMP == 0:
+                for r in sent[i : i + CLUMP]:
+                    tasks.append(asyncio.create_task(send(client, svc.url, r)))
+                i = min(i + CLUMP, len(sent))
+            tick += 1
             answered = sum(r.outcome == "answered" for r in sent)
+            paid = any(r.mode == "auction" and (r.payment or 0) > 0 for r in sent)
             in_flight = sum(not t.done() for t in tasks)
             if killed_at is None and (
-                (answered >= 12 and in_flight >= 6) or time.monotonic() > deadline
+                (answered >= 12 and paid and in_flight >= 6) or time.monotonic() > deadline
             ):
                 # Mid-burst: the CLI, its Ray head and, at once, every actor of its session.
                 signalled = svc.kill_everything()

@@ -18,7 +18,7 @@ import numpy as np
 from cluster.sim.admission import Admission
 from cluster.sim.cluster import SimCluster
 from cluster.sim.control import ControlLoop, SimPools, TickSample
-from cluster.sim.loadgen import ClosedLoop, Phase
+from cluster.sim.loadgen import ClosedLoop, Phase, RequestSource
 from cluster.sim.planning import GameOnePlanner, capacity_advisor
 from cluster.sim.pools import PoolChange
 from cluster.sim.profile import HardwareProfile
@@ -61,11 +61,14 @@ def calm_baseline_p99(
     seconds: float = 30.0,
     seed: int = 0,
     views: ViewSettings | None = None,
+    source: RequestSource | None = None,
 ) -> float:
     """TTFT P99 of a calm closed loop: the baseline the thresholds are multiples of (measured
-    on the deployment the controller will run on, hence ``views``)."""
+    on the deployment the controller will run on, hence ``views``, and on its traffic, hence
+    ``source``: the profile's calibration workload by default)."""
     cluster = SimCluster(profile, topology, seed=seed, views=views)
-    load = ClosedLoop(cluster, template_source(profile, seed), [Phase(seconds, concurrency, 5.0)])
+    source = source or template_source(profile, seed)
+    load = ClosedLoop(cluster, source, [Phase(seconds, concurrency, 5.0)])
     cluster.loop.run(load.end)
     return summarize(cluster.records, min(10.0, seconds / 2), load.end).ttft_p99_s
 
@@ -107,7 +110,7 @@ def run_scenario(
     seed: int = 0,
     admission: Admission | None = None,
     table: PolicyTable | None = None,
-    source: TemplateSource | None = None,
+    source: RequestSource | None = None,
     on_tick: Callable[[TickSample], None] | None = None,
     views: ViewSettings | None = None,
     resplit: ResplitSettings | None = None,

@@ -7,21 +7,33 @@ router that sees load exactly (fresh) and with four router replicas whose load v
 250 ms, 10 ms late (stale; ``ViewSettings.stale(4, report_period_s=0.25, delay_s=0.01)``, as
 ``bench/adaptive.py``). Per cell: throughput, TTFT P99, ITL P99, poa_hat and its factors, the
 prefix-cache hit rate and the regime of the hold's TTFT P99 against the controller's thresholds
-for that view. The throughput–TTFT P99 frontier per (C, view) shows which policies no other
-beats beyond the noise (better on one axis by more than the two cells' combined standard errors,
-and not worse by that on the other); the policy table's entries are (0, 1) below and (0.8, 0.1)
-saturated.
+for that view (calibrated on the same traffic). The throughput–TTFT P99 frontier per (C, view)
+shows which policies no other beats beyond the noise (better on one axis by more than the two
+cells' combined standard errors, and not worse by that on the other); the policy table's entries
+are (0, 1) below and (0.8, 0.1) saturated.
+
+The traffic is agent trajectories (``cluster.trajectories.TrajectorySource``, the chains shape
+of docs/design.md §8): a shared 1k-token system prompt, a 1.5k-token task context per
+trajectory (a retrieved document or a few source files), then four steps of 256 new tokens, each
+prompt extending the last. Its hit rate depends on the router, which is the point: a step's
+history is cached only on the prefill worker that prefilled the trajectory's earlier steps, so
+a router that weighs overlap sends it back there and one that weighs load alone (ω = 0, or a
+high τ) finds it there by chance. Why four steps of a 1.5k-token context rather than the chains'
+eight steps of a 0.9k one: with two prefill workers a load-blind router has sent a trajectory to
+both within a few steps, after which either one holds most of its history, and the hit rate
+barely moves (0.82–0.83 over τ, ω ∈ {0, 0.3, 0.8, 2} × {0, 0.1, 1} at C = 128, one seed); with
+the longer context and fewer steps it moves from 0.70 to 0.83 at C = 64. The calibration
+workload (5 templates that every worker caches in seconds) hit 0.500 in every cell.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from disaggctl.experiment import plots
+from cluster.trajectories import TrajectoryShape, TrajectorySource
 from disaggctl.experiment.base import Plan, Settings, regime_of
 from disaggctl.experiment.fanout import Job
 from disaggctl.experiment.frontier import mark_frontier
@@ -48,6 +60,12 @@ KEYS = (
     "cache_hit_rate",
 )
 DRAIN_S = 30.0
+# The trajectories' shape (module docstring); TrajectoryShape's own defaults are the chains'.
+WORKLOAD = TrajectoryShape(steps=4, task_tokens=1536)
+
+
+def _source(seed: int) -> TrajectorySource:
+    return TrajectorySource(WORKLOAD, seed=seed + 1)
 
 
 def _views(view: str) -> Any:
@@ -72,7 +90,10 @@ def plan(settings: Settings) -> Plan:
         "warm-up s (ramp 2 s)": warm,
         "hold s (measured)": hold,
         "drain s (C = 0)": DRAIN_S,
-        "thresholds": "θ1, θ2 = 5×, 15× the calm TTFT P99 of the same view (C = 32, 30 s)",
+        "workload": "agent trajectories, round robin (cluster.trajectories): "
+        + ", ".join(f"{k} {v}" for k, v in asdict(WORKLOAD).items()),
+        "thresholds": "θ1, θ2 = 5×, 15× the calm TTFT P99 of the same view and workload "
+        "(C = 32, 30 s)",
         "trials (seeds)": list(settings.seeds),
     }
     jobs = []
@@ -101,7 +122,7 @@ def thresholds(view: str) -> tuple[float, float, float]:
     from cluster.sim.scenario import calm_baseline_p99
     from controller.detector import Thresholds
 
-    p99 = calm_baseline_p99(load_profile(PROFILE), TOPOLOGY, views=_views(view))
+    p99 = calm_baseline_p99(load_profile(PROFILE), TOPOLOGY, views=_views(view), source=_source(0))
     th = Thresholds.calibrated(p99)
     return p99, th.theta1, th.theta2
 
@@ -132,6 +153,7 @@ def run_cell(
         views=_views(view),
         thresholds=Thresholds(theta1, theta2),
         table=PolicyTable(policy, policy, policy),
+        source=_source(seed),
     )
     hold = result.phases[1]
     return {
@@ -163,7 +185,7 @@ def analyse(plan: Plan, results: list[Any]) -> dict[str, Any]:
     return {"thresholds": th, "cells": cells, "trials": raw}
 
 
-def _panel(data: dict[str, Any], c: int, view: str) -> list[dict[str, Any]]:
+def panel(data: dict[str, Any], c: int, view: str) -> list[dict[str, Any]]:
     return [r for r in data["cells"] if (r["concurrency"], r["view"]) == (c, view)]
 
 
@@ -187,7 +209,7 @@ def describe_frontier(data: dict[str, Any]) -> str:
     parts, against = [], []
     for c in CONCURRENCY:
         for view in VIEWS:
-            rows = [r for r in _panel(data, c, view) if r["ttft_p99_s"] is not None]
+            rows = [r for r in panel(data, c, view) if r["ttft_p99_s"] is not None]
             if not rows:
                 continue
             best = min(rows, key=lambda r: r["ttft_p99_s"])
@@ -248,7 +270,7 @@ def describe_heatmaps(data: dict[str, Any]) -> str:
         for view in VIEWS:
             rows = [
                 r
-                for r in _panel(data, c, view)
+                for r in panel(data, c, view)
                 if r["poa_hat"] is not None and r["ttft_p99_s"] is not None
             ]
             if len(rows) < 3:
@@ -286,7 +308,51 @@ def describe_heatmaps(data: dict[str, Any]) -> str:
     return text
 
 
+def _spread(rows: list[dict[str, Any]], along: str, fixed: str) -> tuple[float, float] | None:
+    """The widest range of the cache hit rate along ``along`` (τ or ω) at one value of
+    ``fixed``: (range, that value)."""
+    best: tuple[float, float] | None = None
+    for value in sorted({r[fixed] for r in rows}):
+        hits = [r["cache_hit_rate"] for r in rows if r[fixed] == value]
+        if len(hits) > 1 and (best is None or max(hits) - min(hits) > best[0]):
+            best = (max(hits) - min(hits), value)
+    return best
+
+
+def describe_cache(data: dict[str, Any]) -> str:
+    """How the prefix-cache hit rate moves with the policy, per panel, against the workload's
+    ideal (every step back on the worker of its trajectory's last one)."""
+    parts = []
+    for c in CONCURRENCY:
+        for view in VIEWS:
+            rows = [r for r in panel(data, c, view) if r["cache_hit_rate"] is not None]
+            if not rows:
+                continue
+            lo = min(rows, key=lambda r: r["cache_hit_rate"])
+            hi = max(rows, key=lambda r: r["cache_hit_rate"])
+            text = (
+                f"C = {c}, {view}: {lo['cache_hit_rate']:.3f} at ({lo['tau']:g}, "
+                f"{lo['omega']:g}) to {hi['cache_hit_rate']:.3f} at ({hi['tau']:g}, "
+                f"{hi['omega']:g})"
+            )
+            by_omega, by_tau = _spread(rows, "omega", "tau"), _spread(rows, "tau", "omega")
+            if by_omega is not None and by_tau is not None:
+                text += (
+                    f"; ω alone moves it by up to {by_omega[0]:.3f} (at τ = {by_omega[1]:g}), "
+                    f"τ alone by up to {by_tau[0]:.3f} (at ω = {by_tau[1]:g})"
+                )
+            parts.append(text)
+    return (
+        f"Prefix-cache hit rate (the share of prompt tokens found cached where the request was "
+        f"prefilled; {WORKLOAD.ideal_hit_rate():.3f} if every step returned to the worker of its "
+        "trajectory's last one): " + "; ".join(parts) + "."
+    )
+
+
 def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: Section) -> None:
+    # The figures' module reads this one's grid: imported here, once this module is loaded.
+    from disaggctl.experiment.pareto_plots import plot_frontier, plot_heatmaps
+
     cells = sorted(
         data["cells"],
         key=lambda r: (r["concurrency"], VIEWS.index(r["view"]), r["tau"], r["omega"]),
@@ -330,79 +396,12 @@ def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: S
         "cache hit",
     )
     section.text("Per cell, mean ± 1 s.e.:\n\n" + markdown_table(header, rows))
-    _plot_frontier(data, folder / "pareto_frontier.png")
+    section.text(describe_cache(data))
+    plot_frontier(data, folder / "pareto_frontier.png")
     section.figure(
         "pareto_frontier.png", "Throughput vs TTFT P99 per (C, view)", describe_frontier(data)
     )
-    _plot_heatmaps(data, folder / "pareto_heatmaps.png")
+    plot_heatmaps(data, folder / "pareto_heatmaps.png")
     section.figure(
         "pareto_heatmaps.png", "poa_hat and TTFT P99 per (τ, ω) cell", describe_heatmaps(data)
     )
-
-
-def _plot_frontier(data: dict[str, Any], path: Path) -> None:
-    fig, axes = plots.plt.subplots(len(CONCURRENCY), len(VIEWS), figsize=(11, 8.5))
-    for i, c in enumerate(CONCURRENCY):
-        for j, view in enumerate(VIEWS):
-            ax, rows = axes[i][j], _panel(data, c, view)
-            for r in rows:
-                policy = (r["tau"], r["omega"])
-                colour = (
-                    "tab:blue" if policy == STATIC else "tab:red" if policy == SATURATED else "grey"
-                )
-                ax.errorbar(
-                    r["ttft_p99_s"],
-                    r["throughput_rps"],
-                    xerr=r["ttft_p99_s_se"] or 0,
-                    yerr=r["throughput_rps_se"] or 0,
-                    fmt="o",
-                    ms=4,
-                    color=colour,
-                    capsize=2,
-                )
-                ax.annotate(
-                    f"{r['tau']:g},{r['omega']:g}",
-                    (r["ttft_p99_s"], r["throughput_rps"]),
-                    fontsize=6,
-                    xytext=(3, 3),
-                    textcoords="offset points",
-                )
-            front = sorted(
-                (r for r in rows if r.get("frontier") and r["ttft_p99_s"] is not None),
-                key=lambda r: r["ttft_p99_s"],
-            )
-            ax.plot(
-                [r["ttft_p99_s"] for r in front],
-                [r["throughput_rps"] for r in front],
-                color="black",
-                lw=1,
-            )
-            ax.set_title(f"C = {c}, {view} views (blue: (0, 1), red: (0.8, 0.1))", fontsize=9)
-            ax.set_xlabel("TTFT P99 s")
-            ax.set_ylabel("throughput req/s")
-    plots.save(fig, path)
-
-
-def _plot_heatmaps(data: dict[str, Any], path: Path) -> None:
-    taus = sorted({r["tau"] for r in data["cells"]})
-    omegas = sorted({r["omega"] for r in data["cells"]})
-    panels = [(c, v) for c in CONCURRENCY for v in VIEWS]
-    fig, axes = plots.plt.subplots(len(panels), 2, figsize=(9, 3.2 * len(panels)))
-    for i, (c, view) in enumerate(panels):
-        rows = _panel(data, c, view)
-        for j, (key, label) in enumerate((("poa_hat", "poa_hat"), ("ttft_p99_s", "TTFT P99 s"))):
-            grid = np.full((len(taus), len(omegas)), np.nan)
-            for r in rows:
-                if r[key] is not None:
-                    grid[taus.index(r["tau"]), omegas.index(r["omega"])] = r[key]
-            ax = axes[i][j]
-            im = ax.imshow(grid, cmap="viridis", origin="lower", aspect="auto")
-            for (a, b), v in np.ndenumerate(grid):
-                ax.text(b, a, fmt(float(v)), ha="center", va="center", fontsize=7, color="white")
-            ax.set_xticks(range(len(omegas)), [f"{o:g}" for o in omegas])
-            ax.set_yticks(range(len(taus)), [f"{t:g}" for t in taus])
-            ax.set_xlabel("ω")
-            ax.set_ylabel("τ")
-            ax.set_title(f"{label}, C = {c}, {view}", fontsize=9)
-            fig.colorbar(im, ax=ax)
-    plots.save(fig, path)

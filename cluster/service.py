@@ -329,8 +329,8 @@ class Service:
             prefill=h.prefill, decode=h.decode,
         )  # fmt: skip
         where = ray.get(h.metrics.ready.remote(), timeout=READY_TIMEOUT_S)
-        host = where["host"] if where["host"] not in ("0.0.0.0", "::") else "127.0.0.1"
-        self.metrics_url = f"http://{host}:{where['port']}/metrics"
+        host = where.host if where.host not in ("0.0.0.0", "::") else "127.0.0.1"
+        self.metrics_url = f"http://{host}:{where.port}/metrics"
 
     def _router_actor(self) -> tuple[type, dict[str, Any]]:
         """The router actor's class and arguments (the Dynamo backend's differ)."""

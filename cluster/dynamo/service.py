@@ -70,7 +70,9 @@ class DynamoService(Service):
         for role, pool in (("prefill", h.prefill), ("decode", h.decode)):
             infos = ray.get([a.start.remote() for a in pool.values()], timeout=READY_TIMEOUT_S)
             for slot, info in zip(pool, infos, strict=True):
-                self.instances[role][slot] = int(info["instance_id"])
+                if info.instance_id is None:  # start() returns once its process serves
+                    raise RuntimeError(f"{role} worker {slot} serves without a Dynamo instance id")
+                self.instances[role][slot] = info.instance_id
 
     def _router_actor(self) -> tuple[type, dict[str, Any]]:
         _, kwargs = super()._router_actor()

@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +40,37 @@ from cluster.dynamo.settings import (
     worker_command,
 )
 
-__all__ = ["DynamoWorkerActor", "dynamo_worker_name"]
+__all__ = ["DynamoWorkerActor", "EngineProcess", "EngineProcessState", "dynamo_worker_name"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineProcess:
+    """An engine actor's process, as ``start`` and ``ready`` answer it: the actor's ``slot``
+    in its ``role``'s pool, the Dynamo ``instance_id`` its process registered (None until it
+    serves), that process's ``pid`` and ``system_port`` (None before one started), its
+    ``log`` file, and how often the watch restarted it (``restarts``), of which for failing
+    its health checks (``hung_kills``)."""
+
+    slot: int
+    role: str
+    instance_id: int | None
+    pid: int | None
+    system_port: int | None
+    log: str
+    restarts: int
+    hung_kills: int
+
+
+@dataclass(frozen=True)
+class EngineProcessState(EngineProcess):
+    """``info``: the process, whether it is ``alive``, its ``/health`` JSON (empty when it is
+    not) and why the watch gave up on it (``failed``; None while it has not)."""
+
+    alive: bool
+    health: Mapping[str, Any]
+    failed: str | None
 
 PORT_ATTEMPTS = 3  # a free port can be taken between our probe and Dynamo's bind: try again
 MAX_BACKOFF_S = 30.0
@@ -95,7 +126,7 @@ class DynamoWorkerActor:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self) -> dict[str, Any]:
+    async def start(self) -> EngineProcess:
         """Start the process, wait until it serves, tell the router; idempotent."""
         async with self._lock:
             if self.process is None or not self.process.alive:
@@ -231,29 +262,31 @@ class DynamoWorkerActor:
     def _name(self) -> str:
         return dynamo_worker_name(self.settings.namespace, self.role, self.slot)
 
-    def _summary(self) -> dict[str, Any]:
+    def _summary(self) -> EngineProcess:
         process = self.process
-        return {
-            "slot": self.slot,
-            "role": self.role,
-            "instance_id": self.instance_id,
-            "pid": process.pid if process is not None else None,
-            "system_port": process.system_port if process is not None else None,
-            "log": str(self.log_path),
-            "restarts": self.restarts,
-            "hung_kills": self.hung_kills,
-        }
+        return EngineProcess(
+            slot=self.slot,
+            role=self.role,
+            instance_id=self.instance_id,
+            pid=process.pid if process is not None else None,
+            system_port=process.system_port if process is not None else None,
+            log=str(self.log_path),
+            restarts=self.restarts,
+            hung_kills=self.hung_kills,
+        )
 
-    async def ready(self) -> dict[str, Any]:
+    async def ready(self) -> EngineProcess:
         """What :meth:`start` returned, for the composer's readiness wait."""
         return self._summary()
 
-    async def info(self) -> dict[str, Any]:
-        """The summary plus ``alive``, ``health`` (the /health JSON) and ``failed``."""
+    async def info(self) -> EngineProcessState:
+        """The summary with whether the process is alive, its /health JSON and why the watch
+        gave up (if it has)."""
         process = self.process
         alive = process is not None and process.alive
         health = await process.health() if process is not None and alive else {}
-        return {**self._summary(), "alive": alive, "health": health, "failed": self.failed}
+        summary = dataclasses.asdict(self._summary())
+        return EngineProcessState(**summary, alive=alive, health=health, failed=self.failed)
 
     async def load(self) -> dict[str, Any]:
         """Best effort: in-flight requests on the generate endpoint (None when unknown), to

@@ -1,5 +1,5 @@
 """What the serve runtime's actors share (docs/design.md "Serve runtime", §5 events): NATS off
-the request path (``ActorBus``), ``actor_info`` for ``ready()``, and argument checks.
+the request path (``ActorBus``), ``Ready`` for ``ready()``, and argument checks.
 
 An actor's request methods must never wait on NATS: a slow or absent server may not stop
 requests. So ``publish``/``publish_kv`` only put the message on a bounded queue and return; one
@@ -20,7 +20,8 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.bus import BusError, EventBus, KvHandler
@@ -33,10 +34,11 @@ __all__ = [
     "MAX_PROMPT_TOKENS",
     "ActorBus",
     "LocalSink",
-    "actor_info",
+    "Ready",
     "check_hashes",
     "check_int",
     "check_request_id",
+    "ready_record",
 ]
 
 log = logging.getLogger(__name__)
@@ -53,25 +55,54 @@ BATCH_PERIOD_S = 0.025
 _RETRY_S = 1.0  # between failed first-connection attempts (each already retries ~30 s)
 
 
-def actor_info() -> dict[str, Any]:
-    """pid, Ray node id and the accelerators Ray assigned (None / {} outside a Ray actor)."""
-    info: dict[str, Any] = {"pid": os.getpid(), "node_id": None, "accelerators": {}}
+@dataclass(frozen=True)
+class Ready:
+    """An actor's answer to ``ready()`` once it serves, the same record for every actor of the
+    service: its ``role``, its process and Ray placement (``node_id`` None and
+    ``accelerators`` empty outside a Ray actor; ``accelerators`` holds the custom resources Ray
+    assigned, e.g. ``{"B200": 4.0}``), and its links: ``nats`` whether its bus is connected
+    (None: it runs without NATS), ``subscribed`` whether its subscriptions are in place (None:
+    it subscribes to nothing). A worker names itself (``worker_id``); the auction says how many
+    open holds it released at start (``released_at_start``: abandoned by its last instance)."""
+
+    role: str
+    pid: int
+    node_id: str | None = None
+    accelerators: Mapping[str, float] = field(default_factory=dict)
+    nats: bool | None = None
+    subscribed: bool | None = None
+    worker_id: int | None = None
+    released_at_start: int | None = None
+
+
+def ready_record(
+    role: str,
+    *,
+    nats: bool | None = None,
+    subscribed: bool | None = None,
+    worker_id: int | None = None,
+    released_at_start: int | None = None,
+) -> Ready:
+    """This process's ``Ready`` (module docstring of ``Ready``), placement read from Ray."""
+    node_id, accelerators = None, {}
     try:
         import ray
 
         if ray.is_initialized():
             ctx = ray.get_runtime_context()
-            info["node_id"] = ctx.get_node_id()
+            node_id = ctx.get_node_id()
             assigned = ctx.get_assigned_resources()  # type: ignore[no-untyped-call]
             # Custom resources only: {"B200": 4.0}, as the composer requested them.
-            info["accelerators"] = {
-                k: v
+            accelerators = {
+                k: float(v)
                 for k, v in assigned.items()
                 if k not in ("CPU", "GPU", "memory", "object_store_memory")
             }
     except Exception:  # not in an actor (driver-side tests): the plain facts are enough
         pass
-    return info
+    return Ready(
+        role, os.getpid(), node_id, accelerators, nats, subscribed, worker_id, released_at_start
+    )
 
 
 def check_request_id(request_id: object) -> str:

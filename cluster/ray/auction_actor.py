@@ -29,11 +29,8 @@ order (a release queued behind a reserve always sees it).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
-import os
-import sys
 import time
 import uuid
 from collections import OrderedDict
@@ -50,6 +47,7 @@ from cluster.dataplane.admission import LEASE_TTL_S, LeaseBook
 from cluster.events import AuctionEvent
 from cluster.ledger import open_ledger
 from cluster.models import validate_model
+from cluster.ray.actor_support import Ready, ready_record
 from cluster.ray.auction_exchange import Box, Entry, ReplicaExchange
 from cluster.ray.auction_settings import AuctionSettingsModel, UserAccount
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
@@ -195,16 +193,12 @@ class AuctionActor(ReplicaExchange):
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    async def ready(self) -> dict[str, Any]:
+    async def ready(self) -> Ready:
         if self._nats_url is not None and self._bus is None:
             self._bus = EventBus(self._nats_url, self.namespace, role="auction", name="auction")
             self._spawn(self._connect(self._bus))
-        node_id = None
-        ray = sys.modules.get("ray")  # imported in every Ray worker; absent in unit tests
-        with contextlib.suppress(Exception):
-            if ray is not None and ray.is_initialized():
-                node_id = ray.get_runtime_context().get_node_id()
-        return {"pid": os.getpid(), "node_id": node_id, "released_at_start": self.released_at_start}
+        # It publishes in the background and never waits for NATS (``_connect``): not reported.
+        return ready_record("auction", released_at_start=self.released_at_start)
 
     async def _connect(self, bus: EventBus) -> None:
         # In the background and forever: a NATS outage must never hold up admission.

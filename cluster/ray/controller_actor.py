@@ -40,8 +40,9 @@ from cluster.models import validate_model
 from cluster.plausibility import Plausibility
 from cluster.ray.actor_support import (
     ActorBus,
-    actor_info,
+    Ready,
     cancel_all,
+    ready_record,
     start_loops,
     subscribe_when_connected,
     wait_subscribed,
@@ -195,13 +196,12 @@ class ControllerActor:
         )
         self._kick_push()  # version 1 goes out now, not a tick later
 
-    async def ready(self) -> dict[str, Any]:
+    async def ready(self) -> Ready:
         self._start()
         connected = await self.bus.wait_connected(CONNECT_WAIT_S)
         if connected:
             await wait_subscribed(self.bus, lambda: self._subscribed)
-        info = {"role": "controller", "nats": connected, "subscribed": self._subscribed}
-        return {**actor_info(), **info}
+        return ready_record("controller", nats=connected, subscribed=self._subscribed)
 
     async def shutdown(self) -> None:
         tasks = [*self._tasks, *([self._push_task] if self._push_task else [])]

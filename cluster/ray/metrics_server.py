@@ -38,6 +38,7 @@ __all__ = [
     "MAX_REPLICAS",
     "MAX_TEXT_BYTES",
     "PUSH_PERIOD_S",
+    "Listening",
     "MetricsServerActor",
     "actors_metrics_text",
 ]
@@ -55,6 +56,14 @@ FETCH_TIMEOUT_S = 1.0  # an actor that does not answer a scrape's fetch in time 
 class _Pushed:
     text: str
     at: float  # monotonic
+
+
+@dataclass(frozen=True)
+class Listening:
+    """Where the metrics server listens (``ready``): the address it bound and its port."""
+
+    host: str
+    port: int
 
 
 class MetricsServerActor:
@@ -82,11 +91,11 @@ class MetricsServerActor:
         self._server: Any = None
         self._task: asyncio.Task[None] | None = None
 
-    async def ready(self) -> dict[str, Any]:
+    async def ready(self) -> Listening:
         """Bind ``host:port`` (0: any free port) and serve; where it listens."""
         if self._server is None:
             self._server, self._task, self.port = await _serve(self._app(), self.host, self.port)
-        return {"host": self.host, "port": self.port}
+        return Listening(self.host, self.port)
 
     async def shutdown(self) -> None:
         if self._server is not None:

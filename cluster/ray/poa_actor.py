@@ -42,8 +42,9 @@ from cluster.events import CompleteEvent, Event, FirstTokenEvent, RouteEvent
 from cluster.plausibility import Plausibility
 from cluster.ray.actor_support import (
     ActorBus,
-    actor_info,
+    Ready,
     cancel_all,
+    ready_record,
     start_loops,
     subscribe_when_connected,
     wait_subscribed,
@@ -139,13 +140,13 @@ class PoaActor:
             self.bus, poa_subscribe=self._subscribe(), poa_tick=self._tick_loop()
         )
 
-    async def ready(self) -> dict[str, Any]:
+    async def ready(self) -> Ready:
         """Start, wait up to CONNECT_WAIT_S for NATS (then keep trying in the background)."""
         self._start()
         connected = await self.bus.wait_connected(CONNECT_WAIT_S)
         if connected:
             await wait_subscribed(self.bus, lambda: self._subscribed)
-        return {**actor_info(), "role": "poa", "nats": connected, "subscribed": self._subscribed}
+        return ready_record("poa", nats=connected, subscribed=self._subscribed)
 
     async def shutdown(self) -> None:
         tasks, self._tasks = self._tasks, []

@@ -29,8 +29,9 @@ from cluster.events import MAX_LABEL_CHARS, Event, LoadEvent, RouteEvent
 from cluster.kv_wire import kv_subject
 from cluster.ray.actor_support import (
     ActorBus,
-    actor_info,
+    Ready,
     check_request_id,
+    ready_record,
     subscribe_when_connected,
     wake_after_restart,
 )
@@ -107,11 +108,11 @@ class RouterActor:
         if isinstance(event, LoadEvent):
             self.replicas.update(peer_report(event, time.monotonic()))
 
-    async def ready(self) -> dict[str, Any]:
+    async def ready(self) -> Ready:
         await self._start()
         connected = await self.bus.wait_connected(READY_TIMEOUT_S)
         nats = connected if self.bus.bus is not None else None  # None: running without NATS
-        return {"role": "router", **actor_info(), "nats_connected": nats}
+        return ready_record("router", nats=nats)
 
     async def metrics_text(self) -> str:
         return owned_metrics_text(OWNERS["router"])

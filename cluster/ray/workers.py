@@ -38,10 +38,11 @@ from cluster.model_dir import ChatTokenizer, default_model_dir
 from cluster.ray.actor_support import (
     MAX_PROMPT_TOKENS,
     ActorBus,
-    actor_info,
+    Ready,
     check_hashes,
     check_int,
     check_request_id,
+    ready_record,
 )
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
 from cluster.ray.token_streams import DecodeOrder, Frame, StreamHost
@@ -177,15 +178,11 @@ class _WorkerActor:
             check_hashes("seq_hashes", seq_hashes, self._max_blocks),
         )
 
-    async def ready(self) -> dict[str, Any]:
+    async def ready(self) -> Ready:
         self._start()
         connected = await self.bus.wait_connected(READY_TIMEOUT_S)
-        return {
-            "worker_id": self.worker_id,
-            "role": self.role,
-            **actor_info(),
-            "nats_connected": connected if self.bus.bus is not None else None,
-        }
+        nats = connected if self.bus.bus is not None else None  # None: running without NATS
+        return ready_record(self.role, nats=nats, worker_id=self.worker_id)
 
     async def load(self) -> dict[str, int]:
         """The engine's ``EngineLoad`` fields."""

@@ -59,7 +59,7 @@ def _users(stats: dict[str, Any]) -> dict[str, tuple[float, float]]:
 def test_fcfs_below_saturation_holds_the_bid_and_charges_nothing(tmp_path: Path) -> None:
     async def body(actor: AuctionActor) -> None:
         ready = await actor.ready()
-        assert ready["node_id"] is None and ready["released_at_start"] == 0
+        assert ready.node_id is None and ready.released_at_start == 0
         admitted = await actor.admit("r1", "alice", 2.5, [1, 2, 3])
         assert admitted == {
             "position": 0,

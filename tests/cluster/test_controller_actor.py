@@ -102,7 +102,7 @@ async def started(
     args = {"router": None, "auction": None, "poa": None, "settings": FAST} | handles
     actor = ControllerActor(namespace=ns, nats_url=url, **args)
     info = await actor.ready()
-    assert info["nats"] and info["subscribed"] and info["role"] == "controller"
+    assert info.nats and info.subscribed and info.role == "controller"
     pub = EventBus(url, ns, role="ingress", name="ingress")
     await pub.connect()
     events: list[RegimeEvent] = []
@@ -305,7 +305,7 @@ def test_no_handles_and_no_nats() -> None:
     async def main() -> None:
         actor = ControllerActor(nats_url=None, router=None, auction=None, poa=None, settings=FAST)
         info = await actor.ready()
-        assert info["nats"] and not info["subscribed"]
+        assert info.nats and not info.subscribed
         for i in range(10):
             actor.on_event(routed(f"r{i}"))
             actor.on_event(first_token(f"r{i}", 5.0))

@@ -62,7 +62,7 @@ def test_replicas_are_summed_and_the_actors_merged_on_the_servers_own_port() -> 
             assert await server.push("replica-a", _text(3))
             assert await server.push("replica-b", _text(4))
             async with httpx.AsyncClient() as client:
-                url = f"http://127.0.0.1:{where['port']}"
+                url = f"http://127.0.0.1:{where.port}"
                 first = (await client.get(f"{url}/metrics")).text
                 second = (await client.get(f"{url}/metrics")).text
                 missing = (await client.get(f"{url}/v1/models")).status_code

@@ -71,7 +71,7 @@ async def started(url: str, **kwargs: object) -> tuple[PoaActor, EventBus, str]:
     ns = f"t{uuid.uuid4().hex[:8]}"
     actor = PoaActor(namespace=ns, nats_url=url, **kwargs)  # type: ignore[arg-type]
     info = await actor.ready()
-    assert info["nats"] and info["subscribed"] and info["pid"] > 0
+    assert info.nats and info.subscribed and info.pid > 0
     publisher = EventBus(url, ns, role="ingress", name="test")
     await publisher.connect()
     return actor, publisher, ns
@@ -204,7 +204,7 @@ def test_without_nats_and_bad_arguments() -> None:
     async def main() -> None:
         actor = PoaActor(nats_url=None, tick_s=0.05)
         info = await actor.ready()
-        assert info["nats"] and not info["subscribed"]  # nothing to connect to: ready at once
+        assert info.nats and not info.subscribed  # nothing to connect to: ready at once
         actor.on_event(route(1, 2))
         actor.on_event(first_token(1, 2, 0.2))
         await until(lambda: actor.ticks >= 2)  # the loop ticks by itself

@@ -63,7 +63,7 @@ def test_route_answers_every_field_and_publishes_the_route_event() -> None:
     async def body() -> None:
         router = _router()
         seen = _events(router)
-        assert (await router.ready())["nats_connected"] is None
+        assert (await router.ready()).nats is None
         r = await router.route("r1", TOKENS, "alice")
         local = block_hashes(TOKENS, BS)
         assert r.local_hashes == tuple(local) and r.seq_hashes == tuple(sequence_hashes(local))
@@ -305,8 +305,8 @@ def test_over_nats_worker_kv_events_reach_the_index_and_route_events_go_out() ->
             2, "b200-llama70b-fp8-tp4", speedup=50.0, epoch_wall=time.time(), seed=0,
             nats_url=url, namespace="rt",
         )  # fmt: skip
-        assert (await router.ready())["nats_connected"] is True
-        assert (await worker.ready())["nats_connected"] is True
+        assert (await router.ready()).nats is True
+        assert (await worker.ready()).nats is True
         local = block_hashes(TOKENS, BS)
         stream = worker.generate("w", 320, local, sequence_hashes(local), 2, True)
         assert [len(c) async for c in stream]

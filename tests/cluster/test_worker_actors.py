@@ -116,8 +116,8 @@ def test_prefill_returns_its_result_and_publishes_cleared_then_one_batch_per_ite
         worker = _prefill(worker_id=4, speedup=1.0)
         seen = _record(worker)
         info = await worker.ready()
-        assert info["worker_id"] == 4 and info["role"] == "prefill" and info["pid"] > 0
-        assert info["nats_connected"] is None
+        assert info.worker_id == 4 and info.role == "prefill" and info.pid > 0
+        assert info.nats is None
         _, lx, sx = _prompt(320, 9000)
         _, la, sa = _prompt(320, 100)
         _, lb, sb = _prompt(160, 5000)
@@ -385,7 +385,7 @@ def test_kv_events_go_out_on_nats_in_dynamo_envelopes() -> None:
         got: list[Any] = []
         await listener.subscribe_kv(kv_subject("wk", "prefill"), got.append)
         worker = _prefill(worker_id=2, nats_url=url, namespace="wk")
-        assert (await worker.ready())["nats_connected"] is True
+        assert (await worker.ready()).nats is True
         _, local, seq = _prompt(64)
         await worker.prefill("n", 64, local, seq)
         await worker.bus.flush()
@@ -410,7 +410,7 @@ def test_the_engines_load_snapshots_go_out_on_nats() -> None:
         got: list[Any] = []
         await listener.subscribe(got.append, kinds=("engine_load",))
         worker = _decode(worker_id=4, nats_url=url, namespace="wk")
-        assert (await worker.ready())["nats_connected"] is True
+        assert (await worker.ready()).nats is True
         _, local, seq = _prompt(64)
         stream = worker.generate("e", 64, local, seq, 400, True)
         await anext(stream)  # the sequence runs: the engine holds it

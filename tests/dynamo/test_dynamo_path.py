@@ -91,7 +91,7 @@ def test_requests_stream_and_dead_workers_are_routed_around(
     async def main() -> None:
         pool = {0: worker("prefill", 0), 1: worker("decode", 1), 2: worker("decode", 2)}
         infos = await asyncio.gather(*(w.start() for w in pool.values()))
-        ids = {info["slot"]: info["instance_id"] for info in infos}
+        ids = {info.slot: info.instance_id for info in infos}
         shadow = ShadowRouterActor(
             prefill_workers=[0], decode_workers=[1, 2], block_size=SETTINGS.block_size,
             components={"prefill": "prefill", "decode": "backend"}, nats_url=None,

@@ -36,7 +36,7 @@ def test_the_mocker_serves_its_waiting_requests_first_come_whatever_their_priori
     async def main() -> dict[str, float]:
         pool = [dynamo_worker(SETTINGS, "prefill", 0), dynamo_worker(SETTINGS, "decode", 1)]
         infos = await asyncio.gather(*(w.start() for w in pool))
-        prefill_id, decode_id = (info["instance_id"] for info in infos)
+        prefill_id, decode_id = (info.instance_id for info in infos)
         routes = await DynamoRoutes(
             SETTINGS, nats_url=dynamo_nats_url, discovery_dir=discovery_dir,
             model_name=SETTINGS.model_name,

@@ -109,18 +109,18 @@ def test_a_killed_worker_restarts_with_a_new_id_and_tells_the_router(
     async def scenario() -> None:
         try:
             first = await actor.start()
-            assert first["restarts"] == 0 and first["role"] == "prefill" and first["slot"] == 0
-            assert router.calls == [("prefill", 0, first["instance_id"])]
+            assert first.restarts == 0 and first.role == "prefill" and first.slot == 0
+            assert router.calls == [("prefill", 0, first.instance_id)]
             assert (await actor.load())["inflight"] == 0.0
-            assert (await actor.info())["alive"]
+            assert (await actor.info()).alive
             killed = await actor.kill_engine()
-            assert killed == first["pid"] and pid_gone(killed)
+            assert killed == first.pid and pid_gone(killed)
             await until(lambda: len(router.calls) == 2, READY_S, 0.05, "a rebinding")
             second = await actor.ready()
-            assert second["restarts"] == 1 and second["pid"] != killed
-            assert second["instance_id"] not in (None, first["instance_id"])
-            assert router.calls[1] == ("prefill", 0, second["instance_id"])
-            assert second["instance_id"] in instances(discovery_dir, "prefill")
+            assert second.restarts == 1 and second.pid != killed
+            assert second.instance_id not in (None, first.instance_id)
+            assert router.calls[1] == ("prefill", 0, second.instance_id)
+            assert second.instance_id in instances(discovery_dir, "prefill")
             assert "dynamo_component" in await actor.metrics_text()
         finally:
             await actor.shutdown()
@@ -142,10 +142,10 @@ def test_a_drained_worker_deregisters_and_is_not_restarted(
     async def scenario() -> None:
         try:
             info = await actor.start()
-            assert instances(discovery_dir, "backend") == {info["instance_id"]}
+            assert instances(discovery_dir, "backend") == {info.instance_id}
             assert await actor.drain(timeout_s=30.0)
             assert instances(discovery_dir, "backend") == set()
-            assert actor.restarts == 0 and not (await actor.info())["alive"]
+            assert actor.restarts == 0 and not (await actor.info()).alive
         finally:
             await actor.shutdown()
 
@@ -174,13 +174,13 @@ def test_the_ray_actor_rebinds_a_real_router_actor_after_a_kill(
     try:
         ray.get(actor.attach.remote(router))
         first = ray.get(actor.start.remote(), timeout=READY_S)
-        assert ray.get(router.seen.remote()) == [("decode", 1, first["instance_id"])]
+        assert ray.get(router.seen.remote()) == [("decode", 1, first.instance_id)]
         ray.get(actor.kill_engine.remote())
         deadline = time.monotonic() + READY_S
         while len(calls := ray.get(router.seen.remote())) < 2:
             assert time.monotonic() < deadline, "no rebinding"
             time.sleep(0.05)
-        assert calls[1][2] != first["instance_id"]
+        assert calls[1][2] != first.instance_id
         assert calls[1][2] in instances(discovery_dir, "backend")
     finally:
         ray.get(actor.shutdown.remote(), timeout=60)
@@ -318,12 +318,12 @@ def test_a_worker_out_of_restarts_stays_down_and_a_failing_router_is_only_logged
     async def scenario() -> None:
         try:
             info = await actor.start()  # the router's failure does not fail the start
-            assert info["instance_id"] is not None
+            assert info.instance_id is not None
             await actor.kill_engine()
             await until(lambda: actor.failed is not None, READY_S, 0.05, "giving up")
             state = await actor.info()
-            assert not state["alive"] and state["restarts"] == 0
-            assert "restarts exhausted" in state["failed"]
+            assert not state.alive and state.restarts == 0
+            assert "restarts exhausted" in state.failed
             with pytest.raises(RuntimeError, match="no running process"):
                 await actor.kill_engine()
         finally:
@@ -355,7 +355,7 @@ def test_a_worker_retries_on_another_port_when_its_system_port_is_taken(
                 await actor.shutdown()
 
         info = asyncio.run(scenario())
-    assert info["system_port"] != taken and info["instance_id"] is not None
+    assert info.system_port != taken and info.instance_id is not None
     assert Path(actor.log_path).read_text().count("--- start") == 2
 
 
@@ -372,12 +372,12 @@ def test_a_hung_worker_fails_its_health_checks_and_is_restarted(
         try:
             first = await actor.start()
             await asyncio.sleep(1.0)  # several healthy checks: nothing happens
-            assert (await actor.ready())["hung_kills"] == 0
-            os.kill(first["pid"], signal.SIGSTOP)
+            assert (await actor.ready()).hung_kills == 0
+            os.kill(first.pid, signal.SIGSTOP)
             await until(lambda: len(router.calls) == 2, READY_S, 0.05, "a restart after a hang")
             second = await actor.ready()
-            assert second["hung_kills"] == 1 and second["restarts"] == 1
-            assert second["instance_id"] != first["instance_id"] and pid_gone(first["pid"])
+            assert second.hung_kills == 1 and second.restarts == 1
+            assert second.instance_id != first.instance_id and pid_gone(first.pid)
         finally:
             await actor.shutdown()
 

@@ -288,7 +288,7 @@ def test_a_killed_mocker_is_restarted_and_rebound(service: DynamoService) -> Non
     worker = service.handles.decode[1]
     old = ray.get(worker.info.remote())
     pid = ray.get(worker.kill_engine.remote())
-    assert pid == old["pid"]
+    assert pid == old.pid
 
     async def during() -> list[Any]:
         client = _client(service)
@@ -307,13 +307,13 @@ def test_a_killed_mocker_is_restarted_and_rebound(service: DynamoService) -> Non
     while True:
         new = ray.get(worker.info.remote())
         bound = _stats(service)["dynamo"]["instances"].get("decode/1")
-        renewed = new["instance_id"] != old["instance_id"]
-        if new["alive"] and renewed and bound == new["instance_id"]:
+        renewed = new.instance_id != old.instance_id
+        if new.alive and renewed and bound == new.instance_id:
             break
         assert time.monotonic() < deadline, (old, new, bound)
         time.sleep(0.2)
-    assert pid_gone(pid) and new["restarts"] == old["restarts"] + 1
-    assert Path(new["log"]).is_file()
+    assert pid_gone(pid) and new.restarts == old.restarts + 1
+    assert Path(new.log).is_file()
 
     async def after() -> list[dict[str, Any]]:
         client = _client(service)

@@ -73,8 +73,8 @@ def _placement(ray: Any, handles: dict[int, Any], pgs: dict[str, Any], names: di
         table = placement_group_table(pg)
         out[str(wid)] = {
             "name": names[wid],
-            "actor_node": info["node_id"],
-            "pid": info["pid"],
+            "actor_node": info.node_id,
+            "pid": info.pid,
             "bundles": {str(k): v for k, v in table["bundles"].items()},
             "bundle_nodes": {str(k): v for k, v in table["bundles_to_node_id"].items()},
             "pg_state": table["state"],
@@ -168,7 +168,7 @@ def main() -> int:
         control = {}
         for role in ("router", "auction", "poa", "controller"):
             info = ray.get(getattr(h, role).ready.remote(), timeout=30)
-            control[role] = info["node_id"]
+            control[role] = info.node_id
         result["control_nodes"] = control
         result["actors_before"] = _actor_nodes(ray)
         result["node_resources"] = {

@@ -62,8 +62,8 @@ def service(ray_session: None, nats_url: str) -> Iterator[Service]:
     )  # fmt: skip
     actors = [prefill, *decode.values(), router]
     infos = ray.get([a.ready.remote() for a in actors], timeout=120)
-    assert all(info["nats_connected"] for info in infos)
-    assert infos[0]["accelerators"] == {"B200": float(profile.tp)} and infos[0]["node_id"]
+    assert all(info.nats for info in infos)
+    assert infos[0].accelerators == {"B200": float(profile.tp)} and infos[0].node_id
     yield Service(prefill, decode, router)
     for actor in actors:
         with contextlib.suppress(RayActorError, GetTimeoutError):
@@ -160,14 +160,14 @@ def test_a_killed_decode_actor_comes_back_clears_its_cache_and_serves(service: S
         while True:
             try:
                 info = await handle.ready.remote()
-                if info["pid"] != old["pid"]:
+                if info.pid != old.pid:
                     break
             except RayActorError:  # dead or restarting (ActorUnavailableError is one too)
                 pass
             if time.monotonic() > deadline:
                 raise AssertionError("the killed decode actor never came back")
             await asyncio.sleep(0.2)
-        assert info["pid"] != old["pid"] and info["worker_id"] == victim
+        assert info.pid != old.pid and info.worker_id == victim
         # Its first act in the new life is "cleared": the router forgets the old cache. The
         # event crosses NATS, so ask until the router's view shows it (bounded by the test's
         # 120 s guard); counting "cleared" events would race with the first life's own.

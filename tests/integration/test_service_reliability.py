@@ -124,7 +124,7 @@ def test_decode_worker_killed_mid_run(live_service: LiveService) -> None:
     victim = min(handles.decode)
     handle = handles.decode[victim]
     retries_before = _get(handles.router.stats.remote())["retries"]
-    pid_before = _get(handle.ready.remote())["pid"]
+    pid_before = _get(handle.ready.remote()).pid
 
     async def main() -> tuple[list[StreamResult], list[StreamResult]]:
         async with _client(live_service, 64) as client:
@@ -164,7 +164,7 @@ def test_decode_worker_killed_mid_run(live_service: LiveService) -> None:
     info = until(
         lambda: _get(handle.ready.remote(), 5), RESTART_TIMEOUT_S, "the decode worker restarts"
     )
-    assert info["pid"] != pid_before and info["worker_id"] == victim
+    assert info.pid != pid_before and info.worker_id == victim
 
     async def after() -> list[StreamResult]:
         async with _client(live_service, 64) as client:
@@ -259,7 +259,7 @@ def test_controller_killed_routing_goes_on_and_it_restarts(live_service: LiveSer
     handles = live_service.handles
     controller = handles.controller
     _get(controller.snapshot.remote())
-    pid_before = _get(controller.ready.remote())["pid"]
+    pid_before = _get(controller.ready.remote()).pid
     _, restarts = _restarts(controller)
 
     with timed("controller kill"):
@@ -278,8 +278,8 @@ def test_controller_killed_routing_goes_on_and_it_restarts(live_service: LiveSer
     allowed = {(last["version"], last["regime"]), (snap["version"], snap["regime"])}
     seen = {(d["policy_version"], d["regime"]) for d in during}
     assert seen <= allowed, f"routed with {seen}, the last policy was {last}"
-    assert info["pid"] != pid_before, "the controller was not restarted"
-    assert info["nats"] is True and info["subscribed"] is True
+    assert info.pid != pid_before, "the controller was not restarted"
+    assert info.nats is True and info.subscribed is True
     print(
         f"[controller kill: router policy {last} -> restarted controller {snap['regime']} "
         f"v{snap['version']}]"

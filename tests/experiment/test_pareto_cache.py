@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from disaggctl.experiment.pareto import WORKLOAD, describe_cache
+from disaggctl.experiment.pareto import WORKLOAD
+from disaggctl.experiment.pareto_prose import describe_cache
 
 
 def _cell(tau: float, omega: float, hit: float | None) -> dict[str, Any]:

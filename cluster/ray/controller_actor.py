@@ -12,13 +12,11 @@ It runs the plain ``controller.controller.Controller`` (a ``SaturationDetector``
   queue empty, nobody waiting and no first token taking the detector's down-threshold, two ticks
   running — the detector forgets the queue's TTFTs and the PoA actor its window
   (``forget_before``).
-- On a regime change the controller bumps the policy version and calls its target's
-  ``set_policy`` synchronously. The target here only records the newest policy; a background
-  push sends it to the router actor (``set_policy(tau, omega, version, regime)``) and the regime
-  to the auction actor (``set_regime``). A push that fails (the actor is dead or restarting)
-  leaves the policy pending and is retried on the next tick, so the newest version always gets
-  through once the router is back, and ticking never stops (the router keeps its last policy
-  meanwhile, §4). Each change is published as a ``RegimeEvent`` on ``disagg.<ns>.regime``.
+- On a regime change the controller bumps the policy version; ``cluster.ray.policy_push``
+  delivers it to the router actor and the regime to the auction actor in the background,
+  retried tick after tick while they are down, so ticking never stops (the router keeps its last
+  policy meanwhile, §4). Each change is published as a ``RegimeEvent`` on
+  ``disagg.<ns>.regime``.
 
 ``ControllerSettings`` is the config shape (a StrictModel; the composer passes its
 ``model_dump()``). Thresholds are wall seconds of TTFT (``theta1_s`` < ``theta2_s``), or multiples
@@ -32,7 +30,6 @@ import asyncio
 import dataclasses
 import logging
 import math
-from collections.abc import Callable
 from typing import Any
 
 from cluster.events import CompleteEvent, Event, FirstTokenEvent, RegimeEvent, RouteEvent
@@ -53,6 +50,7 @@ from cluster.ray.controller_settings import DEFAULT_THETA_S, ControllerSettings
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
 from cluster.ray.pending_routes import EVENT_SLACK_S, PendingRoutes
 from cluster.ray.poa_actor import CONNECT_WAIT_S, service_clock
+from cluster.ray.policy_push import PolicyPush, call_remote
 from cluster.ray.pools import ActorPools, Launcher
 from cluster.ray.worker_factory import WorkerSpec
 from controller.controller import Controller, RegimeChange
@@ -67,26 +65,6 @@ log = logging.getLogger(__name__)
 
 MAX_CHANGES = 32  # recent regime changes kept for snapshot()
 MAX_DECISIONS = 32  # recent re-split decisions kept for snapshot()
-
-
-_Push = tuple[float, float, int, str]  # tau, omega, version, regime label
-
-
-class _PendingTarget:
-    """The Controller's target: remembers the newest policy for the async push (the Controller
-    calls ``set_policy`` synchronously, inside its tick)."""
-
-    def __init__(self, regime: Callable[[], str]) -> None:
-        self._regime = regime
-        self.pending: _Push | None = None
-
-    def set_policy(self, tau: float, omega: float, version: int) -> None:
-        self.pending = (float(tau), float(omega), int(version), self._regime())
-
-
-async def _call(method: Any, *args: Any) -> Any:
-    # A Ray actor method, or any object with .remote(...) returning an awaitable (tests).
-    return await method.remote(*args)
 
 
 def _signal(value: object) -> float | None:
@@ -142,7 +120,7 @@ class ControllerActor:
             hysteresis=s.hysteresis,
             dwell=s.dwell,
         )
-        self.target = _PendingTarget(lambda: detector.regime.label)
+        self.push = PolicyPush(router, auction, s.call_timeout_s, lambda: detector.regime.label)
         self.arrivals = ArrivalMeter()
         # A TTFT is used only for a request the deployment routed (cluster/plausibility.py).
         ids = None if workers is None else [w for pool in workers.values() for w in pool]
@@ -164,22 +142,17 @@ class ControllerActor:
             )
         self._discovered = False
         self.controller = Controller(
-            detector, s.policy.table(), self.target, on_change=self._changed,
+            detector, s.policy.table(), self.push.target, on_change=self._changed,
             # enabled: false keeps the lever's hands off (operators' resplit_now still works)
             resplitter=self.resplitter if s.resplit.enabled else None,
         )  # fmt: skip
-        self._regime_pending: str | None = None
-        self.delivered_version = 0  # newest version the router acknowledged
-        self.delivered_regime: str | None = None  # newest regime the auction acknowledged
         self.auction_stats: dict[str, Any] = {}  # the auction's stats, read every tick
-        self.push_failures = 0
         self.observed = 0
         self.errors = 0  # first_token events the detector refused
         self.ticks = 0
         self.tick_errors = 0
         self.last_signals: dict[str, float | None] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._push_task: asyncio.Task[None] | None = None
         self._subscribed = False
         self.controller.start(self.now())  # version 1: the router starts from a known policy
         self._synced = False  # numbering continued from the router's (after our own restart)
@@ -194,7 +167,7 @@ class ControllerActor:
         self._tasks = start_loops(
             self.bus, controller_subscribe=self._subscribe(), controller_tick=self._tick_loop()
         )
-        self._kick_push()  # version 1 goes out now, not a tick later
+        self.push.kick()  # version 1 goes out now, not a tick later
 
     async def ready(self) -> Ready:
         self._start()
@@ -204,8 +177,8 @@ class ControllerActor:
         return ready_record("controller", nats=connected, subscribed=self._subscribed)
 
     async def shutdown(self) -> None:
-        tasks = [*self._tasks, *([self._push_task] if self._push_task else [])]
-        self._tasks, self._push_task = [], None
+        tasks = [*self._tasks, *([self.push.task] if self.push.task else [])]
+        self._tasks, self.push.task = [], None
         await cancel_all(tasks)
         release = getattr(getattr(self.pools, "launcher", None), "release", None)
         if release is not None:  # a local service: the workers re-splits started go with it
@@ -270,14 +243,14 @@ class ControllerActor:
         drain = self.drain.update(now, self._drained(queue_depth, now))
         if drain is not None:  # the queue's samples go, here and in the PoA window
             self.controller.drained(drain)
-            await self._deliver(self.poa, "forget_before", drain.since)
+            await self.push.deliver(self.poa, "forget_before", drain.since)
         self.controller.tick(
             now, **signals, arrival_rate=rate, backlog_since=self.drain.backlog_since
         )
         self.ticks += 1
         if len(self.controller.changes) > 2 * MAX_CHANGES:  # the plain Controller keeps them all
             del self.controller.changes[:-MAX_CHANGES]
-        self._kick_push()
+        self.push.kick()
         return self._snapshot()
 
     def _drained(self, queue_depth: float | None, now: float) -> bool | None:
@@ -303,7 +276,7 @@ class ControllerActor:
         count = self.pools.pools().prefilling
         known = self.auction_stats.get("prefill_workers")
         if isinstance(known, int) and known != count:
-            await self._deliver(self.auction, "set_prefill_workers", count)
+            await self.push.deliver(self.auction, "set_prefill_workers", count)
 
     async def _ask(self, handle: Any, method: str) -> Any:
         """``handle.method()`` within the call timeout, or None (missing, failed or slow)."""
@@ -311,7 +284,7 @@ class ControllerActor:
             return None
         try:
             return await asyncio.wait_for(
-                _call(getattr(handle, method)), self.settings.call_timeout_s
+                call_remote(getattr(handle, method)), self.settings.call_timeout_s
             )
         except Exception as exc:  # a dead or slow peer is a missing signal, not an error
             log.debug("%s() failed: %r", method, exc)
@@ -339,13 +312,13 @@ class ControllerActor:
                 self.controller.version = version
                 self._repush()
                 return
-        if version != self.delivered_version and self.target.pending is None:
+        if version != self.push.delivered_version and self.push.target.pending is None:
             self._repush()
 
     def _repush(self) -> None:
         policy = self.controller.table[self.controller.regime]
         self.controller.version += 1
-        self.target.pending = (
+        self.push.target.pending = (
             float(policy.tau), float(policy.omega), self.controller.version,
             self.controller.regime.label,
         )  # fmt: skip
@@ -384,44 +357,11 @@ class ControllerActor:
     # -- changes out -------------------------------------------------------------------------
 
     def _changed(self, change: RegimeChange) -> None:
-        self._regime_pending = change.regime.label
+        self.push.regime_changed(change.regime.label)
         try:
             self.bus.publish(RegimeEvent.from_change(change))
         except Exception:  # an event is a report; the policy push must happen regardless
             log.exception("could not publish the regime event")
-
-    def _kick_push(self) -> None:
-        if self.target.pending is None and self._regime_pending is None:
-            return
-        if self._push_task is None or self._push_task.done():
-            self._push_task = asyncio.get_running_loop().create_task(self._push())
-
-    async def _push(self) -> None:
-        """Deliver the pending policy and regime; what fails stays pending for the next tick."""
-        policy = self.target.pending
-        if policy is not None and await self._deliver(self.router, "set_policy", *policy):
-            self.delivered_version = policy[2] if self.router is not None else 0
-            if self.target.pending == policy:  # a newer one may have come meanwhile
-                self.target.pending = None
-        regime = self._regime_pending
-        if regime is not None and await self._deliver(self.auction, "set_regime", regime):
-            self.delivered_regime = regime if self.auction is not None else None
-            if self._regime_pending == regime:
-                self._regime_pending = None
-
-    async def _deliver(self, handle: Any, method: str, *args: Any) -> bool:
-        if handle is None:
-            return True  # nobody to tell: nothing stays pending
-        try:
-            call = _call(getattr(handle, method), *args)
-            await asyncio.wait_for(call, self.settings.call_timeout_s)
-        except Exception as exc:
-            self.push_failures += 1
-            n = self.push_failures
-            if n & (n - 1) == 0:  # 1st, 2nd, 4th, ...: a long outage must not flood the log
-                log.warning("%s%r failed (%d failures so far), retrying: %r", method, args, n, exc)
-            return False
-        return True
 
     # -- snapshot ----------------------------------------------------------------------------
 
@@ -441,9 +381,9 @@ class ControllerActor:
             "tau": policy.tau,
             "omega": policy.omega,
             "version": c.version,
-            "delivered_version": self.delivered_version,
-            "pending": self.target.pending is not None,
-            "push_failures": self.push_failures,
+            "delivered_version": self.push.delivered_version,
+            "pending": self.push.target.pending is not None,
+            "push_failures": self.push.failures,
             "ttft_p99_smoothed_s": d.smoothed_p99,
             "ttft_p99_window_s": d.last_p99,
             "drains": [dataclasses.asdict(x) for x in self.drain.drains],

@@ -254,21 +254,21 @@ def test_a_failing_router_does_not_stop_the_loop_and_gets_the_newest_policy(
         router.failing = True
         actor, pub, _, _ = await started(nats_url, router=router)
         try:
-            await until(lambda: actor.push_failures >= 2)  # retried tick after tick
+            await until(lambda: actor.push.failures >= 2)  # retried tick after tick
             await regime(actor, "saturated", pub, 3.0)  # the controller went on regardless
             snap = await actor.snapshot()
             assert snap["pending"] and snap["delivered_version"] == 0 and router.calls == []
             ticks = snap["ticks"]
             router.failing = False
-            await until(lambda: actor.delivered_version == 2)
+            await until(lambda: actor.push.delivered_version == 2)
             assert router.calls == [(0.8, 0.1, 2, "saturated")]  # only the newest one
             # A router that hangs: the call times out, ticking goes on, the push retries.
             router.hang = True
             await regime(actor, "below", pub, 0.01)
-            await until(lambda: actor.push_failures >= snap["push_failures"] + 2)
+            await until(lambda: actor.push.failures >= snap["push_failures"] + 2)
             assert actor.ticks > ticks + 5 and actor.tick_errors == 0
             router.hang = False
-            await until(lambda: actor.delivered_version == 3)
+            await until(lambda: actor.push.delivered_version == 3)
             assert router.calls[-1] == (0.0, 1.0, 3, "below")
         finally:
             await pub.close()
@@ -312,7 +312,7 @@ def test_no_handles_and_no_nats() -> None:
         # The regime switches inside a tick, whose push (to nobody: nothing stays pending)
         # comes after an await: on a busy machine a snapshot can fall between the two.
         await until(lambda: actor.controller.regime.label == "saturated"
-                    and actor.target.pending is None)  # fmt: skip
+                    and actor.push.target.pending is None)  # fmt: skip
         snap = await actor.snapshot()
         assert snap["version"] == 2 and not snap["pending"] and snap["delivered_version"] == 0
         await actor.shutdown()

@@ -163,7 +163,10 @@ def describe_cache(data: dict[str, Any]) -> str:
                 )
             parts.append(text)
     return (
-        f"Prefix-cache hit rate (the share of prompt tokens found cached where the request was "
-        f"prefilled; {WORKLOAD.ideal_hit_rate():.3f} if every step returned to the worker of its "
-        "trajectory's last one): " + "; ".join(parts) + "."
+        "Prefix-cache hit rate, the share of prompt tokens found cached where the request was "
+        "prefilled. Over whole trajectories, a router that sent every step back to the worker "
+        f"of its trajectory's last one would hit {WORKLOAD.ideal_hit_rate():.3f}; a hold sees "
+        f"about three rounds of the {WORKLOAD.trajectories} trajectories, and where the round "
+        "robin's phase leaves it fewer first steps (which find only the system prompt) than "
+        "later ones, a cell reads above that. " + "; ".join(parts) + "."
     )

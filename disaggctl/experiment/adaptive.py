@@ -27,7 +27,7 @@ from disaggctl.experiment.stats import fmt, fmt_mean_se, mean_se, summarise
 
 NAME = "adaptive"
 TITLE = "adaptive: the controller against static routing through a ramp and a spike"
-SECONDS_PER_UNIT = 0.0157  # per simulated second of a run, measured (runner.estimate)
+SECONDS_PER_UNIT = 0.0365  # per simulated second of a run, measured (runner.estimate)
 KEYS = (
     "poa_hat",
     "poa_routing",

@@ -26,7 +26,7 @@ from disaggctl.experiment.stats import fmt, fmt_mean_se, summarise
 
 NAME = "autobid"
 TITLE = "autobid: pacing autobidders in repeated auctions and the κ bound"
-SECONDS_PER_UNIT = 0.0018  # per batch of a run (pacing, regret, bound), measured
+SECONDS_PER_UNIT = 0.0066  # per batch of a run (pacing, regret, bound), measured
 
 SPREADS = {
     "equal": (0.5, 0.5, 0.5),

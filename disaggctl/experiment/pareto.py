@@ -42,7 +42,7 @@ from disaggctl.experiment.stats import fmt, summarise
 
 NAME = "pareto"
 TITLE = "pareto: fixed (τ, ω) policies below and at saturation"
-SECONDS_PER_UNIT = 0.11  # per simulated second of warm-up and hold, measured (runner.estimate)
+SECONDS_PER_UNIT = 0.131  # per simulated second of warm-up and hold, measured (runner.estimate)
 
 PROFILE, TOPOLOGY = "b200-llama70b-fp8-tp4", "2P/4D"
 CONCURRENCY = (64, 128)

@@ -27,7 +27,7 @@ from disaggctl.experiment.stats import fmt, summarise
 
 NAME = "poa"
 TITLE = "poa: the Price of Anarchy across load"
-SECONDS_PER_UNIT = 0.0047  # per simulated second of a point, measured (runner.estimate)
+SECONDS_PER_UNIT = 0.0167  # per simulated second of a point, measured (runner.estimate)
 
 LLAMA, NEMOTRON = "b200-llama70b-fp8-tp4", "b200-nemotron340b-fp8-tp8"
 CONFIGS = (

@@ -27,7 +27,7 @@ NAME = "priority"
 TITLE = "priority: what a bid buys at saturation"
 # Per simulated second and 100 clients (a run's events grow with its clients): 0.009 s per
 # simulated second measured at C = 384 (runner.estimate).
-SECONDS_PER_UNIT = 0.0023
+SECONDS_PER_UNIT = 0.0040
 
 DEPLOYMENTS = ("1P/5D", "2P/4D")
 USERS = ("gold", "silver", "bronze", "anonymous")  # by bid scale, highest first

@@ -29,8 +29,12 @@ from disaggctl.experiment.report import Section, knob_table, render, write_docs,
 __all__ = ["EXPERIMENTS", "estimate", "load", "run"]
 
 EXPERIMENTS = ("poa", "pareto", "adaptive", "autobid", "auction", "priority")
-# probe() on the machine SECONDS_PER_UNIT were measured on (2 cores, the development container)
-PROBE_REFERENCE_S = 0.045
+# probe() on the machine SECONDS_PER_UNIT were measured on (2 cores, the development container),
+# measured again with them: each is the seconds per unit of the last full `experiment all` run's
+# Ray workers (its JSON's run.seconds_per_unit times run.machine_speed_vs_reference), since the
+# probe and the experiments slow down together when the code does (the PoA replay made both
+# about 3–7× slower, and an estimate against the old reference read 102 min for a 29 min run).
+PROBE_REFERENCE_S = 0.31
 
 
 def load(name: str) -> ModuleType:

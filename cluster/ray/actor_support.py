@@ -83,7 +83,7 @@ def ready_record(
     worker_id: int | None = None,
     released_at_start: int | None = None,
 ) -> Ready:
-    """This process's ``Ready`` (module docstring of ``Ready``), placement read from Ray."""
+    """This process's ``Ready``, its placement read from Ray."""
     node_id, accelerators = None, {}
     try:
         import ray

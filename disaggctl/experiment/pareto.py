@@ -21,8 +21,8 @@ a router that weighs overlap sends it back there and one that weighs load alone 
 high τ) finds it there by chance. Why four steps of a 1.5k-token context rather than the chains'
 eight steps of a 0.9k one: with two prefill workers a load-blind router has sent a trajectory to
 both within a few steps, after which either one holds most of its history, and the hit rate
-barely moves (0.82–0.83 over τ, ω ∈ {0, 0.3, 0.8, 2} × {0, 0.1, 1} at C = 128, one seed); with
-the longer context and fewer steps it moves from 0.70 to 0.83 at C = 64. The calibration
+barely moves (0.82–0.83 over ten cells of {0, 0.3, 0.8, 2} × {0, 0.1, 1} at C = 128, one
+seed); with the longer context and fewer steps it moves from 0.70 to 0.83 at C = 64. The calibration
 workload (5 templates that every worker caches in seconds) hit 0.500 in every cell.
 """
 

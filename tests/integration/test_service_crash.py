@@ -124,6 +124,12 @@ class ServeProcess:
     session id, by its Ray temp folder in their command line, and by ``--owner-pid`` (NATS)."""
 
     def __init__(self, workdir: Path, *, config: Path, users: Path, tag: str) -> None:
+        self.workdir, self.config, self.users, self.tag = workdir, config, users, tag
+        self.binds_lost = 0  # launches whose ports another process took first (wait_serving)
+        self._launch()
+
+    def _launch(self) -> None:
+        workdir, config, users, tag = self.workdir, self.config, self.users, self.tag
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.metrics_port = free_port()
@@ -176,6 +182,13 @@ class ServeProcess:
                     self.learn_ray_dirs()
                     return line
             if self.popen.poll() is not None:
+                # free_port() only finds a port free now; another process may bind it before
+                # the service does. That race is the harness's, not the service's: new ports.
+                if "Failed to bind to address" in self.stderr_tail() and self.binds_lost < 2:
+                    self.binds_lost += 1
+                    self.clean()
+                    self._launch()
+                    continue
                 raise AssertionError(
                     f"disaggctl serve exited ({self.popen.returncode}) before serving:\n"
                     + self.stderr_tail()

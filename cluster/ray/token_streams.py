@@ -79,6 +79,9 @@ class StreamPart:
 class Frame:
     seq: int  # 1, 2, ... per stream: a gap would be a lost frame
     parts: tuple[StreamPart, ...]
+    # The worker is leaving its role (a drained re-split): every frame before this one holds
+    # all it will send, so the consumer closes the stream once its requests have ended.
+    closing: bool = False
 
 
 def check_stream_id(value: object) -> str:
@@ -100,6 +103,7 @@ class _Outbox:
     urgent: asyncio.Event = field(default_factory=asyncio.Event)  # a first token or an end
     attached: bool = False
     listening: bool = False  # its frames() waits for news: every frame taken has left
+    closing: bool = False  # the worker leaves its role: the next frame says so
 
     @property
     def delivered(self) -> bool:
@@ -136,7 +140,13 @@ class _Outbox:
         self.urgent.clear()
         if not (self.tokens or self.ends):
             self.ready.clear()
-        return Frame(seq, parts)
+        return Frame(seq, parts, self.closing)
+
+    def close(self) -> None:
+        """Send a frame that says the worker is leaving, news or not."""
+        self.closing = True
+        self.ready.set()
+        self.urgent.set()
 
     def withdraw(self, request_ids: Sequence[str] | None = None) -> None:
         for rid in list(self.pumps) if request_ids is None else request_ids:
@@ -160,6 +170,7 @@ class StreamHost:
     ) -> None:
         self._generate, self._check = generate, check
         self._streams: dict[str, _Outbox] = {}
+        self.closing = False
 
     def submit(
         self, stream_id: str, orders: Sequence[DecodeOrder], withdrawn: Sequence[str] = ()
@@ -173,7 +184,7 @@ class StreamHost:
         if box is None:
             if len(self._streams) >= MAX_STREAMS:
                 raise ValueError(f"this worker has {MAX_STREAMS} open streams already")
-            box = self._streams[stream_id] = _Outbox()
+            box = self._streams[stream_id] = self._outbox()
             asyncio.get_running_loop().call_later(ATTACH_TIMEOUT_S, self._unclaimed, stream_id)
         box.withdraw([str(rid) for rid in withdrawn])
         return [self._start(box, order) for order in orders]
@@ -217,7 +228,7 @@ class StreamHost:
         if box is None:
             if len(self._streams) >= MAX_STREAMS:
                 raise ValueError(f"this worker has {MAX_STREAMS} open streams already")
-            box = self._streams[stream_id] = _Outbox()
+            box = self._streams[stream_id] = self._outbox()
         if box.attached:
             raise ValueError(f"stream {stream_id!r} is open already")
         box.attached = True
@@ -246,6 +257,28 @@ class StreamHost:
         if box is not None and not box.attached:
             box.withdraw()
             del self._streams[stream_id]
+
+    def _outbox(self) -> _Outbox:
+        box = _Outbox()
+        if self.closing:
+            box.close()
+        return box
+
+    def close_streams(self) -> None:
+        """The worker leaves its role: every stream's next frame says so (``Frame.closing``),
+        and its consumer closes the stream once its requests have ended. That close is the
+        acknowledgement a drain waits for (``attached``): the frame that announced it came
+        last, so the consumer holds every frame before it. Without it the worker could be
+        stopped while its last frame is still on the way, and its requests would fail
+        mid-stream."""
+        self.closing = True
+        for box in self._streams.values():
+            box.close()
+
+    @property
+    def attached(self) -> int:
+        """Streams a consumer still reads."""
+        return sum(box.attached for box in self._streams.values())
 
     def close(self) -> None:
         for box in self._streams.values():

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import time
 import zlib
@@ -52,6 +53,8 @@ from cluster.sim.wallclock import Clock
 from router import Cleared, KvEvent, Removed, Stored, to_payload
 
 __all__ = ["MAX_BLOCKS_PER_MESSAGE", "DecodeWorkerActor", "PrefillWorkerActor", "kv_messages"]
+
+log = logging.getLogger(__name__)
 
 # ~42 msgpack bytes per stored block: 4096 blocks make ~170 KB, well under NATS's 1 MiB.
 MAX_BLOCKS_PER_MESSAGE = 4096
@@ -308,9 +311,11 @@ class DecodeWorkerActor(_WorkerActor):
                 yield frame
 
     async def drain(self, timeout_s: float) -> bool:
-        """As the engine's drain, and then until the streams have sent every token and end:
-        a role switch that stopped this actor as the engine finished would otherwise cut the
-        last frames off, and their requests would fail mid-stream."""
+        """As the engine's drain, then until the streams have sent every token and end, then
+        until their consumers have closed them (``StreamHost.close_streams``): a role switch
+        that stopped this actor while a last frame was still on its way would cut it off,
+        and its requests would fail mid-stream. A consumer that has not closed its stream
+        within ``CLOSE_ACK_S`` of being told is gone or hung: the drain ends without it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (timeout_s if isinstance(timeout_s, int | float) else 0.0)
         if not await super().drain(timeout_s):
@@ -319,6 +324,13 @@ class DecodeWorkerActor(_WorkerActor):
             if loop.time() >= deadline:
                 return False
             await asyncio.sleep(0.01)
+        self.streams.close_streams()
+        acked_by = loop.time() + CLOSE_ACK_S
+        while self.streams.attached and loop.time() < acked_by:
+            await asyncio.sleep(0.01)
+        if self.streams.attached:
+            log.warning("decode worker %d: %d token streams still open after the drain",
+                        self.worker_id, self.streams.attached)  # fmt: skip
         return True
 
     async def shutdown(self) -> None:
@@ -356,6 +368,8 @@ class DecodeWorkerActor(_WorkerActor):
 
 
 MAX_CHUNK_INTERVAL_S = 1.0
+# One frame's round trip is milliseconds; a consumer silent for this long will not answer.
+CLOSE_ACK_S = 5.0
 
 
 def _check_interval(value: object, name: str = "chunk_interval_s") -> float:

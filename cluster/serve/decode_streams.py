@@ -7,7 +7,9 @@ waits for nothing and a burst shares a call), and its tokens come back in the li
 sorted into one queue per request by a reader task. The link is opened on first use and
 dropped when its stream fails; every request it carried then fails with ``WorkerFailed`` (before
 the first token the lifecycle places it again; after it, the stream ends with an error). A
-request whose consumer leaves early is withdrawn in the link's next ``submit``.
+request whose consumer leaves early is withdrawn in the link's next ``submit``. A worker that
+leaves its role (a re-split's drain) says so in a frame: the link then takes no new request and
+closes once the requests on it have ended, which tells the worker that its last frame arrived.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class _Link:
         self.withdrawn: list[str] = []
         self.sending = False
         self.failed: WorkerFailed | None = None
+        self.closing = False  # the worker said it leaves its role (``Frame.closing``)
         # Whichever of this call and the first submit reaches the worker first opens the
         # stream's outbox there; the other finds it.
         self.frames = call_detached(handle.frames.remote, self.stream_id, interval_s)
@@ -59,6 +62,9 @@ class _Link:
         if self.failed is not None:  # dropped already: the caller places the request again
             queue.put_nowait(self.failed)
             return queue
+        if self.closing:  # its engine takes nothing new: place the request elsewhere
+            queue.put_nowait(WorkerFailed("decode", self.worker, "is leaving its role"))
+            return queue
         self.queues[order.request_id] = queue
         self.orders.append(order)
         self._kick()
@@ -68,6 +74,15 @@ class _Link:
         if self.queues.pop(request_id, None) is not None and not ended and self.failed is None:
             self.withdrawn.append(request_id)
             self._kick()
+        self._close_if_done()
+
+    def _close_if_done(self) -> None:
+        """Close a leaving worker's stream once every request on it has ended: closing it is
+        the worker's sign that its last frame arrived (``StreamHost.close_streams``)."""
+        if self.closing and not self.queues and self.failed is None:
+            self.fail("it left its role", forget=False)
+            if self.reader is not asyncio.current_task():
+                self.reader.cancel()
 
     def _kick(self) -> None:
         if not self.sending and self.failed is None:
@@ -107,6 +122,11 @@ class _Link:
                     queue = self.queues.get(part.request_id)
                     if queue is not None:
                         queue.put_nowait(part)
+                if frame.closing:
+                    self.closing = True
+                    self._close_if_done()
+                    if self.failed is not None:
+                        return
         except RAY_FAILURES as exc:
             self.fail(type(exc).__name__, forget=True)
             return

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from cluster.ray.token_streams import DecodeOrder
+from cluster.serve import decode_streams
 from cluster.serve.backend import WorkerFailed
 from cluster.serve.decode_streams import DecodeStreams
 from cluster.serve.worker_handles import Workers
@@ -105,6 +106,36 @@ def test_a_refused_order_raises_the_worker_reason() -> None:
         streams, _ = _streams(decode)
         with pytest.raises(ValueError, match="decode worker 1: output_tokens bad"):
             await _tokens(streams, _order("bad"))
+        await streams.aclose()
+
+    asyncio.run(body())
+
+
+def test_a_worker_that_leaves_its_role_has_its_stream_closed_once_its_requests_end(
+    monkeypatch: Any,
+) -> None:
+    """The closing frame (a re-split's drain): requests on the stream run to their end, a new
+    one is sent elsewhere, and the link closes (the worker's acknowledgement) once empty."""
+    cancelled: list[Any] = []
+    monkeypatch.setattr(decode_streams, "ray_cancel", cancelled.append)
+
+    async def body() -> None:
+        decode = Decode()
+        streams, _ = _streams(decode)
+        running = streams.tokens(1, _order("running", 50))
+        assert await anext(running) == (100,)
+        link = streams._links[1]
+        decode.host.close_streams()
+        while not link.closing:
+            await asyncio.sleep(0.001)
+        with pytest.raises(WorkerFailed, match="decode worker 1: is leaving its role"):
+            await _tokens(streams, _order("new"))
+        assert link.failed is None  # still open: "running" has not ended
+        rest = [t async for ids in running for t in ids]
+        assert [100, *rest] == [100 + j for j in range(50)]
+        assert link.failed is not None and cancelled == [link.frames]
+        await asyncio.wait_for(asyncio.gather(link.reader, return_exceptions=True), 1.0)
+        assert 1 not in streams._links  # the next request opens a new stream
         await streams.aclose()
 
     asyncio.run(body())

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from cluster.model_dir import ChatTokenizer, default_model_dir
-from cluster.ray import token_streams
+from cluster.ray import token_streams, workers
 from cluster.ray.token_streams import MAX_ORDERS_PER_SUBMIT, DecodeOrder, Frame, StreamPart
 from cluster.ray.workers import DecodeWorkerActor
 from router import block_hashes, sequence_hashes
@@ -225,14 +225,38 @@ def test_a_drain_waits_until_the_consumer_has_the_last_frame() -> None:
             await asyncio.sleep(0.05)
             assert not drain.done() and not worker.streams.delivered  # ...its stream is not
             parts = await _until_ended(frames, {"last"}, read=(first,))
-            # A reader asks for the next frame at once (Ray's streaming generator runs ahead of
-            # its consumer): the last frame taken has then left.
-            reading = asyncio.ensure_future(anext(frames))
-            assert await asyncio.wait_for(drain, 5.0) is True
-            reading.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reading
+            # Then the worker says it is leaving, and waits for the consumer to close.
+            closing = await asyncio.wait_for(anext(frames), 5.0)
+            assert closing.closing and closing.parts == ()
+            await asyncio.sleep(0.05)
+            assert not drain.done()
+        assert await asyncio.wait_for(drain, 5.0) is True  # closed: the acknowledgement
         assert sum(len(p.token_ids) for p in parts["last"]) == 6
+        await worker.shutdown()
+
+    _run(body)
+
+
+def test_a_drain_does_not_wait_forever_for_a_consumer_that_never_closes(
+    monkeypatch: Any,
+) -> None:
+    monkeypatch.setattr(workers, "CLOSE_ACK_S", 0.2)
+
+    async def body() -> None:
+        worker = _decode()
+        async with contextlib.aclosing(worker.frames("r0.s", 0.0)) as frames:
+            await worker.submit("r0.s", [_order("one", 2)])
+            await _until_ended(frames, {"one"})
+            reading = asyncio.ensure_future(anext(frames))  # reads on, never closes
+            started = time.monotonic()
+            assert await asyncio.wait_for(worker.drain(10.0), 5.0) is True
+            assert time.monotonic() - started >= 0.2
+            assert (await reading).closing
+            # A stream that opens after the drain is told at once, and refuses its orders.
+            async with contextlib.aclosing(worker.frames("r1.s", 0.0)) as late:
+                await worker.submit("r1.s", [_order("late", 2)])
+                parts = await _until_ended(late, {"late"})
+            assert parts["late"][-1].end == "draining"
         await worker.shutdown()
 
     _run(body)

@@ -286,8 +286,9 @@ class FirstTokenEvent(EventModel):
         )
 
 
-# "abandoned": a re-split given up (its drain timed out); the worker serves its old role again.
-PoolAction = Literal["resplit_start", "drained", "warm", "abandoned"]
+# "abandoned": a re-split given up (its drain timed out); "cancelled": called off while its worker
+# drained (the overload was over). Either way the worker serves its old role again.
+PoolAction = Literal["resplit_start", "drained", "warm", "abandoned", "cancelled"]
 WorkerIds = Annotated[tuple[WorkerId, ...], Field(max_length=MAX_CANDIDATES)]
 
 

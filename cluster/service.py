@@ -437,7 +437,7 @@ class Service:
         its restarts; cluster/ray/pools.py) are not in ``handles``: find them by name."""
         if self._lifetime == "detached":
             return
-        from cluster.ray.pools import remove_named_placement
+        from cluster.ray.launcher import remove_named_placement
 
         for wid in self._worker_ids():
             for role in ("prefill", "decode"):

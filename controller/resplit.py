@@ -37,6 +37,12 @@ and the rule reads: move once the overload has lasted one switch; a spike shorte
 switch (``make demo``'s, against 60 wall seconds at speed-up 0.5) no longer takes a decode worker
 away for longer than it lasts.
 
+A move up whose overload ends (the regime reads ``below``) while its worker still drains is
+called off (``PoolTarget.cancel``): the worker serves its old role again at once. Once drained,
+its old engine is gone, and going back would cost a whole switch where finishing costs what is
+left of one, so a warm-up runs to its end. Either way the cluster holds one serving worker fewer
+for at most the drain and one warm-up.
+
 Never oscillating comes from three things:
 
 - hysteresis: moving up needs *saturated* and capacity dominance; moving back needs demand a
@@ -99,6 +105,11 @@ class PoolTarget(Protocol):
         """Seconds (on the controller's clock) a moving worker serves in neither pool."""
         ...
 
+    def cancel(self, reason: str) -> bool:
+        """Stop the re-split under way if its worker still drains (it serves its old role
+        again at once); False when there is none or its old engine has stopped."""
+        ...
+
 
 class SplitPlanner(Protocol):
     """Game 1 for the resplitter (e.g. ``cluster.sim.planning.GameOnePlanner``)."""
@@ -123,6 +134,15 @@ class ResplitDecision:
     arrival_rate: float
     poa_routing: float | None
     poa_capacity: float | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class ResplitCancel:
+    """A move up called off while its worker drained: the overload it answered was over."""
+
+    t: float
+    to_role: Role
     reason: str
 
 
@@ -226,6 +246,8 @@ class Resplitter:
         self.home = home if home is not None else target.pools()
         self.on_decision = on_decision
         self.decisions: list[ResplitDecision] = []
+        self.cancels: list[ResplitCancel] = []
+        self._moving_up = False  # the move under way answers an overload
         self._up_ticks = 0
         self._down_ticks = 0
         self._busy = False
@@ -267,8 +289,11 @@ class Resplitter:
         )
         self._down_ticks = self._down_ticks + 1 if demand_fell else 0
         busy = self.target.resplitting()
+        if busy and self._moving_up and regime == Regime.BELOW:
+            busy = not self._cancel(now)
         if self._busy and not busy:
             self._idle_since = now
+            self._moving_up = False
         self._busy = busy
         if busy or (self._idle_since is not None and now - self._idle_since < s.cooldown_s):
             return None
@@ -305,6 +330,17 @@ class Resplitter:
             )
         return None
 
+    def _cancel(self, now: float) -> bool:
+        """The overload a move up answered is over before its worker drained: the worker
+        would serve nothing new for the rest of the drain and a whole warm-up, for a split
+        the load no longer needs; called off, it serves its old role again at once."""
+        reason = "the overload ended while the worker drained: it serves its old role again"
+        if not self.target.cancel(reason):
+            return False
+        self._moving_up = False
+        self.cancels.append(ResplitCancel(now, "prefill", reason))
+        return True
+
     def _start(
         self,
         now: float,
@@ -322,6 +358,7 @@ class Resplitter:
         self.target.resplit(to_role, reason)
         self.decisions.append(decision)
         self._busy = True
+        self._moving_up = to_role == "prefill"
         self._up_ticks = self._down_ticks = 0
         if self.on_decision is not None:
             self.on_decision(decision)

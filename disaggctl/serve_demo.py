@@ -222,6 +222,10 @@ def _controller_snapshot(service: Service) -> dict[str, Any]:
     return snap if isinstance(snap, dict) else {}
 
 
+# How a re-split ends: its worker serves the new role, or the old one again (cluster/ray/pools.py).
+ENDS = ("warm", "abandoned", "cancelled")
+
+
 def resplit_table(snapshot: dict[str, Any], start_wall: float) -> list[dict[str, Any]]:
     """The re-splits the controller made (its pools' steps, docs/design.md §4): per re-split,
     when it started and ended (demo seconds), the pools before → after, and why."""
@@ -236,12 +240,12 @@ def resplit_table(snapshot: dict[str, Any], start_wall: float) -> list[dict[str,
             out.append({
                 "t": round(step["t"] - start_wall, 1), "end_t": None, "worker": step["worker_id"],
                 "to_role": step["to_role"], "before": "{}P/{}D".format(*before), "after": None,
-                "reason": step["reason"], "abandoned": False,
+                "reason": step["reason"], "outcome": None,
             })  # fmt: skip
-        elif step["action"] in ("warm", "abandoned") and out and out[-1]["end_t"] is None:
+        elif step["action"] in ENDS and out and out[-1]["end_t"] is None:
             out[-1]["end_t"] = round(step["t"] - start_wall, 1)
             out[-1]["after"] = "{}P/{}D".format(*pools)
-            out[-1]["abandoned"] = step["action"] == "abandoned"
+            out[-1]["outcome"] = step["action"]
     return out
 
 
@@ -306,7 +310,7 @@ def format_report(report: dict[str, Any]) -> str:
                      "move would cost)")  # fmt: skip
     for r in resplits:
         end = "still warming" if r["end_t"] is None else f"until {r['end_t']:.0f}s"
-        outcome = " (abandoned)" if r["abandoned"] else ""
+        outcome = "" if r["outcome"] in (None, "warm") else f" ({r['outcome']})"
         lines.append(f"re-split at {r['t']:.0f}s ({end}): {r['before']} → {r['after'] or '…'}"
                      f"{outcome}: {r['reason']}")  # fmt: skip
     lines.append("")

@@ -343,7 +343,8 @@ class ControllerActor:
         self, to_role: str, reason: str = "operator", worker_id: int | None = None
     ) -> dict[str, Any]:
         """Move one worker to ``to_role`` now, whatever the signals say (operators, tests);
-        returns when it is done: {"result": "warm" | "abandoned" | "failed", "pools": ...}."""
+        returns when it is done: {"result": "warm" | "abandoned" | "cancelled" | "failed",
+        "pools": ...}."""
         self._start()
         if self.pools is None:
             raise ValueError("the re-split lever is off: no worker pools were given")
@@ -404,5 +405,9 @@ class ControllerActor:
             "resplits": [
                 {**dataclasses.asdict(d), "before": str(d.before), "goal": str(d.goal)}
                 for d in (self.resplitter.decisions if self.resplitter else [])[-MAX_DECISIONS:]
+            ],
+            "resplit_cancels": [
+                dataclasses.asdict(x)
+                for x in (self.resplitter.cancels if self.resplitter else [])[-MAX_DECISIONS:]
             ],
         }

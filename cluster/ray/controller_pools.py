@@ -23,7 +23,8 @@ from pydantic import Field
 
 from cluster.events import PoolsEvent
 from cluster.models import StrictModel
-from cluster.ray.pools import ActorPools, Launcher, RayLauncher
+from cluster.ray.launcher import RayLauncher
+from cluster.ray.pools import ActorPools, Launcher
 from cluster.ray.worker_factory import WorkerSpec
 from cluster.sim.cluster import Topology
 from cluster.sim.planning import GameOnePlanner

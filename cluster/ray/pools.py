@@ -7,7 +7,9 @@ resplitter decides, this moves one worker actor (one TP group) from one role to 
    (``remove_worker``), so nothing new is routed to it;
 2. it drains (``drain(timeout)``): what it holds finishes, no request is lost. A drain that
    times out abandons the re-split: the worker takes work again (``resume``) and goes back into
-   its router, and an ``abandoned`` event closes the re-split;
+   its router, and an ``abandoned`` event closes the re-split. The resplitter may call the move
+   off while it drains (``cancel``: its overload is over); the worker goes back the same way,
+   and a ``cancelled`` event closes it;
 3. ``drained``: the old actor is stopped (``ray.kill``) and its placement group freed;
 4. the new-role actor starts (``cluster.ray.worker_factory``: the options and placement its
    role gets at deploy time), answers ``ready()``, then warms up for the profile's
@@ -40,24 +42,16 @@ from dataclasses import asdict, dataclass
 from typing import Any, Final, Literal, Protocol
 
 from cluster.events import PoolsEvent
-from cluster.ray.worker_factory import (
-    RAY_NAMESPACE,
-    WorkerSpec,
-    new_placement,
-    start_worker,
-    worker_name,
-)
 from controller.resplit import Pools, Role
 from telemetry import metrics
 
-__all__ = ["ActorPools", "Launcher", "RayLauncher", "ResplitStep"]
+__all__ = ["ActorPools", "Launcher", "ResplitStep"]
 
 log = logging.getLogger(__name__)
 
 OTHER: Final[dict[Role, Role]] = {"prefill": "decode", "decode": "prefill"}
 MAX_STEPS = 64  # recent steps kept for snapshot()
-READY_TIMEOUT_S = 120.0  # a new actor's placement and ready()
-Action = Literal["resplit_start", "drained", "warm", "abandoned"]
+Action = Literal["resplit_start", "drained", "warm", "abandoned", "cancelled"]
 
 
 class Launcher(Protocol):
@@ -133,8 +127,10 @@ class ActorPools:
         self.moving: tuple[int, Role] | None = None  # (worker id, role it is moving to)
         self.completed = 0
         self.abandoned = 0
+        self.cancelled = 0
         self.failed = 0
         self._task: asyncio.Task[str] | None = None
+        self._recall: asyncio.Future[str] | None = None  # set while a drain can be called off
         self._gauges()
 
     # -- PoolTarget --------------------------------------------------------------------------
@@ -150,6 +146,13 @@ class ActorPools:
         a few seconds of decode, left out)."""
         return self.warmup_s
 
+    def cancel(self, reason: str) -> bool:
+        """Call off the move under way while its worker drains (module docstring, step 2)."""
+        if self._recall is None or self._recall.done():
+            return False
+        self._recall.set_result(reason)
+        return True
+
     def resplit(self, to_role: Role, reason: str) -> None:
         """Start moving the least-loaded worker of the other role (in the background)."""
         if self.resplitting():
@@ -163,7 +166,7 @@ class ActorPools:
 
     async def move(self, to_role: Role, reason: str, worker_id: int | None = None) -> str:
         """Move ``worker_id`` (default: the least-loaded worker of the other role) to
-        ``to_role`` and wait for the end: "warm", "abandoned" or "failed"."""
+        ``to_role`` and wait for the end: "warm", "abandoned", "cancelled" or "failed"."""
         if self._task is not None and not self._task.done():
             raise RuntimeError("a re-split is already in progress")
         self.moving = (-1, to_role)
@@ -205,15 +208,32 @@ class ActorPools:
         await _call(self.router, "remove_worker", from_role, wid, timeout_s=t)
         del source[wid]
         self._step("resplit_start", wid, to_role, f"{from_role} worker {wid}: {reason}")
+        recall = self._recall = asyncio.get_running_loop().create_future()
+        drain = asyncio.ensure_future(
+            _call(handle, "drain", self.drain_timeout_s, timeout_s=self.drain_timeout_s + t)
+        )
         try:
-            drained = await _call(
-                handle, "drain", self.drain_timeout_s, timeout_s=self.drain_timeout_s + t
-            )
+            await asyncio.wait({drain, recall}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._recall = None
+        if recall.done():  # the worker's resume() ends its drain with False: nothing stops
+            drain.cancel()
+            self.cancelled += 1
+            return await self._restore(from_role, wid, handle, to_role, "cancelled",
+                                       f"cancelled: {recall.result()}")  # fmt: skip
+        recall.cancel()
+        try:
+            drained = drain.result()
         except Exception as exc:  # dead or hung: treated like a drain that did not finish
             log.warning("worker %d: drain failed: %r", wid, exc)
             drained = False
         if drained is not True:
-            return await self._abandon(from_role, wid, handle, to_role)
+            self.abandoned += 1
+            why = (
+                f"abandoned: {from_role} worker {wid} did not drain within "
+                f"{self.drain_timeout_s:g} s; it is back in the {from_role} pool"
+            )
+            return await self._restore(from_role, wid, handle, to_role, "abandoned", why)
         await self.launcher.stop(from_role, wid, handle)
         self._step("drained", wid, to_role, f"{from_role} worker {wid} drained and stopped")
         new = await self.launcher.start(to_role, wid)
@@ -226,20 +246,17 @@ class ActorPools:
                    f"{self.warmup_s:.3g} s of warm-up")  # fmt: skip
         return "warm"
 
-    async def _abandon(self, role: Role, wid: int, handle: Any, to_role: Role) -> str:
-        """The drain did not finish: the worker serves its old role again."""
+    async def _restore(
+        self, role: Role, wid: int, handle: Any, to_role: Role, action: Action, why: str
+    ) -> str:
+        """The drain did not finish, or was called off: the worker serves its old role again."""
         t = self.call_timeout_s
         with contextlib.suppress(Exception):  # a dead worker is Ray's to restart
             await _call(handle, "resume", timeout_s=t)
         await _call(self.router, "add_worker", role, wid, timeout_s=t)
         self.workers[role][wid] = handle
-        self.abandoned += 1
-        why = (
-            f"abandoned: {role} worker {wid} did not drain within {self.drain_timeout_s:g} s; "
-            f"it is back in the {role} pool"
-        )
-        self._step("abandoned", wid, to_role, why)
-        return "abandoned"
+        self._step(action, wid, to_role, why)
+        return action
 
     def _handle(self, role: Role, wid: int) -> Any:
         """The worker's handle; None entries (known by id only) are found by name."""
@@ -321,83 +338,7 @@ class ActorPools:
             "moving": None if self.moving is None else list(self.moving),
             "completed": self.completed,
             "abandoned": self.abandoned,
+            "cancelled": self.cancelled,
             "failed": self.failed,
             "steps": [asdict(s) for s in self.steps],
         }
-
-
-class RayLauncher:
-    """Worker actors under Ray, started as the service starts them (``worker_factory``).
-
-    Started detached: the controller actor that starts them restarts on a crash, and a
-    non-detached actor dies with the process that created it. ``release()`` (the service's
-    shutdown) stops what this launcher started when the service itself is not detached."""
-
-    def __init__(self, spec: WorkerSpec, *, detached_service: bool) -> None:
-        self.spec = spec
-        self.detached_service = detached_service
-        self.placements: dict[str, Any] = {}  # actor name → the placement group we made
-
-    async def start(self, role: Role, worker_id: int) -> Any:
-        name = worker_name(self.spec.namespace, role, worker_id)
-        pg = new_placement(self.spec, name, "detached")
-        self.placements[name] = pg
-        await asyncio.wait_for(pg.ready(), READY_TIMEOUT_S)
-        handle = start_worker(self.spec, role, worker_id, pg, "detached")
-        await asyncio.wait_for(handle.ready.remote(), READY_TIMEOUT_S)
-        if self.spec.dynamo is not None:
-            # A Dynamo worker starts its process here and tells the shadow router its instance
-            # id, now and after every restart of the process (cluster/dynamo/shadow.py).
-            import ray
-
-            router = ray.get_actor(f"{self.spec.namespace}-router", namespace=RAY_NAMESPACE)
-            await asyncio.wait_for(handle.attach.remote(router), READY_TIMEOUT_S)
-            await asyncio.wait_for(handle.start.remote(), READY_TIMEOUT_S)
-        return handle
-
-    async def stop(self, role: Role, worker_id: int, handle: Any) -> None:
-        import ray
-
-        name = worker_name(self.spec.namespace, role, worker_id)
-        with contextlib.suppress(Exception):  # flush its last KV events and close its bus
-            await asyncio.wait_for(handle.shutdown.remote(), 5.0)
-        ray.kill(handle, no_restart=True)
-        remove_named_placement(name, self.placements.pop(name, None))
-
-    def find(self, role: Role, worker_id: int) -> Any | None:
-        import ray
-
-        try:
-            return ray.get_actor(
-                worker_name(self.spec.namespace, role, worker_id), namespace=RAY_NAMESPACE
-            )
-        except ValueError:
-            return None
-
-    async def release(self) -> None:
-        if self.detached_service:
-            return
-        import ray
-
-        for name, pg in list(self.placements.items()):
-            with contextlib.suppress(Exception):
-                ray.kill(ray.get_actor(name, namespace=RAY_NAMESPACE), no_restart=True)
-            remove_named_placement(name, pg)
-        self.placements.clear()
-
-
-def remove_named_placement(name: str, pg: Any | None = None) -> None:
-    """Remove placement group ``pg``, or every live one named ``name`` (the service's deploy-time
-    groups carry their worker's name; a re-split's group is made by another process)."""
-    import ray
-    from ray.util.placement_group import PlacementGroup, remove_placement_group
-
-    groups = [pg] if pg is not None else []
-    if pg is None:
-        with contextlib.suppress(Exception):
-            for pg_id, info in ray.util.placement_group_table().items():
-                if info.get("name") == name and info.get("state") != "REMOVED":
-                    groups.append(PlacementGroup(ray.PlacementGroupID.from_hex(pg_id)))
-    for group in groups:
-        with contextlib.suppress(Exception):
-            remove_placement_group(group)

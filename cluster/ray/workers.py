@@ -321,7 +321,7 @@ class DecodeWorkerActor(_WorkerActor):
         if not await super().drain(timeout_s):
             return False
         while not self.streams.delivered:
-            if loop.time() >= deadline:
+            if loop.time() >= deadline or not self.engine.draining:  # timed out, or resumed
                 return False
             await asyncio.sleep(0.01)
         self.streams.close_streams()

@@ -71,6 +71,9 @@ class SimPools:
         adds the moving worker's in-flight work, a second or two on decode, left out."""
         return self.cluster.pool_state.role_switch_s
 
+    def cancel(self, reason: str) -> bool:
+        return self.cluster.pool_state.cancel(reason)
+
 
 class ControlLoop:
     def __init__(

@@ -13,6 +13,11 @@ A re-split moves one worker (one TP group) from one role to the other in three s
 3. ``warm``: a fresh worker of the new role, same id, empty cache, joins every router of that
    role and serves.
 
+A move still draining can be ``cancelled`` (its overload ended first): its engine never stopped,
+so it joins its old role's routers again at once. Once drained, the old engine is gone and going
+back would cost a whole role switch where finishing costs what is left of one: a warm-up runs to
+its end.
+
 While a worker drains or warms it counts in neither pool. One re-split at a time; each role
 keeps at least one worker (a role with none never gets one taken away either).
 """
@@ -28,7 +33,7 @@ from cluster.sim.loop import EventLoop
 from cluster.sim.views import ROLES, Role, RouterViews
 from telemetry import metrics
 
-Action = Literal["resplit_start", "drained", "warm"]
+Action = Literal["resplit_start", "drained", "warm", "cancelled"]
 _OTHER: Final[dict[Role, Role]] = {"prefill": "decode", "decode": "prefill"}
 
 
@@ -110,6 +115,7 @@ class PoolManager:
         self.holds: dict[int, int] = dict.fromkeys(roles, 0)  # requests each worker serves
         self._incarnation: dict[int, int] = dict.fromkeys(roles, 0)
         self._move: _Move | None = None
+        self._draining = False  # the move's worker still runs its old role's engine
         self._set_gauges()
 
     @property
@@ -120,6 +126,11 @@ class PoolManager:
     @property
     def resplitting(self) -> bool:
         return self._move is not None
+
+    @property
+    def draining(self) -> bool:
+        """A move is under way and its worker has not drained yet (it can be cancelled)."""
+        return self._move is not None and self._draining
 
     # -- in-flight work ----------------------------------------------------------------------
 
@@ -160,13 +171,28 @@ class PoolManager:
         worker = min(serving, key=lambda w: (self.holds[w], -w))
         move = _Move(worker, source, target, reason)
         self._move = move
+        self._draining = True
         self.views.remove_worker(source, worker)
         self._emit("resplit_start", move)
         if self.holds[worker] == 0:
             self._drained(move)
         return worker
 
+    def cancel(self, reason: str = "") -> bool:
+        """Stop the move under way while its worker still drains: it serves its old role again
+        at once, its cache intact. False when there is nothing to cancel (no move, or its
+        engine has stopped: module docstring)."""
+        move = self._move
+        if move is None or not self._draining:
+            return False
+        self._move = None
+        self._draining = False
+        self.views.add_worker(move.from_role, move.worker)
+        self._emit("cancelled", _Move(move.worker, move.from_role, move.to_role, reason))
+        return True
+
     def _drained(self, move: _Move) -> None:
+        self._draining = False
         self.host.stop_worker(move.worker, move.from_role)
         self._emit("drained", move)
         self.loop.after(self.role_switch_s, self._warm, move)

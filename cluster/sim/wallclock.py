@@ -259,13 +259,14 @@ class WallEngine(ABC, Generic[ItemT]):
         """Accept nothing new and wait up to ``timeout`` wall seconds (None: no limit) for the
         work in flight. True when it all finished; False on timeout (it keeps running: call
         ``close()`` to stop it) or when the engine was closed before it finished. A drained
-        engine stays closed to new work: a re-split builds the other role's engine."""
+        engine stays closed to new work: a re-split builds the other role's engine. False, too,
+        when ``resume`` gave the drain up before it finished."""
         self._draining = True
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
         except TimeoutError:
             return False
-        return not self._aborted
+        return not self._aborted and self._draining  # not resumed meanwhile (given up)
 
     def resume(self) -> bool:
         """Accept new work again after a ``drain`` that is given up (a re-split abandoned when

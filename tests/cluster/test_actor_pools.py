@@ -159,6 +159,36 @@ def test_a_drain_that_times_out_abandons_and_the_worker_serves_again() -> None:
     assert metrics.RESPLITS._value.get() == before
 
 
+def test_a_move_called_off_while_its_worker_drains_puts_it_back_at_once() -> None:
+    async def main() -> None:
+        pools, log, events, slept = _pools()
+        worker = pools.workers["decode"][2]
+        going = asyncio.Event()
+
+        async def drain(timeout: float) -> bool:  # drains until resumed, as a busy worker does
+            going.set()
+            while not worker.resumed:
+                await asyncio.sleep(0.001)
+            return False
+
+        worker.drain = Method(drain, log, "decode-2.drain")  # type: ignore[method-assign]
+        assert not pools.cancel("nothing under way")
+        pools.resplit("prefill", "spike")
+        await going.wait()
+        assert pools.pools() == Pools(1, 1)
+        assert pools.cancel("the overload ended") and not pools.cancel("twice")
+        assert await pools.wait() == "cancelled"
+        assert pools.cancelled == 1 and pools.abandoned == 0 and worker.resumed
+        assert pools.pools() == Pools(1, 2) and not pools.resplitting()
+        assert not any(e[0] in ("stop", "launch") for e in log) and slept == []
+        assert [e.action for e in events] == ["resplit_start", "cancelled"]
+        assert events[-1].reason == "cancelled: the overload ended"
+        assert events[-1].decode_workers == (1, 2)
+        assert pools.snapshot()["cancelled"] == 1
+
+    asyncio.run(main())
+
+
 def test_resplit_runs_in_the_background_one_at_a_time() -> None:
     async def main() -> None:
         pools, _, events, _ = _pools()

@@ -150,6 +150,33 @@ def test_moving_back_to_decode_works() -> None:
     assert all(r.status == "ok" for r in cluster.records)
 
 
+def test_a_move_called_off_while_draining_serves_its_old_role_at_once() -> None:
+    cluster = _quick("1P/4D")
+    changes: list[PoolChange] = []
+    cluster.pool_listeners.append(changes.append)
+    ClosedLoop(cluster, template_source(cluster.profile, 3), [Phase(8.0, 96, ramp=1.0)])
+    moved: list[int] = []
+    cluster.loop.at(2.0, lambda: moved.append(cluster.resplit("prefill", "spike")))
+    cluster.loop.run(2.01)
+    assert cluster.pool_state.draining and cluster.pools == Topology(1, 3)
+    assert cluster.pool_state.cancel("over")
+    assert not cluster.resplitting and cluster.pools == Topology(1, 4)
+    assert not cluster.pool_state.cancel("again")  # nothing left to call off
+    cluster.loop.run()
+    assert [(c.action, c.reason, c.prefill, c.decode) for c in changes] == [
+        ("resplit_start", "spike", 1, 3), ("cancelled", "over", 1, 4),
+    ]  # fmt: skip
+    w = moved[0]
+    later = [r for r in cluster.records if r.decode_worker == w and (r.routed or 0) > 2.01]
+    assert later, "the worker takes decode work again"
+    assert all(r.status == "ok" for r in cluster.records)
+    # Once drained, the old engine is gone: a warm-up is not called off.
+    idle = _quick("1P/5D")
+    idle.resplit("prefill")  # idle: drained at once
+    assert not idle.pool_state.draining and not idle.pool_state.cancel("over")
+    assert idle.resplitting
+
+
 def test_the_source_is_the_least_busy_worker_highest_id_on_ties() -> None:
     idle = _quick("1P/5D")
     assert idle.resplit("prefill") == 5  # all idle: the highest id

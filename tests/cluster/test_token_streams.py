@@ -260,3 +260,24 @@ def test_a_drain_does_not_wait_forever_for_a_consumer_that_never_closes(
         await worker.shutdown()
 
     _run(body)
+
+
+def test_a_drain_given_up_by_resume_ends_false_and_leaves_the_streams_open() -> None:
+    async def body() -> None:
+        worker = _decode()
+        async with contextlib.aclosing(worker.frames("r0.u", 0.0)) as frames:
+            await worker.submit("r0.u", [_order("long", 200)])
+            first = await anext(frames)
+            drain = asyncio.ensure_future(worker.drain(30.0))
+            await asyncio.sleep(0.02)
+            assert await worker.resume() and not drain.done()
+            parts = await _until_ended(frames, {"long"}, read=(first,))
+            assert await asyncio.wait_for(drain, 5.0) is False  # given up: nothing may stop
+            assert parts["long"][-1].end == "done" and not worker.streams.closing
+        async with contextlib.aclosing(worker.frames("r0.v", 0.0)) as frames:
+            await worker.submit("r0.v", [_order("next", 2, start=500)])  # it takes work again
+            parts = await _until_ended(frames, {"next"})
+            assert parts["next"][-1].end == "done"
+        await worker.shutdown()
+
+    _run(body)

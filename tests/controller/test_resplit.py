@@ -21,14 +21,19 @@ from controller.resplit import (
 
 
 class FakePools:
-    """A target whose re-splits take ``busy_ticks`` ticks (drain + warm-up) to finish."""
+    """A target whose re-splits take ``busy_ticks`` ticks (drain + warm-up) to finish, the
+    first ``drain_ticks`` of them draining (a move can be called off then)."""
 
-    def __init__(self, prefill: int, decode: int, busy_ticks: int = 3) -> None:
+    def __init__(
+        self, prefill: int, decode: int, busy_ticks: int = 3, drain_ticks: int = 0
+    ) -> None:  # fmt: skip
         self.split = Pools(prefill, decode)
         self.busy_ticks = busy_ticks
+        self.drain_ticks = drain_ticks
         self._left = 0
         self._to: Role | None = None
         self.calls: list[tuple[Role, str]] = []
+        self.cancelled: list[str] = []
 
     def pools(self) -> Pools:
         if self._left:  # the moving worker counts in neither pool
@@ -41,6 +46,13 @@ class FakePools:
 
     def switch_s(self) -> float:
         return 0.0  # a switch that costs nothing: these tests are about when and which way
+
+    def cancel(self, reason: str) -> bool:
+        if not self._left or self.busy_ticks - self._left >= self.drain_ticks:
+            return False
+        self._left, self._to = 0, None
+        self.cancelled.append(reason)
+        return True
 
     def resplit(self, to_role: Role, reason: str) -> None:
         assert not self._left, "a re-split was started while one was in progress"
@@ -297,3 +309,27 @@ def test_the_overload_is_dated_from_its_backlog_when_that_began_earlier() -> Non
         if decision is not None:
             starts.append(decision.t)
     assert starts == [3.0]
+
+
+def test_a_move_up_whose_overload_ends_while_its_worker_drains_is_called_off() -> None:
+    target = FakePools(1, 5, busy_ticks=6, drain_ticks=3)
+    r = Resplitter(target, always(Pools(2, 4)), ResplitSettings(dwell_ticks=2, cooldown_s=5))
+    made = run(r, target, [CAPACITY] * 2 + [RELIEVED] * 12)
+    assert [d.to_role for d in made] == ["prefill"]
+    assert len(target.cancelled) == 1 and "overload ended" in target.cancelled[0]
+    assert [c.t for c in r.cancels] == [2.0]  # the first calm tick, while it drained
+    assert target.split == Pools(1, 5) and not target.resplitting()
+
+
+def test_a_warm_up_runs_to_its_end_and_a_move_back_is_never_called_off() -> None:
+    target = FakePools(1, 5, busy_ticks=6, drain_ticks=2)
+    r = Resplitter(target, always(Pools(2, 4)), ResplitSettings(dwell_ticks=2, cooldown_s=5))
+    run(r, target, [CAPACITY] * 4 + [RELIEVED] * 8)  # calm only once the worker has drained
+    assert target.cancelled == [] and r.cancels == []
+    assert target.split == Pools(2, 4)
+    back = FakePools(2, 4, busy_ticks=6, drain_ticks=3)
+    settings = ResplitSettings(dwell_ticks=2, release_ticks=2, cooldown_s=0)
+    r = Resplitter(back, always(Pools(2, 4)), settings, home=Pools(1, 5))
+    made = run(r, back, [CALM] * 10)  # demand fell: back home, below all along
+    assert [d.to_role for d in made] == ["decode"] and back.cancelled == []
+    assert back.split == Pools(1, 5)

@@ -1,6 +1,6 @@
 """The live demo's re-split report (``disaggctl.serve_demo.resplit_table``): the controller's
-pool steps become one row per re-split, with its start, end, pools before and after, and whether
-it was abandoned; the report prints each row, or one line when there was none."""
+pool steps become one row per re-split, with its start, end, pools before and after, and how it
+ended (warm, abandoned, cancelled); the report prints each row, or one line when there was none."""
 
 from __future__ import annotations
 
@@ -23,21 +23,28 @@ def step(t: float, action: str, to_role: str, prefill: list[int], decode: list[i
     }
 
 
-def test_a_finished_and_an_abandoned_resplit_are_one_row_each() -> None:
+def test_a_finished_an_abandoned_and_a_cancelled_resplit_are_one_row_each() -> None:
     steps = [
         step(40.0, "resplit_start", "prefill", [0], [1, 2, 4, 5]),
         step(43.5, "drained", "prefill", [0], [1, 2, 4, 5]),
         step(103.5, "warm", "prefill", [0, 3], [1, 2, 4, 5]),
         step(150.0, "resplit_start", "decode", [0], [1, 2, 4, 5]),
         step(160.0, "abandoned", "decode", [0, 3], [1, 2, 4, 5]),
-        step(170.0, "resplit_start", "decode", [0], [1, 2, 4, 5]),  # still under way at the end
+        step(170.0, "resplit_start", "prefill", [0], [1, 2, 4, 5]),
+        step(171.0, "cancelled", "prefill", [0], [1, 2, 3, 4, 5]),
+        step(190.0, "resplit_start", "decode", [0], [1, 2, 4, 5]),  # still under way at the end
     ]
     rows = resplit_table({"pools": {"steps": steps}}, START)
-    assert [(r["t"], r["end_t"], r["before"], r["after"], r["abandoned"]) for r in rows] == [
-        (40.0, 103.5, "1P/5D", "2P/4D", False),
-        (150.0, 160.0, "2P/4D", "2P/4D", True),
-        (170.0, None, "2P/4D", None, False),
+    assert [(r["t"], r["end_t"], r["before"], r["after"], r["outcome"]) for r in rows] == [
+        (40.0, 103.5, "1P/5D", "2P/4D", "warm"),
+        (150.0, 160.0, "2P/4D", "2P/4D", "abandoned"),
+        (170.0, 171.0, "1P/5D", "1P/5D", "cancelled"),
+        (190.0, None, "2P/4D", None, None),
     ]
+    text = format_report(_report(rows))
+    assert "re-split at 150s (until 160s): 2P/4D → 2P/4D (abandoned)" in text
+    assert "re-split at 170s (until 171s): 1P/5D → 1P/5D (cancelled)" in text
+    assert "re-split at 40s (until 104s): 1P/5D → 2P/4D: resplit_start reason" in text
     assert rows[0]["reason"] == "resplit_start reason" and rows[0]["to_role"] == "prefill"
 
 

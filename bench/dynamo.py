@@ -210,6 +210,7 @@ def run_ingress(tmp: Path, prompts: Sequence[Any], args: argparse.Namespace,
 
     from cluster.dynamo.service import DynamoService
     from cluster.nats_server import free_port
+    from cluster.ray.status import as_json
 
     svc = DynamoService(service_config(tmp))
     t0 = time.perf_counter()
@@ -218,7 +219,7 @@ def run_ingress(tmp: Path, prompts: Sequence[Any], args: argparse.Namespace,
         svc.start(host="127.0.0.1", port=port)
         url, metrics = f"http://127.0.0.1:{port}", str(svc.metrics_url)
         startup, router = time.perf_counter() - t0, svc.handles.router
-        before = ray.get(router.stats.remote(), timeout=30)["policy"]
+        before = ray.get(router.stats.remote(), timeout=30).policy
         calls_before = metric_counts(metrics, "disagg_ingress_actor_calls")
         levels = run_levels(f"{url}/v1", prompts, args, bar)
         # The replicas' last load reports reach the router actor, and their last metrics push
@@ -229,13 +230,14 @@ def run_ingress(tmp: Path, prompts: Sequence[Any], args: argparse.Namespace,
         made = {m[0]: n - calls_before.get(m, 0.0) for m, n in calls.items()}
         requests = sum(level["requests"] for level in levels.values())
         bar.update(1)
-        return {"levels": levels, "startup_s": round(startup, 2), "routed_to": stats["routed_to"],
+        return {"levels": levels, "startup_s": round(startup, 2),
+                "routed_to": as_json(stats.routed_to),
                 "agreement": agreement(agreement_counts(metrics)), "cost_gap": cost_gaps(metrics),
                 "actor_calls": {
                     "per_request": round(sum(made.values()) / requests, 4) if requests else None,
                     "by_method": {m: int(n) for m, n in sorted(made.items()) if n},
                 },
-                "policy": {"before": before, "after": stats["policy"]}}  # fmt: skip
+                "policy": {"before": as_json(before), "after": as_json(stats.policy)}}  # fmt: skip
     finally:
         svc.stop()
 

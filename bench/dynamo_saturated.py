@@ -98,6 +98,7 @@ def run_replicas(tmp: Path, prompts: Sequence[Any], args: argparse.Namespace, ba
     from cluster.dynamo.service import DynamoService
     from cluster.nats_server import free_port
     from cluster.ray.controller_settings import ControllerSettings
+    from cluster.ray.status import as_json
 
     folder = tmp / "saturated"
     folder.mkdir(exist_ok=True)
@@ -113,7 +114,7 @@ def run_replicas(tmp: Path, prompts: Sequence[Any], args: argparse.Namespace, ba
         svc.start(host="127.0.0.1", port=port)
         url, router = f"http://127.0.0.1:{port}/v1", svc.handles.router
         wait_answering(url, prompts[-1], args.max_tokens)
-        before = ray.get(router.stats.remote(), timeout=30)["routed_by_replica"]
+        before = ray.get(router.stats.remote(), timeout=30).routed_by_replica
         (samples,) = asyncio.run(closed_loop_over([url], prompts, CLIENTS, args.seconds,
                                                   args.max_tokens))  # fmt: skip
         time.sleep(1.5)  # the replicas' last load reports reach the router actor
@@ -121,11 +122,11 @@ def run_replicas(tmp: Path, prompts: Sequence[Any], args: argparse.Namespace, ba
     finally:
         svc.stop()
     bar.update(1)
-    routed = {r: n - before.get(r, 0) for r, n in stats["routed_by_replica"].items()}
+    routed = {r: n - before.get(r, 0) for r, n in stats.routed_by_replica.items()}
     return {
         "total": summarize(samples, args.warmup, args.seconds),
         "routed_by_replica": dict(sorted(routed.items())),
-        "policy_at_end": stats["policy"],
+        "policy_at_end": as_json(stats.policy),
             "thresholds_s": [round(x * calm_ttft_p99_s, 4) for x in CALM_MULTIPLES],
     }
 

@@ -30,6 +30,7 @@ import httpx
 import numpy as np
 
 from cluster.nats_server import free_port
+from cluster.ray.status import AuctionStats, ControllerSnapshot, as_json
 from cluster.serve.config import ServeConfig
 from cluster.serve.users import Users
 from cluster.service import Service
@@ -176,7 +177,7 @@ def _auction_stats(service: Service) -> dict[str, Any]:
         stats = ray.get(service.handles.auction.stats.remote(), timeout=10)
     except Exception:  # a report without the auction's totals beats no report
         return {}
-    return stats if isinstance(stats, dict) else {}
+    return as_json(stats) if isinstance(stats, AuctionStats) else {}
 
 
 def user_table(
@@ -219,7 +220,7 @@ def _controller_snapshot(service: Service) -> dict[str, Any]:
         snap = ray.get(service.handles.controller.snapshot.remote(), timeout=10)
     except Exception:  # a report without the re-splits beats no report
         return {}
-    return snap if isinstance(snap, dict) else {}
+    return as_json(snap) if isinstance(snap, ControllerSnapshot) else {}
 
 
 # How a re-split ends: its worker serves the new role, or the old one again (cluster/ray/pools.py).

@@ -30,13 +30,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from cluster.dataplane.routing import RoutingView
 from cluster.events import MAX_WORKER_ID
 from cluster.kv_wire import kv_subject
 from cluster.ray.actor_support import MAX_PROMPT_TOKENS, check_int
 from cluster.ray.router_actor import ROLES, RouterActor
+from cluster.ray.status import DynamoBinding, RouterStats
 
 __all__ = ["DynamoPolicy", "ShadowRouterActor", "dynamo_override"]
 
@@ -158,11 +158,10 @@ class ShadowRouterActor(RouterActor):
             if blocks and (role, slot) in self.instance_of
         }
 
-    async def stats(self) -> dict[str, Any]:
-        out = await super().stats()
-        out["dynamo"] = {
-            "instances": {f"{r}/{s}": i for (r, s), i in self.instance_of.items()},
-            "unbound": dict(self.unbound),
-            "kv_subjects": dict(self.kv_subjects),
-        }
-        return out
+    async def stats(self) -> RouterStats:
+        binding = DynamoBinding(
+            instances={f"{r}/{s}": i for (r, s), i in self.instance_of.items()},
+            unbound=dict(self.unbound),
+            kv_subjects=dict(self.kv_subjects),
+        )
+        return dataclasses.replace(await super().stats(), dynamo=binding)

@@ -72,6 +72,17 @@ class EngineProcessState(EngineProcess):
     health: Mapping[str, Any]
     failed: str | None
 
+
+@dataclass(frozen=True)
+class EngineInflight:
+    """A Dynamo engine's load as its own ``/metrics`` tells it: requests in flight on its
+    generate endpoint (None while it does not say)."""
+
+    slot: int
+    role: str
+    instance_id: int | None
+    inflight: float | None
+
 PORT_ATTEMPTS = 3  # a free port can be taken between our probe and Dynamo's bind: try again
 MAX_BACKOFF_S = 30.0
 STOP_GRACE_S = 10.0
@@ -288,15 +299,14 @@ class DynamoWorkerActor:
         summary = dataclasses.asdict(self._summary())
         return EngineProcessState(**summary, alive=alive, health=health, failed=self.failed)
 
-    async def load(self) -> dict[str, Any]:
-        """Best effort: in-flight requests on the generate endpoint (None when unknown), to
-        pick the least-loaded worker."""
+    async def load(self) -> EngineInflight:
+        """Best effort, to pick the least-loaded worker."""
         text = await self.metrics_text()
         values = [value for name, labels, value in parse_metrics(text)
                   if name == INFLIGHT_METRIC
                   and labels.get("dynamo_endpoint") == self.settings.endpoint]
-        return {"slot": self.slot, "role": self.role, "instance_id": self.instance_id,
-                "inflight": sum(values) if values else None}
+        return EngineInflight(self.slot, self.role, self.instance_id,
+                              sum(values) if values else None)  # fmt: skip
 
     async def metrics_text(self) -> str:
         """The process's own ``/metrics`` text (its system port), "" while it does not run. The

@@ -51,6 +51,7 @@ from cluster.ray.actor_support import Ready, ready_record
 from cluster.ray.auction_exchange import Box, Entry, ReplicaExchange
 from cluster.ray.auction_settings import AuctionSettingsModel, UserAccount
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
+from cluster.ray.status import AuctionStats, UserBalance
 from cluster.sim.wallclock import Clock
 from telemetry import metrics
 
@@ -239,9 +240,9 @@ class AuctionActor(ReplicaExchange):
     async def admit(
         self, request_id: str, user: str, bid: float, tokens: list[int],
         lease_id: str | None = None,
-    ) -> dict[str, Any]:  # fmt: skip
-        """Reserve ``bid``, wait for the release; {"position", "payment", "batch_id", "mode",
-        "queue_depth"} (module docstring for the errors). ``lease_id``: the caller's replica
+    ) -> Release:  # fmt: skip
+        """Reserve ``bid``, wait for the release (its position, price, batch and mode; module
+        docstring for the errors). ``lease_id``: the caller's replica
         ran over its leased share (cluster/dataplane/admission.py); its slots come back now."""
         if lease_id is not None:
             self._leases.revoke(lease_id)
@@ -283,13 +284,7 @@ class AuctionActor(ReplicaExchange):
         finally:
             self._waiters.pop(request_id, None)
         entry.release = release
-        return {
-            "position": release.position,
-            "payment": release.payment,
-            "batch_id": release.batch_id,
-            "mode": release.mode,
-            "queue_depth": self._queue.depth,
-        }
+        return release
 
     def _abandon(self, request_id: str, release_hold: bool) -> None:
         entry = self._entries.pop(request_id, None)
@@ -392,8 +387,9 @@ class AuctionActor(ReplicaExchange):
             self.realised_planned_welfare += batch.planned
             metrics.AUCTION_REALISED_WELFARE.set(batch.realised)
 
-    async def finished(self, request_id: str, answered: bool) -> dict[str, float]:
+    async def finished(self, request_id: str, answered: bool) -> float:
         """Capture the request's share (answered, auctioned) or release its hold; idempotent.
+        What was charged.
         A request still queued leaves the queue (its ``admit`` raises AdmissionCancelledError)."""
         self._realised(self.realised.ended(request_id))
         settled = self._settled.get(request_id)
@@ -415,7 +411,7 @@ class AuctionActor(ReplicaExchange):
             self._settled[request_id] = settled
             while len(self._settled) > _REMEMBER_FINISHED:
                 self._settled.popitem(last=False)
-        return {"charged": await asyncio.shield(settled)}
+        return await asyncio.shield(settled)
 
     async def _settle(self, entry: Entry, answered: bool) -> float:
         release = entry.release
@@ -439,29 +435,28 @@ class AuctionActor(ReplicaExchange):
             self._lend()
         self._pump()
 
-    async def stats(self) -> dict[str, Any]:
-        def users() -> dict[str, dict[str, float]]:
+    async def stats(self) -> AuctionStats:
+        def users() -> dict[str, UserBalance]:
             return {
-                a.user: {"spent": a.spent, "held": self._ledger.held(a.user), "budget": a.budget}
+                a.user: UserBalance(a.spent, self._ledger.held(a.user), a.budget)
                 for a in self._ledger.accounts()
             }
 
-        return {
-            "queue_depth": self._queue.depth,
-            "in_flight": len(self._entries),
-            "in_prefill": self._queue.in_prefill,
-            "max_in_prefill": self.settings.max_in_prefill,
-            "prefill_workers": self.prefill_workers,  # what the bound was derived for
-            "leases": self._leases.slots(),
-            "regime": self._queue.regime,
-            "batches": self._queue.batches,
-            "revenue": self.revenue,
-            "welfare": self.welfare,
-            # Over the batches that have all started: realised (TTFT order) and planned.
-            "realised_welfare": self.realised_welfare,
-            "realised_planned_welfare": self.realised_planned_welfare,
-            "user_welfare": dict(self.user_welfare),
-            "released_at_start": self.released_at_start,
-            "nats": self._bus_up,
-            "users": await self._ledger_call(users),
-        }
+        return AuctionStats(
+            queue_depth=self._queue.depth,
+            in_flight=len(self._entries),
+            in_prefill=self._queue.in_prefill,
+            max_in_prefill=self.settings.max_in_prefill,
+            prefill_workers=self.prefill_workers,  # what the bound was derived for
+            leases=self._leases.slots(),
+            regime=self._queue.regime,
+            batches=self._queue.batches,
+            revenue=self.revenue,
+            welfare=self.welfare,
+            realised_welfare=self.realised_welfare,
+            realised_planned_welfare=self.realised_planned_welfare,
+            user_welfare=dict(self.user_welfare),
+            released_at_start=self.released_at_start,
+            nats=self._bus_up,
+            users=await self._ledger_call(users),
+        )

@@ -27,7 +27,6 @@ simulator's scenario (k1 = 5, k2 = 15) do, or, when neither is given, ``DEFAULT_
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import math
 from typing import Any
@@ -52,6 +51,14 @@ from cluster.ray.pending_routes import EVENT_SLACK_S, PendingRoutes
 from cluster.ray.poa_actor import CONNECT_WAIT_S, service_clock
 from cluster.ray.policy_push import PolicyPush, call_remote
 from cluster.ray.pools import ActorPools, Launcher
+from cluster.ray.status import (
+    AuctionStats,
+    ControllerSnapshot,
+    PoaSnapshot,
+    RegimeStep,
+    ResplitOutcome,
+    RouterStats,
+)
 from cluster.ray.worker_factory import WorkerSpec
 from controller.controller import Controller, RegimeChange
 from controller.detector import SaturationDetector
@@ -146,7 +153,7 @@ class ControllerActor:
             # enabled: false keeps the lever's hands off (operators' resplit_now still works)
             resplitter=self.resplitter if s.resplit.enabled else None,
         )  # fmt: skip
-        self.auction_stats: dict[str, Any] = {}  # the auction's stats, read every tick
+        self.auction_stats: AuctionStats | None = None  # the auction's, read every tick
         self.observed = 0
         self.errors = 0  # first_token events the detector refused
         self.ticks = 0
@@ -225,7 +232,7 @@ class ControllerActor:
                 self.tick_errors += 1
                 log.exception("controller tick failed (%d so far)", self.tick_errors)
 
-    async def tick(self) -> dict[str, Any]:
+    async def tick(self) -> ControllerSnapshot:
         """One control step: signals, Controller.tick, push what is pending; the snapshot."""
         self.plausible.expire()  # first tokens whose route never came
         await self._sync_router()
@@ -274,8 +281,8 @@ class ControllerActor:
         auction learns the pools it was not built with (``AuctionActor.set_prefill_workers``)."""
         assert self.pools is not None
         count = self.pools.pools().prefilling
-        known = self.auction_stats.get("prefill_workers")
-        if isinstance(known, int) and known != count:
+        known = None if self.auction_stats is None else self.auction_stats.prefill_workers
+        if known is not None and known != count:
             await self.push.deliver(self.auction, "set_prefill_workers", count)
 
     async def _ask(self, handle: Any, method: str) -> Any:
@@ -299,13 +306,11 @@ class ControllerActor:
         the one we delivered and nothing is pending.
         """
         stats = await self._ask(self.router, "stats")
-        if not isinstance(stats, dict) or not isinstance(stats.get("policy"), dict):
+        if not isinstance(stats, RouterStats):  # the router did not answer
             return
         if self.pools is not None:
-            await self.pools.sync_router(stats.get("workers"))
-        version = stats["policy"].get("version")
-        if not isinstance(version, int):
-            return
+            await self.pools.sync_router(stats.workers)
+        version = stats.policy.version
         if not self._synced:
             self._synced = True
             if version >= self.controller.version:
@@ -325,13 +330,18 @@ class ControllerActor:
 
     async def _queue_depth(self) -> float | None:
         stats = await self._ask(self.auction, "stats")
-        self.auction_stats = stats if isinstance(stats, dict) else {}
-        return _signal(stats.get("queue_depth")) if isinstance(stats, dict) else None
+        self.auction_stats = stats if isinstance(stats, AuctionStats) else None
+        return None if self.auction_stats is None else _signal(self.auction_stats.queue_depth)
 
     async def _poa_values(self) -> dict[str, float | None]:
         snap = await self._ask(self.poa, "snapshot")
-        snap = snap if isinstance(snap, dict) else {}
-        return {k: _signal(snap.get(k)) for k in ("poa_hat", "poa_routing", "poa_capacity")}
+        if not isinstance(snap, PoaSnapshot):  # the PoA actor did not answer
+            return dict.fromkeys(("poa_hat", "poa_routing", "poa_capacity"))
+        return {
+            "poa_hat": _signal(snap.poa_hat),
+            "poa_routing": _signal(snap.poa_routing),
+            "poa_capacity": _signal(snap.poa_capacity),
+        }
 
     # -- re-splits ---------------------------------------------------------------------------
 
@@ -341,10 +351,10 @@ class ControllerActor:
 
     async def resplit_now(
         self, to_role: str, reason: str = "operator", worker_id: int | None = None
-    ) -> dict[str, Any]:
+    ) -> ResplitOutcome:
         """Move one worker to ``to_role`` now, whatever the signals say (operators, tests);
-        returns when it is done: {"result": "warm" | "abandoned" | "cancelled" | "failed",
-        "pools": ...}."""
+        returns when it is done: how it ended ("warm", "abandoned", "cancelled" or "failed")
+        and the pools then."""
         self._start()
         if self.pools is None:
             raise ValueError("the re-split lever is off: no worker pools were given")
@@ -353,7 +363,7 @@ class ControllerActor:
         if worker_id is not None and (type(worker_id) is not int or worker_id < 0):
             raise ValueError(f"worker_id must be an int >= 0, got {worker_id!r}")
         result = await self.pools.move(to_role, str(reason)[:512], worker_id)  # type: ignore[arg-type]
-        return {"result": result, "pools": self.pools.snapshot()}
+        return ResplitOutcome(result, self.pools.snapshot())
 
     # -- changes out -------------------------------------------------------------------------
 
@@ -366,48 +376,40 @@ class ControllerActor:
 
     # -- snapshot ----------------------------------------------------------------------------
 
-    async def snapshot(self) -> dict[str, Any]:
+    async def snapshot(self) -> ControllerSnapshot:
         """Regime, τ, ω, version, smoothed P99, recent changes, delivery and signal state."""
         self._start()
         return self._snapshot()
 
-    def _snapshot(self) -> dict[str, Any]:
+    def _snapshot(self) -> ControllerSnapshot:
         c = self.controller
         d = c.detector
         policy = c.table[d.regime]
         bus = self.bus.bus
-        return {
-            "regime": d.regime.label,
-            "regime_level": int(d.regime),
-            "tau": policy.tau,
-            "omega": policy.omega,
-            "version": c.version,
-            "delivered_version": self.push.delivered_version,
-            "pending": self.push.target.pending is not None,
-            "push_failures": self.push.failures,
-            "ttft_p99_smoothed_s": d.smoothed_p99,
-            "ttft_p99_window_s": d.last_p99,
-            "drains": [dataclasses.asdict(x) for x in self.drain.drains],
-            "theta1_s": d.thresholds.theta1,
-            "theta2_s": d.thresholds.theta2,
-            "samples": d.samples,
-            "observed": self.observed,
-            "errors": self.errors,
-            "ticks": self.ticks,
-            "tick_errors": self.tick_errors,
-            "signals": dict(self.last_signals),
-            "changes": [
-                {**dataclasses.asdict(ch), "regime": ch.regime.label}
-                for ch in c.changes[-MAX_CHANGES:]
-            ],
-            "dropped": {**({} if bus is None else bus.dropped), **self.plausible.dropped},
-            "pools": None if self.pools is None else self.pools.snapshot(),
-            "resplits": [
-                {**dataclasses.asdict(d), "before": str(d.before), "goal": str(d.goal)}
-                for d in (self.resplitter.decisions if self.resplitter else [])[-MAX_DECISIONS:]
-            ],
-            "resplit_cancels": [
-                dataclasses.asdict(x)
-                for x in (self.resplitter.cancels if self.resplitter else [])[-MAX_DECISIONS:]
-            ],
-        }
+        resplitter = self.resplitter
+        return ControllerSnapshot(
+            regime=d.regime.label,
+            regime_level=int(d.regime),
+            tau=policy.tau,
+            omega=policy.omega,
+            version=c.version,
+            delivered_version=self.push.delivered_version,
+            pending=self.push.target.pending is not None,
+            push_failures=self.push.failures,
+            ttft_p99_smoothed_s=d.smoothed_p99,
+            ttft_p99_window_s=d.last_p99,
+            drains=tuple(self.drain.drains),
+            theta1_s=d.thresholds.theta1,
+            theta2_s=d.thresholds.theta2,
+            samples=d.samples,
+            observed=self.observed,
+            errors=self.errors,
+            ticks=self.ticks,
+            tick_errors=self.tick_errors,
+            signals=dict(self.last_signals),
+            changes=tuple(RegimeStep.of(ch) for ch in c.changes[-MAX_CHANGES:]),
+            dropped={**({} if bus is None else bus.dropped), **self.plausible.dropped},
+            pools=None if self.pools is None else self.pools.snapshot(),
+            resplits=tuple(resplitter.decisions[-MAX_DECISIONS:]) if resplitter else (),
+            resplit_cancels=tuple(resplitter.cancels[-MAX_DECISIONS:]) if resplitter else (),
+        )

@@ -36,7 +36,6 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any
 
 from cluster.events import CompleteEvent, Event, FirstTokenEvent, RouteEvent
 from cluster.plausibility import Plausibility
@@ -51,6 +50,7 @@ from cluster.ray.actor_support import (
     wake_after_restart,
 )
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
+from cluster.ray.status import PoaSnapshot
 from games.join import EventJoiner
 from games.poa import MAX_AGE_S, PoaEstimate, PoaEstimator
 from telemetry import metrics
@@ -201,7 +201,7 @@ class PoaActor:
                 self.tick_errors += 1
                 log.exception("PoA tick failed (%d so far)", self.tick_errors)
 
-    def tick(self) -> dict[str, Any]:
+    def tick(self) -> PoaSnapshot:
         """Expire stale halves, estimate over the window, set the gauges; the snapshot."""
         now = self.now()
         self.joiner.expire(now)
@@ -219,7 +219,7 @@ class PoaActor:
             gauge.set(value)  # PoaGauge flags (counts) a value below 1: see telemetry/metrics
         return self._snapshot()
 
-    async def forget_before(self, since: float) -> dict[str, Any]:
+    async def forget_before(self, since: float) -> PoaSnapshot:
         """A backlog drained at ``since`` (the controller's ``controller.drain``, on the shared
         service clock): the window forgets the requests routed before it; the new snapshot."""
         if isinstance(since, bool) or not isinstance(since, int | float):
@@ -227,13 +227,13 @@ class PoaActor:
         self.estimator.forget_before(float(since))
         return self.tick()
 
-    async def snapshot(self) -> dict[str, Any]:
+    async def snapshot(self) -> PoaSnapshot:
         """poa_hat, poa_routing, poa_capacity (None: empty window), n, attribution_rate, t, and
         what was received, dropped and flagged."""
         self._start()
         return self._snapshot()
 
-    def _snapshot(self) -> dict[str, Any]:
+    def _snapshot(self) -> PoaSnapshot:
         est = self.last
         factors = {
             "poa_hat": None if est is None else _value(est.poa_hat),
@@ -241,20 +241,20 @@ class PoaActor:
             "poa_capacity": None if est is None else _value(est.poa_capacity),
         }
         bus = self.bus.bus
-        return {
+        # The same test the metrics module counts in disagg_poa_impossible_total.
+        low = 1 - metrics.POA_TOLERANCE
+        impossible = sorted(f for f, v in factors.items() if v is not None and v < low)
+        return PoaSnapshot(
             **factors,
-            # The same test the metrics module counts in disagg_poa_impossible_total.
-            "impossible": sorted(
-                f for f, v in factors.items() if v is not None and v < 1 - metrics.POA_TOLERANCE
-            ),
-            "n": 0 if est is None else est.n,
-            "workers": [] if est is None else list(est.workers),
-            "attribution_rate": self.joiner.attribution_rate,
-            "t": self.last_t,
-            "ticks": self.ticks,
-            "pending": self.joiner.pending,
-            "joiner": dict(self.joiner.counts),
-            "received": dict(self.received),
-            "errors": self.errors,
-            "dropped": {**({} if bus is None else bus.dropped), **self.plausible.dropped},
-        }
+            impossible=tuple(impossible),
+            n=0 if est is None else est.n,
+            workers=() if est is None else tuple(est.workers),
+            attribution_rate=self.joiner.attribution_rate,
+            t=self.last_t,
+            ticks=self.ticks,
+            pending=self.joiner.pending,
+            joiner=dict(self.joiner.counts),
+            received=dict(self.received),
+            errors=self.errors,
+            dropped={**({} if bus is None else bus.dropped), **self.plausible.dropped},
+        )

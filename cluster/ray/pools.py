@@ -37,21 +37,22 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
-from typing import Any, Final, Literal, Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final, Protocol
 
-from cluster.events import PoolsEvent
+from cluster.dynamo.worker_actor import EngineInflight
+from cluster.events import PoolAction, PoolsEvent
+from cluster.ray.status import PoolsSnapshot, ResplitStep
+from cluster.sim.wallclock import EngineLoad
 from controller.resplit import Pools, Role
 from telemetry import metrics
 
-__all__ = ["ActorPools", "Launcher", "ResplitStep"]
+__all__ = ["ActorPools", "Launcher"]
 
 log = logging.getLogger(__name__)
 
 OTHER: Final[dict[Role, Role]] = {"prefill": "decode", "decode": "prefill"}
 MAX_STEPS = 64  # recent steps kept for snapshot()
-Action = Literal["resplit_start", "drained", "warm", "abandoned", "cancelled"]
 
 
 class Launcher(Protocol):
@@ -70,34 +71,18 @@ class Launcher(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class ResplitStep:
-    """One step of a re-split, as published (wall ``time.time()``)."""
-
-    t: float
-    action: Action
-    worker_id: int
-    to_role: Role
-    prefill: tuple[int, ...]
-    decode: tuple[int, ...]
-    reason: str
-
-
 async def _call(handle: Any, method: str, *args: Any, timeout_s: float) -> Any:
     return await asyncio.wait_for(getattr(handle, method).remote(*args), timeout_s)
 
 
 def _load_key(role: Role, load: object) -> float:
     """The figure a role's router balances on: queued prefill tokens, or decode KV blocks."""
-    if not isinstance(load, dict):
-        return float("inf")  # a worker that does not answer is the last one to move
-    key = "active_prefill_tokens" if role == "prefill" else "active_decode_blocks"
-    # A Dynamo worker reports requests in flight instead (cluster/dynamo/worker_actor.py).
-    value = load.get(key, load.get("inflight") or 0)
-    waiting = load.get("waiting", 0)
-    if not isinstance(value, int | float) or not isinstance(waiting, int | float):
-        return float("inf")
-    return float(value) + float(waiting)
+    if isinstance(load, EngineLoad):
+        held = load.active_prefill_tokens if role == "prefill" else load.active_decode_blocks
+        return float(held + load.waiting)
+    if isinstance(load, EngineInflight):  # a Dynamo engine says only what it has in flight
+        return float(load.inflight or 0)
+    return float("inf")  # a worker that does not answer is the last one to move
 
 
 class ActorPools:
@@ -247,7 +232,7 @@ class ActorPools:
         return "warm"
 
     async def _restore(
-        self, role: Role, wid: int, handle: Any, to_role: Role, action: Action, why: str
+        self, role: Role, wid: int, handle: Any, to_role: Role, action: PoolAction, why: str
     ) -> str:
         """The drain did not finish, or was called off: the worker serves its old role again."""
         t = self.call_timeout_s
@@ -277,7 +262,7 @@ class ActorPools:
         loads = await asyncio.gather(*(load(w) for w in ids), return_exceptions=True)
         return min(zip(ids, loads, strict=True), key=lambda x: (_load_key(role, x[1]), x[0]))[0]
 
-    def _step(self, action: Action, wid: int, to_role: Role, reason: str) -> None:
+    def _step(self, action: PoolAction, wid: int, to_role: Role, reason: str) -> None:
         self._gauges()
         pre, dec = tuple(sorted(self.workers["prefill"])), tuple(sorted(self.workers["decode"]))
         step = ResplitStep(time.time(), action, wid, to_role, pre, dec, reason)
@@ -312,15 +297,15 @@ class ActorPools:
                     break
         self._gauges()
 
-    async def sync_router(self, routed: object) -> None:
-        """Put the router's pools (``routed``: its ``stats()["workers"]``) back to the ones the
+    async def sync_router(self, routed: Mapping[Role, tuple[int, ...]]) -> None:
+        """Put the router's pools (``routed``: its ``stats().workers``) back to the ones the
         workers serve now: a router restarted after a re-split starts from its deploy-time
         pools. Never while a re-split is moving a worker; a failed call is retried next tick."""
-        if self.resplitting() or not isinstance(routed, dict):
+        if self.resplitting():
             return
         for role, serving in self.workers.items():
             have = routed.get(role)
-            if not isinstance(have, list):
+            if have is None:
                 continue
             changes = [("remove_worker", w) for w in sorted(set(have) - set(serving))]
             changes += [("add_worker", w) for w in sorted(set(serving) - set(have))]
@@ -330,15 +315,15 @@ class ActorPools:
                 except Exception as exc:
                     log.warning("router %s(%s, %s) failed: %r", method, role, wid, exc)
 
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            "prefill": sorted(self.workers["prefill"]),
-            "decode": sorted(self.workers["decode"]),
-            "resplitting": self.resplitting(),
-            "moving": None if self.moving is None else list(self.moving),
-            "completed": self.completed,
-            "abandoned": self.abandoned,
-            "cancelled": self.cancelled,
-            "failed": self.failed,
-            "steps": [asdict(s) for s in self.steps],
-        }
+    def snapshot(self) -> PoolsSnapshot:
+        return PoolsSnapshot(
+            prefill=tuple(sorted(self.workers["prefill"])),
+            decode=tuple(sorted(self.workers["decode"])),
+            resplitting=self.resplitting(),
+            moving=self.moving,
+            completed=self.completed,
+            abandoned=self.abandoned,
+            cancelled=self.cancelled,
+            failed=self.failed,
+            steps=tuple(self.steps),
+        )

@@ -36,6 +36,7 @@ from cluster.ray.actor_support import (
     wake_after_restart,
 )
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
+from cluster.ray.status import KvEventCounts, PolicyView, RouterStats
 from router import Policy, Router
 from telemetry.metrics import ROUTING_COST
 
@@ -207,7 +208,7 @@ class RouterActor:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         return str(role)
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> RouterStats:
         """Policy, workers, KV events applied/dropped per pool, and the fleet's routing: this
         actor's own routes plus what the ingress replicas' unexpired reports say."""
         self.replicas.expire(time.monotonic())
@@ -219,27 +220,21 @@ class RouterActor:
                 in_flight[role] += view.active_requests
             for worker, n in self.pools.routed_to[role].items():
                 routed_to[role][worker] = routed_to[role].get(worker, 0) + n
-        return {
-            "policy": {
-                "tau": policy.tau,
-                "omega": policy.omega,
-                "version": policy.version,
-                "regime": self.pools.regime,
-            },
-            "workers": {r: list(self.pools.workers(r)) for r in ROLES},
-            "kv_events": {
-                r: {
-                    "applied": dict(self.routers[r].index.applied),
-                    "dropped": dict(self.routers[r].index.dropped),
-                }
+        return RouterStats(
+            policy=PolicyView(policy.tau, policy.omega, policy.version, self.pools.regime),
+            workers={r: tuple(self.pools.workers(r)) for r in ROLES},
+            kv_events={
+                r: KvEventCounts(
+                    dict(self.routers[r].index.applied), dict(self.routers[r].index.dropped)
+                )
                 for r in ROLES
             },
-            "in_flight": in_flight,
-            "routed": self.pools.routed + routed,
-            "routed_to": routed_to,
-            "retries": self.pools.retries + retries,
-            "replicas": list(self.replicas.replicas()),
-            "routed_by_replica": self.replicas.routed_by_replica(),
-            "nats_connected": self.bus.connected if self.bus.bus is not None else None,
-            "events_dropped": self.bus.dropped,
-        }
+            in_flight=in_flight,
+            routed=self.pools.routed + routed,
+            routed_to=routed_to,
+            retries=self.pools.retries + retries,
+            replicas=tuple(self.replicas.replicas()),
+            routed_by_replica=self.replicas.routed_by_replica(),
+            nats_connected=self.bus.connected if self.bus.bus is not None else None,
+            events_dropped=self.bus.dropped,
+        )

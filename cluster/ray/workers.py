@@ -26,7 +26,6 @@ import math
 import time
 import zlib
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -47,9 +46,9 @@ from cluster.ray.actor_support import (
 )
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
 from cluster.ray.token_streams import DecodeOrder, Frame, StreamHost
-from cluster.sim.engines import DecodeEngine, PrefillEngine, Token
+from cluster.sim.engines import DecodeEngine, PrefillEngine, PrefillResult, Token
 from cluster.sim.profile import HardwareProfile, load_profile
-from cluster.sim.wallclock import Clock
+from cluster.sim.wallclock import Clock, EngineLoad
 from router import Cleared, KvEvent, Removed, Stored, to_payload
 
 __all__ = ["MAX_BLOCKS_PER_MESSAGE", "DecodeWorkerActor", "PrefillWorkerActor", "kv_messages"]
@@ -187,10 +186,9 @@ class _WorkerActor:
         nats = connected if self.bus.bus is not None else None  # None: running without NATS
         return ready_record(self.role, nats=nats, worker_id=self.worker_id)
 
-    async def load(self) -> dict[str, int]:
-        """The engine's ``EngineLoad`` fields."""
+    async def load(self) -> EngineLoad:
         self._start()
-        return asdict(self.engine.load())
+        return self.engine.load()
 
     async def drain(self, timeout_s: float) -> bool:
         """Refuse new work and wait up to ``timeout_s`` wall seconds for what is in flight."""
@@ -235,13 +233,12 @@ class PrefillWorkerActor(_WorkerActor):
     async def prefill(
         self, request_id: str, prompt_tokens: int, local_hashes: list[int],
         seq_hashes: list[int], priority: int = 0,
-    ) -> dict[str, Any]:  # fmt: skip
-        """Prefill a prompt; returns when its KV is on this worker (``PrefillResult`` fields,
-        virtual seconds, plus ``worker_id``). ``priority``: lower first in the worker's queue."""
+    ) -> PrefillResult:  # fmt: skip
+        """Prefill a prompt; returns when its KV is on this worker (virtual seconds).
+        ``priority``: lower first in the worker's queue."""
         args = self._check_prompt(request_id, prompt_tokens, local_hashes, seq_hashes)
         rank = check_int("priority", priority, *PRIORITY_RANGE)
-        result = await self.engine.prefill(*args, priority=rank)
-        return {**asdict(result), "worker_id": self.worker_id}
+        return await self.engine.prefill(*args, priority=rank)
 
 
 class DecodeWorkerActor(_WorkerActor):

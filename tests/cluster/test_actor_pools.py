@@ -16,6 +16,7 @@ from cluster.ray.controller_actor import ControllerActor, ControllerSettings
 from cluster.ray.controller_pools import ArrivalMeter, WallPlanner
 from cluster.ray.pools import ActorPools
 from cluster.sim.profile import load_profile
+from cluster.sim.wallclock import EngineLoad
 from controller.resplit import Pools
 from telemetry import metrics
 from tests.cluster.test_events import ROUTE
@@ -35,9 +36,8 @@ class Worker:
         self.role, self.wid, self.drains = role, wid, drains
         self.resumed = False
 
-        async def load_(*_: Any) -> dict[str, int]:
-            key = "active_prefill_tokens" if role == "prefill" else "active_decode_blocks"
-            return {key: load, "waiting": 0}
+        async def load_(*_: Any) -> EngineLoad:
+            return EngineLoad(load, load, load, 100, waiting=0, running=1)
 
         async def drain(timeout: float) -> bool:
             return self.drains
@@ -140,7 +140,7 @@ def test_moves_the_least_loaded_decode_worker_through_drain_stop_start_warm() ->
     assert metrics.RESPLITS._value.get() == before + 1
     assert _gauge("prefill") == 2 and _gauge("decode") == 1
     assert metrics.RESPLIT_IN_PROGRESS._value.get() == 0
-    assert [s["action"] for s in pools.snapshot()["steps"]] == ["resplit_start", "drained", "warm"]
+    assert [s.action for s in pools.snapshot().steps] == ["resplit_start", "drained", "warm"]
 
 
 def test_a_drain_that_times_out_abandons_and_the_worker_serves_again() -> None:
@@ -174,7 +174,7 @@ def test_a_move_called_off_while_its_worker_drains_puts_it_back_at_once() -> Non
         worker.drain = Method(drain, log, "decode-2.drain")  # type: ignore[method-assign]
         assert not pools.cancel("nothing under way")
         pools.resplit("prefill", "spike")
-        await going.wait()
+        await asyncio.wait_for(going.wait(), 10)
         assert pools.pools() == Pools(1, 1)
         assert pools.cancel("the overload ended") and not pools.cancel("twice")
         assert await pools.wait() == "cancelled"
@@ -184,7 +184,7 @@ def test_a_move_called_off_while_its_worker_drains_puts_it_back_at_once() -> Non
         assert [e.action for e in events] == ["resplit_start", "cancelled"]
         assert events[-1].reason == "cancelled: the overload ended"
         assert events[-1].decode_workers == (1, 2)
-        assert pools.snapshot()["cancelled"] == 1
+        assert pools.snapshot().cancelled == 1
 
     asyncio.run(main())
 
@@ -217,15 +217,14 @@ def test_a_router_restarted_after_a_resplit_gets_the_current_pools_back() -> Non
     assert asyncio.run(pools.move("prefill", "r", worker_id=2)) == "warm"
     del log[:]
     # The restarted router knows the deploy-time pools: 2 is a decode worker again there.
-    deployed = {"prefill": [0], "decode": [1, 2]}
+    deployed = {"prefill": (0,), "decode": (1, 2)}
     asyncio.run(pools.sync_router(deployed))
     assert sorted(log) == [
         ("router.add_worker", "prefill", 2),
         ("router.remove_worker", "decode", 2),
     ]
     del log[:]
-    asyncio.run(pools.sync_router({"prefill": [0, 2], "decode": [1]}))  # in step: no call
-    asyncio.run(pools.sync_router(None))  # no stats this tick: nothing to do
+    asyncio.run(pools.sync_router({"prefill": (0, 2), "decode": (1,)}))  # in step: no call
     assert log == []
 
 
@@ -289,17 +288,18 @@ def test_controller_actor_resplits_through_its_pools_and_reports_them() -> None:
         for i in range(5):
             actor.on_event(on_1.model_copy(update={"request_id": f"r{i}"}))
         snap = await actor.tick()
-        assert snap["ticks"] == 1 and actor.tick_errors == 0
-        assert snap["signals"]["arrival_rate"] > 0
+        assert snap.ticks == 1 and actor.tick_errors == 0
+        assert snap.signals["arrival_rate"] > 0
         result = await actor.resplit_now("prefill", "test")
-        assert result["result"] == "warm" and result["pools"]["prefill"] == [0, 2]
+        assert result.result == "warm" and result.pools.prefill == (0, 2)
         await actor.bus.flush()
         assert [e.action for s, e in events if s == "disagg.disagg.pools"] == [
             "resplit_start", "drained", "warm"
         ]  # fmt: skip
         snap = await actor.snapshot()
-        assert snap["pools"]["decode"] == [1] and len(snap["pools"]["steps"]) == 3
-        assert snap["resplits"] == []  # an operator's move is no decision of the resplitter
+        assert snap.pools is not None
+        assert snap.pools.decode == (1,) and len(snap.pools.steps) == 3
+        assert snap.resplits == ()  # an operator's move is no decision of the resplitter
         off = ControllerActor(
             nats_url=None, router=None, auction=None, poa=None,
             settings={"resplit": {"enabled": False}}, workers={"prefill": [0], "decode": [1]},

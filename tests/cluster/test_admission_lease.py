@@ -110,10 +110,10 @@ def test_leases_split_the_slots_and_reserve_them(tmp_path: Path) -> None:
         # r1 ran over its share: its slots go back to the auction at once.
         late = actor.admit("q2", "alice", 1.0, [1, 2], lease_id=one.lease_id)
         released = await asyncio.wait_for(asyncio.gather(admit, late), 1.0)
-        assert [r["mode"] for r in released] == ["fcfs", "fcfs"]
-        assert (await actor.stats())["leases"] == {"r1": 0, "r2": 2}
+        assert [r.mode for r in released] == ["fcfs", "fcfs"]
+        assert (await actor.stats()).leases == {"r1": 0, "r2": 2}
         for rid in ("q1", "q2"):
-            assert (await actor.finished(rid, True))["charged"] == 0.0  # FCFS: free
+            assert await actor.finished(rid, True) == 0.0  # FCFS: free
         await actor.shutdown()
 
     asyncio.run(body())
@@ -129,7 +129,7 @@ def test_a_dead_replicas_lease_expires_and_returns_its_slots(tmp_path: Path) -> 
         await asyncio.sleep(0.2)
         assert not admit.done()  # its replica holds every slot
         released = await asyncio.wait_for(admit, 10.0)  # until its lease expires (2 s)
-        assert released["position"] == 0
+        assert released.position == 0
         await actor.finished("q1", True)
         await actor.shutdown()
 

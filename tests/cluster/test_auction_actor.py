@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 
 from auction import Request, run_auction
-from auction.admission import QueueFull, split_payments
+from auction.admission import QueueFull, Release, split_payments
 from auction.ledger import BudgetExceeded, Ledger, LedgerError, UnknownAccountError
 from cluster.events import AuctionEvent
 from cluster.models import ConfigError, validate_model
 from cluster.ray.auction_actor import AdmissionCancelledError, AuctionActor
 from cluster.ray.auction_settings import AuctionSettingsModel
+from cluster.ray.status import AuctionStats
 from tests.ledger_backends import LedgerAt
 
 USERS = [
@@ -52,8 +53,8 @@ def _run(
     asyncio.run(main())
 
 
-def _users(stats: dict[str, Any]) -> dict[str, tuple[float, float]]:
-    return {u: (s["spent"], s["held"]) for u, s in stats["users"].items()}
+def _users(stats: AuctionStats) -> dict[str, tuple[float, float]]:
+    return {u: (s.spent, s.held) for u, s in stats.users.items()}
 
 
 def test_fcfs_below_saturation_holds_the_bid_and_charges_nothing(tmp_path: Path) -> None:
@@ -61,22 +62,16 @@ def test_fcfs_below_saturation_holds_the_bid_and_charges_nothing(tmp_path: Path)
         ready = await actor.ready()
         assert ready.node_id is None and ready.released_at_start == 0
         admitted = await actor.admit("r1", "alice", 2.5, [1, 2, 3])
-        assert admitted == {
-            "position": 0,
-            "payment": 0.0,
-            "batch_id": None,
-            "mode": "fcfs",
-            "queue_depth": 0,
-        }
+        assert admitted == Release("r1", position=0, payment=0.0, batch_id=None, mode="fcfs")
         stats = await actor.stats()
-        assert _users(stats)["alice"] == (0.0, 2.5) and stats["in_prefill"] == 1
+        assert _users(stats)["alice"] == (0.0, 2.5) and stats.in_prefill == 1
         await actor.started("r1")
-        assert await actor.finished("r1", answered=True) == {"charged": 0.0}
-        assert await actor.finished("r1", answered=True) == {"charged": 0.0}  # idempotent
+        assert await actor.finished("r1", answered=True) == 0.0
+        assert await actor.finished("r1", answered=True) == 0.0  # idempotent
         assert _users(await actor.stats())["alice"] == (0.0, 0.0)
         # Anonymous traffic bids 0, holds nothing and needs no account.
-        assert (await actor.admit("r2", "", 0.0, [4]))["mode"] == "fcfs"
-        assert await actor.finished("r2", answered=True) == {"charged": 0.0}
+        assert (await actor.admit("r2", "", 0.0, [4])).mode == "fcfs"
+        assert await actor.finished("r2", answered=True) == 0.0
         with pytest.raises(BudgetExceeded):
             await actor.admit("r3", "anonymous", 0.5, [4])
 
@@ -100,25 +95,25 @@ def test_saturated_requests_are_auctioned_in_dfs_bid_order_and_pay_vcg_shares(
         expected = run_auction(batch, "dfs-bid")
         shares = split_payments(expected.payments, batch)
         by_id = {spec[0]: result for spec, result in zip(specs, results, strict=True)}
-        assert [by_id[r]["position"] for r in expected.order] == [1, 2, 3, 4]
-        assert {r["mode"] for r in results} == {"auction"}
-        assert len({r["batch_id"] for r in results}) == 1
+        assert [by_id[r].position for r in expected.order] == [1, 2, 3, 4]
+        assert {r.mode for r in results} == {"auction"}
+        assert len({r.batch_id for r in results}) == 1
         for rid, result in by_id.items():
-            assert result["payment"] == shares[rid]
+            assert result.payment == shares[rid]
         assert expected.revenue > 0
         held = _users(await actor.stats())
         assert held["alice"] == (0.0, 4.0) and held["bob"] == (0.0, 4.0)
         charged = {}
         for rid in expected.order:
             await actor.started(rid)
-            charged[rid] = (await actor.finished(rid, answered=True))["charged"]
+            charged[rid] = await actor.finished(rid, answered=True)
         assert charged == pytest.approx(shares, abs=1e-6)
         stats = await actor.stats()
-        assert stats["revenue"] == pytest.approx(expected.revenue, abs=1e-5)
-        assert stats["batches"] == 1 and stats["in_flight"] == 0
+        assert stats.revenue == pytest.approx(expected.revenue, abs=1e-5)
+        assert stats.batches == 1 and stats.in_flight == 0
         # Started in the planned order: the realised TTFT order is the planned one.
-        assert stats["realised_welfare"] == pytest.approx(stats["welfare"])
-        assert stats["realised_planned_welfare"] == pytest.approx(stats["welfare"])
+        assert stats.realised_welfare == pytest.approx(stats.welfare)
+        assert stats.realised_planned_welfare == pytest.approx(stats.welfare)
         for user, paid in expected.payments.items():
             assert _users(stats)[user] == (pytest.approx(paid, abs=1e-5), 0.0)
         text = await actor.metrics_text()
@@ -144,7 +139,7 @@ def test_a_bid_above_the_remaining_budget_is_refused_before_queueing(tmp_path: P
         with pytest.raises(ValueError, match="already admitted"):
             await actor.admit("r2", "bob", 1.0, [1])
         stats = await actor.stats()
-        assert stats["queue_depth"] == 0 and stats["in_flight"] == 1
+        assert stats.queue_depth == 0 and stats.in_flight == 1
         assert _users(stats)["bob"] == (0.0, 3.0)
 
     _run(tmp_path, body)
@@ -156,12 +151,12 @@ def test_not_answered_releases_the_hold_and_answered_captures_it(tmp_path: Path)
         first = await asyncio.gather(
             actor.admit("a", "alice", 2.0, [1]), actor.admit("b", "bob", 1.0, [2])
         )
-        assert {r["mode"] for r in first} == {"auction"}
-        assert await actor.finished("b", answered=False) == {"charged": 0.0}
-        paid = (await actor.finished("a", answered=True))["charged"]
+        assert {r.mode for r in first} == {"auction"}
+        assert await actor.finished("b", answered=False) == 0.0
+        paid = await actor.finished("a", answered=True)
         assert paid == pytest.approx(1.0)  # alice outbid bob: she pays his externality
-        assert await actor.finished("a", answered=True) == {"charged": paid}
-        assert await actor.finished("never-admitted", answered=True) == {"charged": 0.0}
+        assert await actor.finished("a", answered=True) == paid
+        assert await actor.finished("never-admitted", answered=True) == 0.0
         with pytest.raises(AdmissionCancelledError, match="already finished"):
             await actor.admit("never-admitted", "alice", 1.0, [1])  # a late admit is refused
         users = _users(await actor.stats())
@@ -194,16 +189,16 @@ def test_a_caller_cancelled_while_queued_leaves_and_releases_its_hold(tmp_path: 
         await actor.set_regime("saturated")
         waiting = asyncio.ensure_future(actor.admit("r1", "alice", 4.0, [1]))
         await asyncio.sleep(0.05)
-        assert (await actor.stats())["queue_depth"] == 1
+        assert (await actor.stats()).queue_depth == 1
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
         stats = await actor.stats()  # the release ran before this read on the ledger thread
-        assert stats["queue_depth"] == 0 and _users(stats)["alice"] == (0.0, 0.0)
+        assert stats.queue_depth == 0 and _users(stats)["alice"] == (0.0, 0.0)
         # finished() on a queued request also takes it out (the ingress gave up on it).
         queued = asyncio.ensure_future(actor.admit("r2", "alice", 4.0, [1]))
         await asyncio.sleep(0.05)
-        assert await actor.finished("r2", answered=False) == {"charged": 0.0}
+        assert await actor.finished("r2", answered=False) == 0.0
         with pytest.raises(AdmissionCancelledError):
             await queued
         assert _users(await actor.stats())["alice"] == (0.0, 0.0)
@@ -214,19 +209,19 @@ def test_a_caller_cancelled_while_queued_leaves_and_releases_its_hold(tmp_path: 
 def test_the_batch_window_and_the_prefill_slots(tmp_path: Path) -> None:
     async def body(actor: AuctionActor) -> None:
         first = await actor.admit("r1", "alice", 1.0, [1])  # below: FCFS, takes the one slot
-        assert first["mode"] == "fcfs"
+        assert first.mode == "fcfs"
         second = asyncio.ensure_future(actor.admit("r2", "bob", 1.0, [2]))
         await asyncio.sleep(0.05)
         assert not second.done()  # no slot until r1's first token
         await actor.started("r1")
-        assert (await second)["mode"] == "fcfs"
+        assert (await second).mode == "fcfs"
         await actor.set_regime("saturated")
         await actor.started("r2")
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         alone = await actor.admit("r3", "carol", 1.0, [3])  # waits out the 30 ms window
         assert loop.time() - t0 >= 0.029
-        assert (alone["mode"], alone["position"], alone["payment"]) == ("auction", 1, 0.0)
+        assert (alone.mode, alone.position, alone.payment) == ("auction", 1, 0.0)
 
     _run(tmp_path, body, max_in_prefill=1, batch_window_ms=30.0)
 
@@ -266,7 +261,7 @@ def test_each_batch_is_published_as_an_auction_event(tmp_path: Path) -> None:
         admitted = await asyncio.gather(
             actor.admit(long_id, "alice", 1.0, [1]), actor.admit("c", "bob", 1.0, [2])
         )
-        assert {a["mode"] for a in admitted} == {"auction"} and len(published) == 1
+        assert {a.mode for a in admitted} == {"auction"} and len(published) == 1
         actor._bus, actor._bus_up = None, False
 
     _run(tmp_path, body, batch_size=2, batch_window_ms=10_000.0)
@@ -312,7 +307,7 @@ def test_a_derived_max_in_prefill_follows_the_prefill_pool_and_a_fixed_one_stays
             assert await derived.set_prefill_workers(2) == 256  # a re-split added one
             assert derived._queue.slots == 256 and derived._leases.max_in_prefill == 256
             stats = await derived.stats()  # what the controller compares with its pools
-            assert (stats["max_in_prefill"], stats["prefill_workers"]) == (256, 2)
+            assert (stats.max_in_prefill, stats.prefill_workers) == (256, 2)
             assert await derived.set_prefill_workers(0) == 1  # never closed entirely
             assert await fixed.set_prefill_workers(3) == 16  # the config's number stands
             with pytest.raises(ValueError, match="count"):
@@ -343,7 +338,7 @@ def test_a_caller_cancelled_mid_reserve_leaves_no_hold(tmp_path: Path) -> None:
             await admit
         # The reserve committed after the cancel; the release queued behind it undid it.
         stats = await actor.stats()
-        assert _users(stats)["alice"] == (0.0, 0.0) and stats["in_flight"] == 0
+        assert _users(stats)["alice"] == (0.0, 0.0) and stats.in_flight == 0
         # Refused mid-reserve (over budget and cancelled), the queued release finds no hold.
         over = asyncio.ensure_future(actor.admit("r2", "alice", 40.0, [1]))
         await asyncio.sleep(0.02)
@@ -363,11 +358,11 @@ def test_a_release_racing_a_cancel_gives_the_slot_back(tmp_path: Path) -> None:
         await asyncio.sleep(0.02)
         first.cancel()  # its waiter is cancelled now; its cleanup runs on the next loop turn
         await actor.set_regime("below")  # ... but this releases it (FCFS) first
-        assert (await second)["mode"] == "fcfs"
+        assert (await second).mode == "fcfs"
         with pytest.raises(asyncio.CancelledError):
             await first
         stats = await actor.stats()
-        assert stats["in_prefill"] == 1 and stats["in_flight"] == 1  # r2 only
+        assert stats.in_prefill == 1 and stats.in_flight == 1  # r2 only
         assert _users(stats)["alice"] == (0.0, 0.0)
 
     _run(tmp_path, body, max_in_prefill=1, batch_window_ms=60_000.0)

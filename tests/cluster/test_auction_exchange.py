@@ -105,7 +105,7 @@ def test_settlements_capture_exactly_once_whatever_is_resent(tmp_path: Path) -> 
         assert spent == pytest.approx(releases["a"].payment)
         assert (await _books(actor, "held", "alice")) == 0.0
         assert actor.revenue == pytest.approx(releases["a"].payment)  # counted once
-        assert (await actor.stats())["in_prefill"] == 0
+        assert (await actor.stats()).in_prefill == 0
         await actor.shutdown()
 
     asyncio.run(body())
@@ -125,8 +125,8 @@ def test_a_dead_replicas_lease_expiry_frees_its_slots_queue_and_holds(tmp_path: 
             await asyncio.sleep(0.15)
             await actor.lease("live")
         stats = await actor.stats()
-        assert stats["leases"] == {"live": stats["leases"]["live"]}
-        assert (stats["queue_depth"], stats["in_prefill"]) == (0, 0)
+        assert stats.leases == {"live": stats.leases["live"]}
+        assert (stats.queue_depth, stats.in_prefill) == (0, 0)
         await actor.exchange(ExchangeIn("live"))  # the ledger thread has run the release
         assert (await _books(actor, "held", "alice")) == 0.0
         back = await actor.exchange(ExchangeIn("dead"))  # should it come back: refused
@@ -144,10 +144,10 @@ def test_a_replica_that_never_had_a_lease_is_dropped_when_it_stops_exchanging(
         await actor.exchange(ExchangeIn("silent", (_bid("a", replica="silent"),)))
         await asyncio.sleep(0.01)
         assert len((await actor.exchange(ExchangeIn("silent"))).released) == 1
-        assert (await actor.stats())["in_prefill"] == 1
+        assert (await actor.stats()).in_prefill == 1
         await asyncio.sleep(0.5)  # no lease renewal, no exchange: it died
         await actor.lease("other")  # any call runs the expiry
-        assert (await actor.stats())["in_prefill"] == 0  # its slot came back
+        assert (await actor.stats()).in_prefill == 0  # its slot came back
         await actor.exchange(ExchangeIn("other"))
         assert (await _books(actor, "held", "alice")) == 0.0  # and its hold was released
         await actor.shutdown()

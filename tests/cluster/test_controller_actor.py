@@ -18,6 +18,7 @@ from cluster.events import CompleteEvent, FirstTokenEvent, RegimeEvent, RouteEve
 from cluster.models import ConfigError
 from cluster.nats_auth import connect_options
 from cluster.ray.controller_actor import DEFAULT_THETA_S, ControllerActor, ControllerSettings
+from cluster.ray.status import AuctionStats, PoaSnapshot
 from controller.policy import PolicyTable
 from tests.cluster.test_events import ROUTE
 from tests.waiting import until
@@ -70,28 +71,32 @@ class FakeAuction:
     async def _set_regime(self, regime: str) -> None:
         self.regimes.append(regime)
 
-    async def _stats(self) -> dict[str, Any]:
+    async def _stats(self) -> AuctionStats:
         # max_in_prefill 64 and nothing in prefill: an empty queue reads as drained.
-        return {
-            "queue_depth": self.queue_depth,
-            "in_flight": 0,
-            "in_prefill": 0,
-            "max_in_prefill": 64,
-        }
+        return AuctionStats(
+            queue_depth=self.queue_depth,  # type: ignore[arg-type]  (a bad value, on purpose)
+            in_flight=0, in_prefill=0, max_in_prefill=64, prefill_workers=None, leases={},
+            regime="below", batches=0, revenue=0.0, welfare=0.0, realised_welfare=0.0,
+            realised_planned_welfare=0.0, user_welfare={}, released_at_start=0, nats=True,
+            users={},
+        )  # fmt: skip
 
 
 class FakePoa:
-    def __init__(self, snap: dict[str, Any]) -> None:
-        self.snap = snap
+    def __init__(self, factors: dict[str, Any]) -> None:
+        self.snap = PoaSnapshot(
+            **factors, impossible=(), n=1, workers=(), attribution_rate=1.0, t=0.0, ticks=1,
+            pending=0, joiner={}, received={}, errors=0, dropped={},
+        )  # fmt: skip
         self.forgotten: list[float] = []
         self.snapshot = Method(self._snapshot)
         self.forget_before = Method(self._forget_before)
 
-    async def _forget_before(self, since: float) -> dict[str, Any]:
+    async def _forget_before(self, since: float) -> PoaSnapshot:
         self.forgotten.append(since)
         return self.snap
 
-    async def _snapshot(self) -> dict[str, Any]:
+    async def _snapshot(self) -> PoaSnapshot:
         return self.snap
 
 
@@ -134,7 +139,7 @@ async def regime(actor: ControllerActor, label: str, pub: EventBus, ttft: float)
 
     async def reached() -> bool:
         await ttfts(pub, actor, [ttft] * 6)
-        return (await actor.snapshot())["regime"] == label
+        return (await actor.snapshot()).regime == label
 
     await until(reached, timeout_s=2.0)
 
@@ -161,11 +166,11 @@ def test_a_ttft_ramp_switches_regimes_and_pushes_increasing_versions(nats_url: s
             assert [e.regime for e in events] == ["transition", "saturated"]
             assert events[-1].ttft_p99_smoothed_s >= 1.0 and events[-1].tau == 0.8
             snap = await actor.snapshot()
-            assert (snap["version"], snap["delivered_version"], snap["pending"]) == (3, 3, False)
-            assert (snap["tau"], snap["omega"]) == (table.saturated.tau, table.saturated.omega)
-            assert snap["ttft_p99_smoothed_s"] >= 1.0
-            assert [c["version"] for c in snap["changes"]] == [1, 2, 3]
-            assert snap["signals"] == {
+            assert (snap.version, snap.delivered_version, snap.pending) == (3, 3, False)
+            assert (snap.tau, snap.omega) == (table.saturated.tau, table.saturated.omega)
+            assert snap.ttft_p99_smoothed_s >= 1.0
+            assert [c.version for c in snap.changes] == [1, 2, 3]
+            assert snap.signals == {
                 "queue_depth": 3.0,
                 "poa_hat": 1.2,
                 "poa_routing": 1.1,
@@ -228,9 +233,9 @@ def test_a_drained_auction_queue_reads_calm_at_once_and_cuts_the_poa_window(
 
             await until(drained)
             snap = await actor.snapshot()
-            (drain,) = snap["drains"]
-            assert poa.forgotten == [drain["since"]] and drain["t"] > drain["since"]
-            assert snap["regime"] == "below" and snap["changes"][-1]["cause"] == "drain"
+            (drain,) = snap.drains
+            assert poa.forgotten == [drain.since] and drain.t > drain.since
+            assert snap.regime == "below" and snap.changes[-1].cause == "drain"
             await until(lambda: router.calls[-1][3] == "below")
             # The queue's own requests, whose first tokens come after the drain, do not count.
             dropped = actor.controller.detector.drain_dropped
@@ -238,7 +243,7 @@ def test_a_drained_auction_queue_reads_calm_at_once_and_cuts_the_poa_window(
             assert actor.controller.detector.drain_dropped == dropped + 6
             ticks = actor.ticks
             await until(lambda: actor.ticks >= ticks + 3)
-            assert (await actor.snapshot())["regime"] == "below" and len(poa.forgotten) == 1
+            assert (await actor.snapshot()).regime == "below" and len(poa.forgotten) == 1
         finally:
             await pub.close()
             await actor.shutdown()
@@ -257,15 +262,15 @@ def test_a_failing_router_does_not_stop_the_loop_and_gets_the_newest_policy(
             await until(lambda: actor.push.failures >= 2)  # retried tick after tick
             await regime(actor, "saturated", pub, 3.0)  # the controller went on regardless
             snap = await actor.snapshot()
-            assert snap["pending"] and snap["delivered_version"] == 0 and router.calls == []
-            ticks = snap["ticks"]
+            assert snap.pending and snap.delivered_version == 0 and router.calls == []
+            ticks = snap.ticks
             router.failing = False
             await until(lambda: actor.push.delivered_version == 2)
             assert router.calls == [(0.8, 0.1, 2, "saturated")]  # only the newest one
             # A router that hangs: the call times out, ticking goes on, the push retries.
             router.hang = True
             await regime(actor, "below", pub, 0.01)
-            await until(lambda: actor.push.failures >= snap["push_failures"] + 2)
+            await until(lambda: actor.push.failures >= snap.push_failures + 2)
             assert actor.ticks > ticks + 5 and actor.tick_errors == 0
             router.hang = False
             await until(lambda: actor.push.delivered_version == 3)
@@ -287,12 +292,12 @@ def test_malformed_messages_and_bad_signals_are_not_fatal(nats_url: str) -> None
             await raw.publish(f"disagg.{ns}.first_token", b"\x00garbage")
             await raw.publish(f"disagg.{ns}.first_token", b'{"v": 1, "ttft_s": -1}')
             await raw.flush()
-            await until(lambda: sum(actor._snapshot()["dropped"].values()) >= 2)
+            await until(lambda: sum(actor._snapshot().dropped.values()) >= 2)
             await ttfts(pub, actor, [0.1])  # still subscribed
             await until(lambda: actor.ticks >= 2)
             snap = await actor.snapshot()
-            assert snap["tick_errors"] == 0 and set(snap["signals"].values()) == {None}
-            assert snap["dropped"] == {"malformed": 1, "schema": 1}
+            assert snap.tick_errors == 0 and set(snap.signals.values()) == {None}
+            assert snap.dropped == {"malformed": 1, "schema": 1}
         finally:
             await raw.close()
             await pub.close()
@@ -314,7 +319,7 @@ def test_no_handles_and_no_nats() -> None:
         await until(lambda: actor.controller.regime.label == "saturated"
                     and actor.push.target.pending is None)  # fmt: skip
         snap = await actor.snapshot()
-        assert snap["version"] == 2 and not snap["pending"] and snap["delivered_version"] == 0
+        assert snap.version == 2 and not snap.pending and snap.delivered_version == 0
         await actor.shutdown()
 
     asyncio.run(main())

@@ -118,8 +118,8 @@ def test_forged_ttfts_on_the_bus_leave_an_idle_controller_below(nats_url: str) -
             await until(lambda: actor.plausible.dropped["implausible_unrouted"] == 400,
                         timeout_s=10.0)  # fmt: skip
             snap = await actor.snapshot()
-            assert snap["regime"] == "below" and actor.observed == 0
-            assert snap["dropped"]["implausible_unrouted"] == 400
+            assert snap.regime == "below" and actor.observed == 0
+            assert snap.dropped["implausible_unrouted"] == 400
             await ttfts(pub, actor, [0.1] * 3)  # routed requests still count
             assert actor.observed == 3
         finally:
@@ -149,5 +149,5 @@ def test_the_poa_estimator_drops_what_the_deployment_rules_out() -> None:
     actor.plausible.hold_s = 0.0
     actor.tick()
     assert actor.received["route"] == actor.received["first_token"] == 0
-    assert actor._snapshot()["dropped"] == {
+    assert actor._snapshot().dropped == {
         "implausible_worker": 1, "implausible_time": 1, "implausible_unrouted": 1}  # fmt: skip

@@ -84,7 +84,7 @@ def test_estimate_appears_after_events_and_matches_the_gauges(nats_url: str) -> 
         actor, pub, _ = await started(nats_url, tick_s=60.0, profile="h100-32b")
         try:
             empty = actor.tick()  # an empty window: no estimate, gauges "no data"
-            assert (empty["poa_hat"], empty["poa_routing"], empty["poa_capacity"]) == (None,) * 3
+            assert (empty.poa_hat, empty.poa_routing, empty.poa_capacity) == (None,) * 3
             assert math.isnan(metrics.POA_HAT._value.get())
             n = 24
             for i in range(n):
@@ -96,21 +96,22 @@ def test_estimate_appears_after_events_and_matches_the_gauges(nats_url: str) -> 
             await until(lambda: actor.received["complete"] == n)
             actor.tick()
             snap = await actor.snapshot()
-            assert snap["n"] == n
+            assert snap.n == n
             # Each factor is >= 1 by construction (games/poa.py): nothing is flagged.
             for factor in ("poa_hat", "poa_routing", "poa_capacity"):
-                assert snap[factor] is not None and snap[factor] >= 1.0, snap
-            assert snap["poa_hat"] == pytest.approx(snap["poa_routing"] * snap["poa_capacity"])
-            assert snap["impossible"] == sorted(
+                value = getattr(snap, factor)
+                assert value is not None and value >= 1.0, snap
+            assert snap.poa_hat == pytest.approx(snap.poa_routing * snap.poa_capacity)
+            assert snap.impossible == tuple(
                 f
                 for f in ("poa_hat", "poa_routing", "poa_capacity")
-                if snap[f] < 1 - metrics.POA_TOLERANCE
+                if getattr(snap, f) < 1 - metrics.POA_TOLERANCE
             )
-            assert snap["impossible"] == []
-            assert snap["attribution_rate"] == 1.0 and snap["workers"] == [2, 3]
-            assert snap["joiner"].get("duplicate_completion", 0) == 0
-            assert snap["received"] == {"route": n, "first_token": n, "complete": n}
-            assert metrics.POA_HAT._value.get() == pytest.approx(snap["poa_hat"])
+            assert snap.impossible == ()
+            assert snap.attribution_rate == 1.0 and snap.workers == (2, 3)
+            assert snap.joiner.get("duplicate_completion", 0) == 0
+            assert snap.received == {"route": n, "first_token": n, "complete": n}
+            assert metrics.POA_HAT._value.get() == pytest.approx(snap.poa_hat)
             text = await actor.metrics_text()
             names = {f.name for f in text_string_to_metric_families(text)}
             assert {"disagg_poa_hat", "disagg_poa_impossible", "disagg_events_dropped"} <= names
@@ -133,8 +134,8 @@ def test_complete_stands_in_for_a_lost_first_token_and_counts_failures(nats_url:
             await pub.flush()
             await until(lambda: actor.received["complete"] == 2)
             snap = actor.tick()
-            assert snap["n"] == 1 and snap["joiner"]["failed"] == 1
-            assert snap["attribution_rate"] == 0.5 and snap["poa_hat"] is not None
+            assert snap.n == 1 and snap.joiner["failed"] == 1
+            assert snap.attribution_rate == 0.5 and snap.poa_hat is not None
         finally:
             await pub.close()
             await actor.shutdown()
@@ -151,7 +152,7 @@ def test_malformed_messages_are_counted_not_fatal(nats_url: str) -> None:
             await raw.publish(f"disagg.{ns}.first_token", b'{"v": 1, "request_id": 7}')
             await raw.publish(f"disagg.{ns}.complete", b"[1, 2]")
             await raw.flush()
-            await until(lambda: sum(actor._snapshot()["dropped"].values()) >= 3)
+            await until(lambda: sum(actor._snapshot().dropped.values()) >= 3)
             # A valid event that the joiner cannot use (the worker is not among the candidates
             # of its route): counted, not raised.
             actor.on_event(first_token(9, 2, 0.1))
@@ -165,9 +166,9 @@ def test_malformed_messages_are_counted_not_fatal(nats_url: str) -> None:
             await pub.flush()
             await until(lambda: actor.received["first_token"] == 2)
             snap = actor.tick()
-            assert snap["dropped"]["malformed"] == 2 and snap["dropped"]["schema"] == 1
-            assert snap["joiner"]["worker_mismatch"] == 1 and snap["n"] == 0
-            assert snap["poa_hat"] is None
+            assert snap.dropped["malformed"] == 2 and snap.dropped["schema"] == 1
+            assert snap.joiner["worker_mismatch"] == 1 and snap.n == 0
+            assert snap.poa_hat is None
         finally:
             await raw.close()
             await pub.close()
@@ -185,13 +186,13 @@ def test_a_drain_empties_the_window_of_the_queues_requests() -> None:
                 actor.on_event(route(i, 2))
             for i in range(3):
                 actor.on_event(first_token(i, 2, 5.0))
-            assert actor.tick()["n"] == 3
+            assert actor.tick().n == 3
             snap = await actor.forget_before(actor.now())
-            assert snap["n"] == 0 and snap["poa_hat"] is None
+            assert snap.n == 0 and snap.poa_hat is None
             actor.on_event(first_token(3, 2, 5.0))  # the queue's last request: stays out
             actor.on_event(route(9, 3))  # routed after the drain
             actor.on_event(first_token(9, 3, 0.05))
-            assert actor.tick()["n"] == 1
+            assert actor.tick().n == 1
             with pytest.raises(ValueError, match="since"):
                 await actor.forget_before("soon")  # type: ignore[arg-type]
         finally:
@@ -209,7 +210,7 @@ def test_without_nats_and_bad_arguments() -> None:
         actor.on_event(first_token(1, 2, 0.2))
         await until(lambda: actor.ticks >= 2)  # the loop ticks by itself
         snap = await actor.snapshot()
-        assert snap["n"] == 1 and snap["poa_hat"] is not None and snap["t"] is not None
+        assert snap.n == 1 and snap.poa_hat is not None and snap.t is not None
         await actor.shutdown()
 
     asyncio.run(main())

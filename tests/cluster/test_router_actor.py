@@ -16,6 +16,7 @@ from cluster.events import RouteEvent
 from cluster.nats_server import NatsServer
 from cluster.ray.actor_support import MAX_PROMPT_TOKENS
 from cluster.ray.router_actor import RouterActor
+from cluster.ray.status import PolicyView
 from cluster.ray.workers import DecodeWorkerActor
 from router import block_hashes, sequence_hashes
 from telemetry.metrics import ROUTING_COST
@@ -81,12 +82,12 @@ def test_route_answers_every_field_and_publishes_the_route_event() -> None:
         assert abs(event.t - time.time()) < 5  # wall time, as the ingress's events
         assert ROUTING_COST._value.get() == event.candidates[0].cost
         stats = await router.stats()
-        assert stats["in_flight"] == {"prefill": 1, "decode": 1} and stats["routed"] == 1
+        assert stats.in_flight == {"prefill": 1, "decode": 1} and stats.routed == 1
         await router.finish_prefill("r1")
-        assert (await router.stats())["in_flight"] == {"prefill": 0, "decode": 1}
+        assert (await router.stats()).in_flight == {"prefill": 0, "decode": 1}
         await router.complete("r1")
         await router.complete("r1")  # idempotent
-        assert (await router.stats())["in_flight"] == {"prefill": 0, "decode": 0}
+        assert (await router.stats()).in_flight == {"prefill": 0, "decode": 0}
         await router.shutdown()
 
     _run(body)
@@ -114,7 +115,7 @@ def test_the_prefill_pool_is_kv_aware_too() -> None:
         r = await router.route("p", TOKENS + [9] * 40)
         assert r.prefill_worker == 4
         stats = await router.stats()
-        assert stats["kv_events"]["prefill"]["applied"] == {"stored": 1}
+        assert stats.kv_events["prefill"].applied == {"stored": 1}
 
     _run(body)
 
@@ -133,14 +134,14 @@ def test_exclude_routes_around_a_failed_worker_and_still_reserves() -> None:
         await router.bus.flush()
         assert [c.worker_id for c in seen[-1].candidates] == [1, 3]
         stats = await router.stats()
-        assert stats["in_flight"] == {"prefill": 1, "decode": 1} and stats["retries"] == 1
+        assert stats.in_flight == {"prefill": 1, "decode": 1} and stats.retries == 1
         # Its reservation is real: the next request avoids the loaded worker 1.
         assert (await router.route("y", list(range(5000, 5320)))).decode_worker == 3
         with pytest.raises(ValueError, match="already in flight"):
             await router.route("x", TOKENS, exclude=[2])
         with pytest.raises(ValueError, match="every worker is excluded"):
             await router.route("z", TOKENS, exclude=[1, 2, 3])
-        assert (await router.stats())["in_flight"]["decode"] == 2  # z left nothing behind
+        assert (await router.stats()).in_flight["decode"] == 2  # z left nothing behind
         # All prefill workers excluded: the decode worker prefills locally.
         local = await router.route("w", list(range(7000, 7320)), exclude=[0, 4])
         assert local.prefill_worker is None
@@ -181,7 +182,7 @@ def test_set_policy_applies_to_later_decisions_and_refuses_bad_values() -> None:
             with pytest.raises(ValueError, match=field):
                 await router.set_policy(*bad)
         stats = await router.stats()
-        assert stats["policy"] == {"tau": 0.3, "omega": 2.0, "version": 5, "regime": "saturated"}
+        assert stats.policy == PolicyView(tau=0.3, omega=2.0, version=5, regime="saturated")
         assert router.routers["prefill"].policy.version == 5
 
     _run(body)
@@ -198,8 +199,8 @@ def test_pools_change_at_run_time() -> None:
         _store(router, "decode", 7, TOKENS)
         assert (await router.route("a", TOKENS)).decode_worker == 7
         await router.remove_worker("decode", 7)  # its reservation goes with it
-        assert (await router.stats())["in_flight"]["decode"] == 0
-        assert (await router.stats())["workers"] == {"prefill": [0], "decode": [1, 2, 3]}
+        assert (await router.stats()).in_flight["decode"] == 0
+        assert (await router.stats()).workers == {"prefill": (0,), "decode": (1, 2, 3)}
         with pytest.raises(ValueError, match="worker_id"):
             await router.remove_worker("decode", 7)
         for w in (1, 2):
@@ -212,7 +213,7 @@ def test_pools_change_at_run_time() -> None:
         assert not router.feed_kv("decode", {"worker_id": 99, "data": "cleared"})
         assert not router.feed_kv("decode", {"garbage": True})
         assert not router.feed_kv("nope", {"worker_id": 3, "data": "cleared"})
-        dropped = (await router.stats())["kv_events"]["decode"]["dropped"]
+        dropped = (await router.stats()).kv_events["decode"].dropped
         assert dropped == {"unknown_worker": 1, "malformed": 1}
         assert await router.apply_kv_events("decode", [{"worker_id": 3, "data": "cleared"}]) == 1
 
@@ -236,7 +237,7 @@ def test_route_refuses_bad_arguments_naming_the_field(args: tuple[Any, ...], fie
         router = _router()
         with pytest.raises(ValueError, match=field):
             await router.route(*args)
-        assert (await router.stats())["in_flight"]["decode"] == 0
+        assert (await router.stats()).in_flight["decode"] == 0
 
     _run(body)
 
@@ -278,7 +279,7 @@ def test_a_failure_after_the_decision_leaves_no_reservation(
         monkeypatch.setattr(RouteEvent, "from_decision", broken)
         with pytest.raises(RuntimeError):
             await router.route("r", TOKENS)
-        assert (await router.stats())["in_flight"] == {"prefill": 0, "decode": 0}
+        assert (await router.stats()).in_flight == {"prefill": 0, "decode": 0}
 
     _run(body)
 

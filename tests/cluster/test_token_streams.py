@@ -116,7 +116,7 @@ def test_a_consumer_that_leaves_withdraws_its_requests_from_the_engine() -> None
         await frames.aclose()  # what Ray does when the replica goes away
         assert worker.streams.running == 0
         assert await worker.drain(10.0)
-        assert (await worker.load())["running"] == 0
+        assert (await worker.load()).running == 0
         await worker.shutdown()
 
     _run(body)

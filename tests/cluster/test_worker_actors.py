@@ -20,7 +20,8 @@ from cluster.model_dir import ChatTokenizer, default_model_dir
 from cluster.nats_server import NatsServer
 from cluster.ray.actor_support import MAX_PROMPT_TOKENS, ActorBus
 from cluster.ray.workers import DecodeWorkerActor, PrefillWorkerActor, kv_messages
-from cluster.sim.wallclock import EngineClosed, EngineDraining
+from cluster.sim.engines import PrefillResult
+from cluster.sim.wallclock import EngineClosed, EngineDraining, EngineLoad
 from router import KvIndex, Removed, Stored, block_hashes, parse_kv_event, sequence_hashes
 from telemetry.metrics import EVENTS_DROPPED
 
@@ -127,10 +128,9 @@ def test_prefill_returns_its_result_and_publishes_cleared_then_one_batch_per_ite
             worker.prefill("a", 320, la, sa), worker.prefill("b", 160, lb, sb)
         )
         x = await first
-        assert set(a) == {"cached_tokens", "queued_s", "started_at", "finished_at", "worker_id"}
-        assert a["worker_id"] == 4 and a["cached_tokens"] == 0
-        assert 0 <= x["started_at"] < x["finished_at"] <= a["started_at"] < a["finished_at"]
-        assert a["finished_at"] == b["finished_at"]
+        assert isinstance(a, PrefillResult) and a.cached_tokens == 0
+        assert 0 <= x.started_at < x.finished_at <= a.started_at < a.finished_at
+        assert a.finished_at == b.finished_at
         await worker.bus.flush()
         assert all(s == kv_subject("disagg", "prefill") for s, _ in seen)
         events = [[parse_kv_event(p) for p in payloads] for _, payloads in seen]
@@ -141,9 +141,9 @@ def test_prefill_returns_its_result_and_publishes_cleared_then_one_batch_per_ite
         assert all(isinstance(e, Stored) for e in stored)
         assert [h for _, h in stored[0].blocks] == la and [h for h, _ in stored[0].blocks] == sa
         again = await worker.prefill("a2", 320, la, sa)  # the same prompt is cached now
-        assert again["cached_tokens"] == 320 - 1  # the last token is always recomputed
+        assert again.cached_tokens == 320 - 1  # the last token is always recomputed
         load = await worker.load()
-        assert set(load) >= {"active_prefill_tokens", "kv_used_blocks", "waiting", "running"}
+        assert isinstance(load, EngineLoad) and load.kv_used_blocks > 0
         await worker.shutdown()
 
     _run(body)
@@ -270,7 +270,7 @@ def test_a_consumer_that_leaves_closes_the_engine_stream() -> None:
         # Admitted sequences run to their end inside the model, their tokens dropped (see
         # cluster/sim/engines.py); the engine then drains with nothing left behind.
         assert await worker.drain(10.0)
-        assert (await worker.load())["running"] == 0
+        assert (await worker.load()).running == 0
         assert worker.engine._streams == {}
         await worker.shutdown()
 
@@ -288,7 +288,7 @@ def test_a_request_cancelled_before_its_first_token_leaves_nothing_behind() -> N
         with pytest.raises(asyncio.CancelledError):
             await task
         assert await worker.drain(5.0)
-        assert worker.engine._streams == {} and (await worker.load())["running"] == 0
+        assert worker.engine._streams == {} and (await worker.load()).running == 0
         await worker.shutdown()
 
     _run(body)

@@ -111,7 +111,7 @@ def test_a_killed_worker_restarts_with_a_new_id_and_tells_the_router(
             first = await actor.start()
             assert first.restarts == 0 and first.role == "prefill" and first.slot == 0
             assert router.calls == [("prefill", 0, first.instance_id)]
-            assert (await actor.load())["inflight"] == 0.0
+            assert (await actor.load()).inflight == 0.0
             assert (await actor.info()).alive
             killed = await actor.kill_engine()
             assert killed == first.pid and pid_gone(killed)

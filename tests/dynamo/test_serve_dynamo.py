@@ -33,6 +33,7 @@ from cluster.dynamo.service import DynamoService
 from cluster.model_dir import ChatTokenizer, default_model_dir
 from cluster.nats_server import free_port
 from cluster.ray.metrics_server import PUSH_PERIOD_S
+from cluster.ray.status import RouterStats
 from cluster.serve.config import ServeConfig
 from tests.dynamo.conftest import pid_gone
 
@@ -94,7 +95,7 @@ def _client(svc: DynamoService) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{svc.url}/v1", api_key="none", max_retries=0)
 
 
-def _stats(svc: DynamoService) -> dict[str, Any]:
+def _stats(svc: DynamoService) -> RouterStats:
     return ray.get(svc.handles.router.stats.remote())
 
 
@@ -111,7 +112,7 @@ def test_requests_are_answered_and_overlaps_equal_dynamos(service: DynamoService
     assert all(a["text"] for a in answers)
     assert {a["disagg"]["prefill_worker"] for a in answers} == {0}
     assert {a["disagg"]["decode_worker"] for a in answers} <= {1, 2}
-    kv = _stats(service)["kv_events"]["prefill"]["applied"]
+    kv = _stats(service).kv_events["prefill"].applied
     assert kv.get("stored", 0) > 0 and kv.get("removed", 0) > 0, kv  # the cache evicted
 
     tokenizer = ChatTokenizer.from_dir(default_model_dir())
@@ -183,54 +184,54 @@ def test_every_request_gets_our_breakdown_and_agreement_is_counted(
         if line.startswith("dynamo_component_requests_total{")
         and 'dynamo_endpoint="generate"' in line
     }
-    assert set(_stats(service)["dynamo"]["instances"].values()) <= served, served
+    assert set(_stats(service).dynamo.instances.values()) <= served, served
     # The replica's load reports reach the shadow router actor: the fleet's routing in its stats.
     deadline = time.monotonic() + 10.0
-    while sum((stats := _stats(service))["routed_by_replica"].values()) < 12:
+    while sum((stats := _stats(service)).routed_by_replica.values()) < 12:
         assert time.monotonic() < deadline, stats
         time.sleep(0.1)
-    assert sum(stats["routed_to"]["decode"].values()) >= 12, stats
+    assert sum(stats.routed_to["decode"].values()) >= 12, stats
 
 
 def test_a_ramp_switches_the_regime_and_the_next_requests_carry_the_override(
     service: DynamoService,
 ) -> None:
-    start = _stats(service)["policy"]
-    assert start["regime"] == "below" and start["tau"] == 0.0
+    start = _stats(service).policy
+    assert start.regime == "below" and start.tau == 0.0
 
     async def ramp() -> list[dict[str, Any]]:
         c = _client(service)
         deadline = time.monotonic() + 90.0
         i = 1000
-        while _stats(service)["policy"]["regime"] != "saturated":
+        while _stats(service).policy.regime != "saturated":
             assert time.monotonic() < deadline, "the ramp did not saturate the service"
             await asyncio.gather(*(_ask(c, i + j, k=j % 8, max_tokens=16) for j in range(48)))
             i += 48
         return [await _ask(c, 5000 + j, k=j % 8) for j in range(3)]
 
     after = asyncio.run(ramp())
-    policy = _stats(service)["policy"]
-    assert policy["tau"] > 0 and policy["version"] > start["version"]
+    policy = _stats(service).policy
+    assert policy.tau > 0 and policy.version > start.version
     for answer in after:
         assert answer["disagg"]["regime"] == "saturated"
-        assert answer["disagg"]["policy_version"] == policy["version"]
+        assert answer["disagg"]["policy_version"] == policy.version
     # The PoA estimator joins our route events with the ingress's first tokens, as on the
     # simulated backend: an estimate over the decode slots, every completion attributed.
     deadline = time.monotonic() + 30.0
-    while (poa := ray.get(service.handles.poa.snapshot.remote()))["poa_hat"] is None:
+    while (poa := ray.get(service.handles.poa.snapshot.remote())).poa_hat is None:
         assert time.monotonic() < deadline, poa
         time.sleep(0.5)
-    assert poa["n"] > 0 and set(poa["workers"]) <= {1, 2} and poa["impossible"] == []
-    assert poa["attribution_rate"] == 1.0
+    assert poa.n > 0 and set(poa.workers) <= {1, 2} and poa.impossible == ()
+    assert poa.attribution_rate == 1.0
     override = ray.get(service.handles.router.policy.remote()).override
     assert override == {
-        "router_temperature": policy["tau"], "overlap_score_weight": policy["omega"]
+        "router_temperature": policy.tau, "overlap_score_weight": policy.omega
     }
 
 
 def _decode_inflight(svc: DynamoService) -> list[float | None]:
     """Requests in flight on each decode mocker's generate endpoint (its ``/metrics``)."""
-    return [ray.get(w.load.remote())["inflight"] for w in svc.handles.decode.values()]
+    return [ray.get(w.load.remote()).inflight for w in svc.handles.decode.values()]
 
 
 def test_clients_that_hang_up_after_one_chunk_stop_the_mockers(service: DynamoService) -> None:
@@ -306,7 +307,7 @@ def test_a_killed_mocker_is_restarted_and_rebound(service: DynamoService) -> Non
     deadline = time.monotonic() + 60.0
     while True:
         new = ray.get(worker.info.remote())
-        bound = _stats(service)["dynamo"]["instances"].get("decode/1")
+        bound = _stats(service).dynamo.instances.get("decode/1")
         renewed = new.instance_id != old.instance_id
         if new.alive and renewed and bound == new.instance_id:
             break
@@ -327,11 +328,11 @@ def test_a_resplit_stops_a_decode_mocker_and_starts_a_prefill_one(
 ) -> None:
     controller = service.handles.controller
     moved = ray.get(controller.resplit_now.remote("prefill", "test", 2), timeout=120)
-    assert moved["result"] == "warm", moved
-    assert moved["pools"]["prefill"] == [0, 2] and moved["pools"]["decode"] == [1]
+    assert moved.result == "warm", moved
+    assert moved.pools.prefill == (0, 2) and moved.pools.decode == (1,)
     stats = _stats(service)
-    assert stats["workers"] == {"prefill": [0, 2], "decode": [1]}
-    assert "prefill/2" in stats["dynamo"]["instances"]
+    assert stats.workers == {"prefill": (0, 2), "decode": (1,)}
+    assert "prefill/2" in stats.dynamo.instances
 
     async def traffic() -> list[dict[str, Any]]:
         c = _client(service)
@@ -341,5 +342,5 @@ def test_a_resplit_stops_a_decode_mocker_and_starts_a_prefill_one(
     assert all(a["text"] for a in answers)
     assert {a["disagg"]["decode_worker"] for a in answers} == {1}
     back = ray.get(controller.resplit_now.remote("decode", "test", 2), timeout=120)
-    assert back["result"] == "warm", back
-    assert _stats(service)["workers"] == {"prefill": [0], "decode": [1, 2]}
+    assert back.result == "warm", back
+    assert _stats(service).workers == {"prefill": (0,), "decode": (1, 2)}

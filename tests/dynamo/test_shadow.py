@@ -77,7 +77,7 @@ def test_a_restarted_instance_rebinds_and_its_cache_is_forgotten() -> None:
         with pytest.raises(ValueError, match="role"):
             await shadow.bind_instance("middle", 0, 5)
         stats = await shadow.stats()
-        assert stats["dynamo"]["instances"]["prefill/0"] == new
+        assert stats.dynamo.instances["prefill/0"] == new
 
     _run(body)
 

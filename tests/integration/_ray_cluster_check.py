@@ -20,6 +20,7 @@ Importing this module does nothing (pytest's doctest collection imports it).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -273,7 +274,8 @@ def main() -> int:
         result["requests_after_restart"] = [s for s, _ in again]
         result["decode_used_after"] = _workers_of(again)
         with_stats = ray.get(h.router.stats.remote(), timeout=10)
-        result["router_stats"] = {k: v for k, v in with_stats.items() if k in ("workers", "policy")}
+        result["router_stats"] = {"workers": dict(with_stats.workers),
+                                  "policy": dataclasses.asdict(with_stats.policy)}  # fmt: skip
         result["after"] = _placement(
             ray, {w: x for w, x in workers.items() if w != victim_wid}, pgs, names, timeout=10
         )

@@ -32,7 +32,7 @@ def test_batches_are_published_on_nats(nats_url: str, tmp_path: Path) -> None:
         try:
             await actor.ready()
             for _ in range(200):
-                if (await actor.stats())["nats"]:
+                if (await actor.stats()).nats:
                     break
                 await asyncio.sleep(0.02)
             await actor.set_regime("saturated")

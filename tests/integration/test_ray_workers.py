@@ -20,6 +20,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from cluster.dataplane.routing import Route
 from cluster.ray.router_actor import RouterActor
+from cluster.ray.status import RouterStats
 from cluster.ray.workers import DecodeWorkerActor, PrefillWorkerActor
 from cluster.sim.profile import load_profile
 
@@ -93,7 +94,8 @@ async def _serve(svc: Service, request_id: str, tokens: list[int], n: int) -> Ro
         result = await svc.prefill.prefill.remote(
             request_id, route.prompt_tokens, list(route.local_hashes), list(route.seq_hashes)
         )
-        assert result["worker_id"] == route.prefill_worker
+        # The one prefill worker (id 0): its KV is on it once the call returns.
+        assert route.prefill_worker == 0 and result.finished_at >= result.started_at
         await svc.router.finish_prefill.remote(request_id)
     rows = await _stream(
         svc.decode[route.decode_worker], route, n, route.prefill_worker is None
@@ -105,8 +107,8 @@ async def _serve(svc: Service, request_id: str, tokens: list[int], n: int) -> Ro
 
 
 async def _until(
-    check: Callable[[dict[str, Any]], bool], svc: Service, timeout_s: float = 20.0
-) -> dict[str, Any]:
+    check: Callable[[RouterStats], bool], svc: Service, timeout_s: float = 20.0
+) -> RouterStats:
     deadline = time.monotonic() + timeout_s
     while True:
         stats = await svc.router.stats.remote()
@@ -117,8 +119,8 @@ async def _until(
         await asyncio.sleep(0.05)
 
 
-def _stored(role: str) -> Callable[[dict[str, Any]], int]:
-    return lambda stats: stats["kv_events"][role]["applied"].get("stored", 0)
+def _stored(role: str) -> Callable[[RouterStats], int]:
+    return lambda stats: stats.kv_events[role].applied.get("stored", 0)
 
 
 def test_requests_stream_and_kv_events_steer_the_next_route(service: Service) -> None:
@@ -138,7 +140,7 @@ def test_requests_stream_and_kv_events_steer_the_next_route(service: Service) ->
         )
         assert {r.decode_worker for r in routes} <= {1, 2}
         stats = await service.router.stats.remote()
-        assert stats["in_flight"] == {"prefill": 0, "decode": 0}
+        assert stats.in_flight == {"prefill": 0, "decode": 0}
         assert "disagg_routing_cost " in await service.router.metrics_text.remote()
 
     asyncio.run(asyncio.wait_for(body(), 120))

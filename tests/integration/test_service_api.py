@@ -26,6 +26,7 @@ from prometheus_client import generate_latest
 from auction import MAX_BID
 from auction.ledger import MAX_AMOUNT, Ledger
 from cluster.dataplane.admission import LEASE_TTL_S
+from cluster.ray.status import AuctionStats, UserBalance
 from tests.integration.live_service import (
     HTTP_TIMEOUT_S,
     KEYS,
@@ -84,7 +85,7 @@ def _disagg(obj: Any) -> dict[str, Any]:
     return dict(disagg)
 
 
-def _stats(live: LiveService) -> dict[str, Any]:
+def _stats(live: LiveService) -> AuctionStats:
     return ray.get(live.handles.auction.stats.remote(), timeout=TIMEOUT_S)
 
 
@@ -272,7 +273,7 @@ def test_bidders_pay_vcg_prices_and_the_ledger_agrees(live_service: LiveService)
     delay she imposes on him, docs/design.md §1); bob pays nothing. Forced into auction mode by
     telling the auction the regime is saturated (what the controller does under load)."""
     auction = live_service.handles.auction
-    before = _stats(live_service)["users"]
+    before = _stats(live_service).users
 
     async def main() -> list[Any]:
         alice, bob = _aclient(live_service, "alice"), _aclient(live_service, "bob")
@@ -317,22 +318,22 @@ def test_bidders_pay_vcg_prices_and_the_ledger_agrees(live_service: LiveService)
     assert (a_dis["position"], b_dis["position"]) == (1, 2)
     assert a_dis["payment"] == pytest.approx(1.0) and b_dis["payment"] == 0.0
 
-    after = _stats(live_service)["users"]
+    after = _stats(live_service).users
     for user in ("alice", "bob"):
-        assert after[user]["spent"] == pytest.approx(before[user]["spent"] + charged[user])
-    assert after["alice"]["held"] == after["bob"]["held"] == 0.0  # holds released
+        assert after[user].spent == pytest.approx(before[user].spent + charged[user])
+    assert after["alice"].held == after["bob"].held == 0.0  # holds released
 
     # The ledger file says the same (read after the fact, next to the running actor).
     ledger = Ledger(live_service.ledger_path)
     try:
         captured = [c for c in ledger.journal("alice") if c.batch_id == a_dis["batch_id"]]
         assert [c.amount for c in captured] == [pytest.approx(1.0)]
-        assert ledger.account("alice").spent == pytest.approx(after["alice"]["spent"])
+        assert ledger.account("alice").spent == pytest.approx(after["alice"].spent)
     finally:
         ledger.close()
 
     # A bid within the budget but above what remains of it is refused (402), reserving nothing.
-    spent = after["alice"]["spent"]
+    spent = after["alice"].spent
     budget = KEYS["alice"][1]
     over_remaining = budget - spent / 2
     assert budget - spent < over_remaining <= budget
@@ -343,8 +344,8 @@ def test_bidders_pay_vcg_prices_and_the_ledger_agrees(live_service: LiveService)
         )  # fmt: skip
     assert err.value.status_code == 402
     assert err.value.response.headers["x-disagg-payment"] == "0"
-    final = _stats(live_service)["users"]["alice"]
-    assert final["spent"] == pytest.approx(spent) and final["held"] == 0.0
+    final = _stats(live_service).users["alice"]
+    assert final.spent == pytest.approx(spent) and final.held == 0.0
 
 
 # -- bad inputs: their status, and nothing charged -----------------------------------------------
@@ -518,8 +519,8 @@ def test_bad_inputs_reserved_and_charged_nothing(live_service: LiveService) -> N
     """Every request above that carol sent failed before or at admission: her ledger shows no
     hold ever taken and no charge, and the auction holds nothing for anyone."""
     stats = _stats(live_service)
-    assert stats["users"]["carol"] == {"spent": 0.0, "held": 0.0, "budget": CAROL[1]}
-    until(lambda: _stats(live_service)["in_flight"] == 0, 10, "the auction is idle")
+    assert stats.users["carol"] == UserBalance(spent=0.0, held=0.0, budget=CAROL[1])
+    until(lambda: _stats(live_service).in_flight == 0, 10, "the auction is idle")
     ledger = Ledger(live_service.ledger_path)
     try:
         assert ledger.holds("carol") == [], "a hold was taken for a refused request"
@@ -614,13 +615,13 @@ def test_clients_that_hang_up_after_one_chunk_leave_no_decode_running(
             await asyncio.gather(*(one(client, i) for i in range(50)))
 
     router = live_service.handles.router
-    retries = ray.get(router.stats.remote(), timeout=TIMEOUT_S)["retries"]
+    retries = ray.get(router.stats.remote(), timeout=TIMEOUT_S).retries
     asyncio.run(asyncio.wait_for(main(), 60))
     left = time.monotonic()
 
     def decoding() -> int:
         loads = ray.get([h.load.remote() for h in decode.values()], timeout=TIMEOUT_S)
-        return sum(load["running"] + load["waiting"] for load in loads)
+        return sum(load.running + load.waiting for load in loads)
 
     # Within a second of the last hang-up, as the issue asks, on a quiet machine; the bound
     # here is three, for a loaded CI runner: the uncancelled decodes would run for ~4 s.
@@ -630,4 +631,4 @@ def test_clients_that_hang_up_after_one_chunk_leave_no_decode_running(
     # replica's, not the child calls of the request that opened them (cluster.dataplane.calls).
     # (The replicas' counts reach the router with their load reports, every 0.1 s.)
     time.sleep(0.5)
-    assert ray.get(router.stats.remote(), timeout=TIMEOUT_S)["retries"] == retries
+    assert ray.get(router.stats.remote(), timeout=TIMEOUT_S).retries == retries

@@ -72,12 +72,12 @@ def _books_closed(live: LiveService) -> None:
     def idle() -> bool:
         auction = _get(live.handles.auction.stats.remote())
         router = _get(live.handles.router.stats.remote())
-        held = sum(u["held"] for u in auction["users"].values())
+        held = sum(u.held for u in auction.users.values())
         return (
-            auction["in_flight"] == 0
-            and auction["queue_depth"] == 0
+            auction.in_flight == 0
+            and auction.queue_depth == 0
             and held == 0
-            and not any(router["in_flight"].values())
+            and not any(router.in_flight.values())
         )
 
     until(idle, 20, "the auction and router books close (no request left in flight)")
@@ -123,7 +123,7 @@ def test_decode_worker_killed_mid_run(live_service: LiveService) -> None:
     handles = live_service.handles
     victim = min(handles.decode)
     handle = handles.decode[victim]
-    retries_before = _get(handles.router.stats.remote())["retries"]
+    retries_before = _get(handles.router.stats.remote()).retries
     pid_before = _get(handle.ready.remote()).pid
 
     async def main() -> tuple[list[StreamResult], list[StreamResult]]:
@@ -154,7 +154,7 @@ def test_decode_worker_killed_mid_run(live_service: LiveService) -> None:
     unclear = [r for r in everything if not (r.ok or r.unavailable)]
     assert not unclear, f"neither answered nor a clear 503: {_summary(unclear)}"
     failed = [r for r in everything if r.unavailable]
-    retries = _get(handles.router.stats.remote())["retries"] - retries_before
+    retries = _get(handles.router.stats.remote()).retries - retries_before
     print(f"[decode kill: {_summary(everything)}; router retries {retries}]")
     assert failed or retries, "the kill hit no request in flight (nothing failed, no retry)"
     for r in failed:  # a 503 mid-stream comes as an SSE error event, then [DONE]
@@ -265,7 +265,7 @@ def test_controller_killed_routing_goes_on_and_it_restarts(live_service: LiveSer
     with timed("controller kill"):
         ray.kill(controller, no_restart=False)
         time.sleep(0.1)  # the kill lands; no policy push can come from the old process now
-        last = _get(handles.router.stats.remote())["policy"]
+        last = _get(handles.router.stats.remote()).policy
         # While it is dead or restarting, routing goes on with the last policy.
         during = _requests(live_service, "controller down", 12)
         _wait_restarted(controller, restarts, "the controller")
@@ -275,32 +275,32 @@ def test_controller_killed_routing_goes_on_and_it_restarts(live_service: LiveSer
         )  # fmt: skip
         info = _get(controller.ready.remote())
     # The last policy, or (if the new controller was quick) the one it has pushed since.
-    allowed = {(last["version"], last["regime"]), (snap["version"], snap["regime"])}
+    allowed = {(last.version, last.regime), (snap.version, snap.regime)}
     seen = {(d["policy_version"], d["regime"]) for d in during}
     assert seen <= allowed, f"routed with {seen}, the last policy was {last}"
     assert info.pid != pid_before, "the controller was not restarted"
     assert info.nats is True and info.subscribed is True
     print(
-        f"[controller kill: router policy {last} -> restarted controller {snap['regime']} "
-        f"v{snap['version']}]"
+        f"[controller kill: router policy {last} -> restarted controller {snap.regime} "
+        f"v{snap.version}]"
     )
 
     # The new controller works: it hears first tokens, ticks, and the router follows it.
-    observed = snap["observed"]
+    observed = snap.observed
     _requests(live_service, "controller back", 6)
     until(
-        lambda: _get(controller.snapshot.remote())["observed"] > observed, 15,
+        lambda: _get(controller.snapshot.remote()).observed > observed, 15,
         "the restarted controller observes first tokens",
     )  # fmt: skip
-    ticks = _get(controller.snapshot.remote())["ticks"]
-    until(lambda: _get(controller.snapshot.remote())["ticks"] > ticks, 15, "it ticks")
-    until(lambda: not _get(controller.snapshot.remote())["pending"], 15, "its policy is delivered")
+    ticks = _get(controller.snapshot.remote()).ticks
+    until(lambda: _get(controller.snapshot.remote()).ticks > ticks, 15, "it ticks")
+    until(lambda: not _get(controller.snapshot.remote()).pending, 15, "its policy is delivered")
     now = _get(controller.snapshot.remote())
     # The replicas route with the router actor's view from their next view sync (a restarted
     # controller re-pushes its policy without a regime event: the sync is what carries it).
     until(
         lambda: {d["policy_version"] for d in _requests(live_service, "after controller", 2)}
-        == {now["version"]},
+        == {now.version},
         10 + live_service.service.config.routing.view_sync_s,
         "requests carry the restarted controller's policy version",
     )  # fmt: skip
@@ -326,7 +326,7 @@ def test_restarted_controller_resumes_without_being_called(live_service: LiveSer
     snap = _get(controller.snapshot.remote())  # the first call since the restart
     # A restarted actor queues a call of its own ready() (actor_support.wake_after_restart),
     # so its loops run again without anyone calling it.
-    assert snap["ticks"] >= 1 and snap["observed"] >= 1, {k: snap[k] for k in ("ticks", "observed")}
+    assert snap.ticks >= 1 and snap.observed >= 1, (snap.ticks, snap.observed)
 
 
 def test_router_restart_keeps_the_controllers_policy(live_service: LiveService) -> None:
@@ -335,16 +335,16 @@ def test_router_restart_keeps_the_controllers_policy(live_service: LiveService) 
     handles = live_service.handles
     _get(handles.controller.snapshot.remote())
     until(
-        lambda: not _get(handles.controller.snapshot.remote())["pending"], 15,
+        lambda: not _get(handles.controller.snapshot.remote()).pending, 15,
         "the controller's policy is delivered",
     )  # fmt: skip
-    version = _get(handles.router.stats.remote())["policy"]["version"]
+    version = _get(handles.router.stats.remote()).policy.version
     assert version >= 1
     _, restarts = _restarts(handles.router)
     ray.kill(handles.router, no_restart=False)
     _wait_restarted(handles.router, restarts, "the router")
     time.sleep(2.5 * live_service.service.config.controller.tick_s)  # ticks to re-push, if any
-    before = _get(handles.controller.snapshot.remote())["version"]
+    before = _get(handles.controller.snapshot.remote()).version
     after = _requests(live_service, "router restarted", 4)
     snap = _get(handles.controller.snapshot.remote())
     seen = {d["policy_version"] for d in after}
@@ -352,10 +352,10 @@ def test_router_restart_keeps_the_controllers_policy(live_service: LiveService) 
     # pushes its policy again after a router restart: the requests route with its version of
     # the moment (not the restarted router's constructor's 0). The regime may still be
     # settling from the tests before (a busy machine): then a later version is allowed too.
-    assert seen and min(seen) >= min(before, version) and max(seen) <= snap["version"], (
+    assert seen and min(seen) >= min(before, version) and max(seen) <= snap.version, (
         seen, before, snap,
     )  # fmt: skip
-    if before == snap["version"]:
+    if before == snap.version:
         assert seen == {before}, (seen, snap)
     _books_closed(live_service)
 
@@ -409,10 +409,10 @@ def test_nats_restart_under_load(live_service: LiveService) -> None:
 
     # The events flow again: every actor reconnects; first tokens reach the controller.
     until(
-        lambda: _get(handles.router.stats.remote())["nats_connected"], 30,
+        lambda: _get(handles.router.stats.remote()).nats_connected, 30,
         "the router reconnects to the new NATS server",
     )  # fmt: skip
-    observed = _get(handles.controller.snapshot.remote())["observed"]
+    observed = _get(handles.controller.snapshot.remote()).observed
 
     def heard() -> bool:
         r = httpx.post(
@@ -420,7 +420,7 @@ def test_nats_restart_under_load(live_service: LiveService) -> None:
             json=chat_body("after the outage", max_tokens=2), timeout=HTTP_TIMEOUT_S,
         )  # fmt: skip
         assert r.status_code == 200, r.text
-        return _get(handles.controller.snapshot.remote())["observed"] > observed
+        return _get(handles.controller.snapshot.remote()).observed > observed
 
     until(heard, 30, "first_token events reach the controller after the restart", 0.5)
 

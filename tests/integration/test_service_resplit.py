@@ -112,9 +112,9 @@ def test_resplit_moves_a_decode_worker_to_prefill_without_losing_requests(
 
     try:
         moved, during, after, events = asyncio.run(asyncio.wait_for(main(), 90))
-        assert moved["result"] == "warm", moved
-        wid = moved["pools"]["steps"][-1]["worker_id"]
-        assert moved["pools"]["prefill"] == sorted([0, wid]) and len(moved["pools"]["decode"]) == 1
+        assert moved.result == "warm", moved
+        wid = moved.pools.steps[-1].worker_id
+        assert moved.pools.prefill == tuple(sorted([0, wid])) and len(moved.pools.decode) == 1
 
         # No request in flight during the re-split is lost.
         failed = [r for r in during + after if isinstance(r, BaseException)]
@@ -129,8 +129,8 @@ def test_resplit_moves_a_decode_worker_to_prefill_without_losing_requests(
 
         # The new prefill worker receives prefill work.
         stats = ray.get(h.router.stats.remote(), timeout=HTTP_TIMEOUT_S)
-        assert sorted(stats["workers"]["prefill"]) == sorted([0, wid]), stats["workers"]
-        assert stats["routed_to"]["prefill"].get(wid, 0) > 0, stats["routed_to"]
+        assert sorted(stats.workers["prefill"]) == sorted([0, wid]), stats.workers
+        assert stats.routed_to["prefill"].get(wid, 0) > 0, stats.routed_to
         served = {r["disagg"]["prefill_worker"] for r in after if r["disagg"]}
         assert wid in served, served
 
@@ -149,20 +149,20 @@ def test_resplit_moves_a_decode_worker_to_prefill_without_losing_requests(
         # The auction's derived bound follows the prefill pool (the controller tells it).
         def slots() -> int:
             auction = ray.get(h.auction.stats.remote(), timeout=HTTP_TIMEOUT_S)
-            return int(auction["max_in_prefill"])
+            return int(auction.max_in_prefill)
 
         per_worker = live_service.service.config.prefill_slots_per_worker()
         until(lambda: slots() == 2 * per_worker, 10, "max_in_prefill for two prefill workers")
     finally:
         # Back to 1P/2D with the same ids, for whatever runs after on the shared service.
         snap = ray.get(h.controller.snapshot.remote(), timeout=HTTP_TIMEOUT_S)
-        for w in snap["pools"]["prefill"]:
+        for w in snap.pools.prefill:
             if w != 0:
                 back = ray.get(
                     h.controller.resplit_now.remote("decode", "integration test: restore", w),
                     timeout=MOVE_TIMEOUT_S,
                 )
-                assert back["result"] == "warm", back
+                assert back.result == "warm", back
         live_service.service.refresh_workers()
     restored = live_service.handles
     assert sorted(restored.decode) == [1, 2] and list(restored.prefill) == [0]

@@ -1,0 +1,262 @@
+"""What the service's actors say about themselves (``stats()``, ``snapshot()``, ``tick()``):
+frozen records, the same object across a Ray call as in process (docs/design.md §5 "Status").
+
+They are read by the controller (the auction's queue depth, the PoA factors), the demo's report,
+the benchmarks and the tests; none is a wire format. ``as_json`` turns one into plain JSON
+values for a report (enums by their label).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cluster.events import PoolAction
+from controller.controller import RegimeChange
+from controller.drain import Drain
+from controller.resplit import ResplitCancel, ResplitDecision, Role
+
+__all__ = [
+    "AuctionStats",
+    "ControllerSnapshot",
+    "DynamoBinding",
+    "KvEventCounts",
+    "PoaSnapshot",
+    "PolicyView",
+    "PoolsSnapshot",
+    "RegimeStep",
+    "ReplicaStats",
+    "ResplitOutcome",
+    "ResplitStep",
+    "RouterStats",
+    "UserBalance",
+    "as_json",
+]
+
+
+def as_json(record: object) -> Any:
+    """A record as JSON values: dataclasses as objects, tuples as lists, enums by label."""
+    if dataclasses.is_dataclass(record) and not isinstance(record, type):
+        return {f.name: as_json(getattr(record, f.name)) for f in dataclasses.fields(record)}
+    if isinstance(record, enum.Enum):
+        return getattr(record, "label", record.name)
+    if isinstance(record, Mapping):
+        return {k: as_json(v) for k, v in record.items()}
+    if isinstance(record, tuple | list):
+        return [as_json(v) for v in record]
+    return record
+
+
+@dataclass(frozen=True)
+class PolicyView:
+    """The routing policy a router applies: (τ, ω), its version and the regime it came with."""
+
+    tau: float
+    omega: float
+    version: int
+    regime: str
+
+
+# -- the PoA actor ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoaSnapshot:
+    """The last estimate (the factors None for an empty window) and what fed it: ``n``
+    requests over ``workers`` at ``t``; ``impossible`` names a factor below 1 beyond the
+    tolerance; ``received``/``dropped`` count events by kind and by reason, ``joiner`` the
+    joins by outcome."""
+
+    poa_hat: float | None
+    poa_routing: float | None
+    poa_capacity: float | None
+    impossible: tuple[str, ...]
+    n: int
+    workers: tuple[int, ...]
+    attribution_rate: float
+    t: float | None
+    ticks: int
+    pending: int
+    joiner: Mapping[str, int]
+    received: Mapping[str, int]
+    errors: int
+    dropped: Mapping[str, int]
+
+
+# -- the router (and its Dynamo shadow) ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KvEventCounts:
+    applied: Mapping[str, int]
+    dropped: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class DynamoBinding:
+    """The shadow router's map of Dynamo instances (``"role/slot"`` → instance id), the KV
+    events that named no bound instance, and the KV subject of each role's component."""
+
+    instances: Mapping[str, int]
+    unbound: Mapping[str, int]
+    kv_subjects: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class RouterStats:
+    """The router actor's policy, pools and KV events, and the fleet's routing: its own
+    routes plus what the ingress replicas' unexpired reports say."""
+
+    policy: PolicyView
+    workers: Mapping[Role, tuple[int, ...]]
+    kv_events: Mapping[Role, KvEventCounts]
+    in_flight: Mapping[Role, int]
+    routed: int
+    routed_to: Mapping[Role, Mapping[int, int]]
+    retries: int
+    replicas: tuple[str, ...]
+    routed_by_replica: Mapping[str, int]
+    nats_connected: bool | None
+    events_dropped: int  # the bus's queue was full, or a delivery raised
+    dynamo: DynamoBinding | None = None
+
+
+@dataclass(frozen=True)
+class ReplicaStats:
+    """One ingress replica's own routing (``cluster.dataplane.replica``)."""
+
+    replica: str
+    policy: PolicyView
+    workers: Mapping[Role, tuple[int, ...]]
+    in_flight: Mapping[Role, int]
+    routed: int
+    retries: int
+    peers: tuple[str, ...]
+    view_syncs: int
+
+
+# -- the auction -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UserBalance:
+    spent: float
+    held: float
+    budget: float
+
+
+@dataclass(frozen=True)
+class AuctionStats:
+    """The admission queue, the leases (replica → slots), the books, and the welfare: over
+    the batches that have all started, ``realised_welfare`` in TTFT order beside
+    ``realised_planned_welfare`` in auction order."""
+
+    queue_depth: int
+    in_flight: int
+    in_prefill: int
+    max_in_prefill: int
+    prefill_workers: int | None
+    leases: Mapping[str, int]
+    regime: str
+    batches: int
+    revenue: float
+    welfare: float
+    realised_welfare: float
+    realised_planned_welfare: float
+    user_welfare: Mapping[str, float]
+    released_at_start: int
+    nats: bool | None
+    users: Mapping[str, UserBalance]
+
+
+# -- the controller and its pools ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResplitStep:
+    """One step of a re-split, as published (wall ``time.time()``)."""
+
+    t: float
+    action: PoolAction
+    worker_id: int
+    to_role: Role
+    prefill: tuple[int, ...]
+    decode: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class PoolsSnapshot:
+    """Who serves in which role, the move under way (worker, role it goes to), how the
+    re-splits ended, and the recent steps."""
+
+    prefill: tuple[int, ...]
+    decode: tuple[int, ...]
+    resplitting: bool
+    moving: tuple[int, Role] | None
+    completed: int
+    abandoned: int
+    cancelled: int
+    failed: int
+    steps: tuple[ResplitStep, ...]
+
+
+@dataclass(frozen=True)
+class ResplitOutcome:
+    """How a re-split asked for by hand ended, and the pools then."""
+
+    result: str  # "warm", "abandoned", "cancelled" or "failed"
+    pools: PoolsSnapshot
+
+
+@dataclass(frozen=True)
+class RegimeStep:
+    """A regime change as the snapshot lists it (``controller.RegimeChange``)."""
+
+    t: float
+    regime: str
+    tau: float
+    omega: float
+    ttft_p99_smoothed_s: float
+    version: int
+    cause: str
+
+    @classmethod
+    def of(cls, change: RegimeChange) -> RegimeStep:
+        return cls(change.t, change.regime.label, change.tau, change.omega,
+                   change.ttft_p99_smoothed_s, change.version, change.cause)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ControllerSnapshot:
+    """The regime and policy, the version the router holds (``delivered_version``; ``pending``
+    a push still owed), the detector's reading and thresholds, the last tick's ``signals``,
+    recent regime changes, drains and re-splits, and what the controller was fed."""
+
+    regime: str
+    regime_level: int
+    tau: float
+    omega: float
+    version: int
+    delivered_version: int
+    pending: bool
+    push_failures: int
+    ttft_p99_smoothed_s: float | None
+    ttft_p99_window_s: float | None
+    drains: tuple[Drain, ...]
+    theta1_s: float
+    theta2_s: float
+    samples: int
+    observed: int
+    errors: int
+    ticks: int
+    tick_errors: int
+    signals: Mapping[str, float | None]
+    changes: tuple[RegimeStep, ...]
+    dropped: Mapping[str, int]
+    pools: PoolsSnapshot | None
+    resplits: tuple[ResplitDecision, ...]
+    resplit_cancels: tuple[ResplitCancel, ...]

@@ -45,7 +45,6 @@ from cluster.events import (
 )
 from cluster.kv_wire import kv_subject
 from cluster.ray.actor_support import ActorBus, cancel_all, subscribe_when_connected
-from cluster.ray.status import PolicyView, ReplicaStats
 from router import LoadView
 
 __all__ = ["ReplicaRouter"]
@@ -248,20 +247,6 @@ class ReplicaRouter:
             loads = self.routing.routers[role].loads
             out[role] = {w: loads.view(w).active_requests for w in loads.workers}
         return out
-
-    def stats(self) -> ReplicaStats:
-        routing = self.routing
-        policy = routing.policy
-        return ReplicaStats(
-            replica=self.replica_id,
-            policy=PolicyView(policy.tau, policy.omega, policy.version, routing.regime),
-            workers={r: tuple(routing.workers(r)) for r in ROLES},
-            in_flight={r: routing.in_flight(r) for r in ROLES},
-            routed=routing.routed,
-            retries=routing.retries,
-            peers=tuple(self.peers.replicas()),
-            view_syncs=self.view_syncs,
-        )
 
 
 def peer_report(event: LoadEvent, now: float) -> PeerReport:

@@ -55,7 +55,6 @@ from cluster.ray.status import (
     AuctionStats,
     ControllerSnapshot,
     PoaSnapshot,
-    RegimeStep,
     ResplitOutcome,
     RouterStats,
 )
@@ -407,7 +406,7 @@ class ControllerActor:
             ticks=self.ticks,
             tick_errors=self.tick_errors,
             signals=dict(self.last_signals),
-            changes=tuple(RegimeStep.of(ch) for ch in c.changes[-MAX_CHANGES:]),
+            changes=tuple(c.changes[-MAX_CHANGES:]),
             dropped={**({} if bus is None else bus.dropped), **self.plausible.dropped},
             pools=None if self.pools is None else self.pools.snapshot(),
             resplits=tuple(resplitter.decisions[-MAX_DECISIONS:]) if resplitter else (),

@@ -27,8 +27,6 @@ __all__ = [
     "PoaSnapshot",
     "PolicyView",
     "PoolsSnapshot",
-    "RegimeStep",
-    "ReplicaStats",
     "ResplitOutcome",
     "ResplitStep",
     "RouterStats",
@@ -124,20 +122,6 @@ class RouterStats:
     dynamo: DynamoBinding | None = None
 
 
-@dataclass(frozen=True)
-class ReplicaStats:
-    """One ingress replica's own routing (``cluster.dataplane.replica``)."""
-
-    replica: str
-    policy: PolicyView
-    workers: Mapping[Role, tuple[int, ...]]
-    in_flight: Mapping[Role, int]
-    routed: int
-    retries: int
-    peers: tuple[str, ...]
-    view_syncs: int
-
-
 # -- the auction -----------------------------------------------------------------------------
 
 
@@ -213,24 +197,6 @@ class ResplitOutcome:
 
 
 @dataclass(frozen=True)
-class RegimeStep:
-    """A regime change as the snapshot lists it (``controller.RegimeChange``)."""
-
-    t: float
-    regime: str
-    tau: float
-    omega: float
-    ttft_p99_smoothed_s: float
-    version: int
-    cause: str
-
-    @classmethod
-    def of(cls, change: RegimeChange) -> RegimeStep:
-        return cls(change.t, change.regime.label, change.tau, change.omega,
-                   change.ttft_p99_smoothed_s, change.version, change.cause)  # fmt: skip
-
-
-@dataclass(frozen=True)
 class ControllerSnapshot:
     """The regime and policy, the version the router holds (``delivered_version``; ``pending``
     a push still owed), the detector's reading and thresholds, the last tick's ``signals``,
@@ -255,7 +221,7 @@ class ControllerSnapshot:
     ticks: int
     tick_errors: int
     signals: Mapping[str, float | None]
-    changes: tuple[RegimeStep, ...]
+    changes: tuple[RegimeChange, ...]
     dropped: Mapping[str, int]
     pools: PoolsSnapshot | None
     resplits: tuple[ResplitDecision, ...]

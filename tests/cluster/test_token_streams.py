@@ -248,9 +248,8 @@ def test_a_drain_does_not_wait_forever_for_a_consumer_that_never_closes(
             await worker.submit("r0.s", [_order("one", 2)])
             await _until_ended(frames, {"one"})
             reading = asyncio.ensure_future(anext(frames))  # reads on, never closes
-            started = time.monotonic()
             assert await asyncio.wait_for(worker.drain(10.0), 5.0) is True
-            assert time.monotonic() - started >= 0.2
+            assert worker.streams.attached == 1  # it ended without the acknowledgement
             assert (await reading).closing
             # A stream that opens after the drain is told at once, and refuses its orders.
             async with contextlib.aclosing(worker.frames("r1.s", 0.0)) as late:

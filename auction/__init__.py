@@ -18,7 +18,8 @@ Public API::
     pacing_welfare_bound(tree, values, bids)      (1/(n-1))·Σ_u L_u*(v)/κ_u
     Ledger(path)                                  exactly-once charges against budgets, on disk;
                                                   holds: reserve, capture, release
-    AdmissionQueue(AuctionSettings())             serve-mode admission: FCFS or auctioned batches
+    AdmissionQueue(AuctionSettings())             admission (service and simulator): FCFS or
+                                                  auctioned batches
     engine_priority(bid)                          the priority a request carries to the engines
 """
 
@@ -29,6 +30,8 @@ from auction.admission import (
     BatchOutcome,
     QueueFull,
     Release,
+    batch_seed,
+    prefill_slots_per_worker,
     split_payments,
 )
 from auction.ledger import (
@@ -100,6 +103,7 @@ __all__ = [
     "all_dfs_orders",
     "autobidder_regret",
     "average_ranks",
+    "batch_seed",
     "best_fixed_alpha",
     "build_radix_tree",
     "capped_alpha",
@@ -111,6 +115,7 @@ __all__ = [
     "pacing_kappa",
     "pacing_welfare_bound",
     "positions",
+    "prefill_slots_per_worker",
     "prefix_reuse",
     "priorities",
     "realised_welfare",

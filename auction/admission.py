@@ -21,6 +21,9 @@ requests R_i in the batch in proportion to their bids:
 
 Since p_i ≤ V_i(σ*) ≤ Σ_{r∈R_i} b_r, each p_r ≤ b_r (clamped against float rounding), so a hold
 of b_r always covers the request's share. The other schedulers charge nothing.
+
+The live service (``cluster.ray.auction_actor``) and the virtual-time simulator
+(``cluster.sim.admission.AuctionAdmission``) both run this queue: they release and price alike.
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from auction.priority import take_batch
 from auction.request import Request
@@ -46,6 +50,8 @@ __all__ = [
     "BatchOutcome",
     "QueueFull",
     "Release",
+    "batch_seed",
+    "prefill_slots_per_worker",
     "split_payments",
 ]
 
@@ -129,6 +135,26 @@ class BatchOutcome:
         return float(sum(self.payments.values()))
 
 
+def batch_seed(seed: int, batch: int) -> int:
+    """Batch ``batch``'s own seed for the neutral ties of the bid-blind schedulers, from
+    (``seed``, ``batch``): no two batches of a run share a tie order, and a run replays from its
+    seed."""
+    return int(np.random.SeedSequence([seed, batch]).generate_state(1)[0])
+
+
+def prefill_slots_per_worker(requests_per_iteration: int) -> int:
+    """The share of ``max_in_prefill`` one prefill worker warrants: twice what one of its
+    iterations takes, the batch running and the next one waiting. Fewer and the engine idles
+    between iterations (a batch forms only from what was released before it starts); more and
+    the queue leaves the auction for the engine, where only paying versus non-paying counts
+    (docs/design.md §1, "Priority reaches the engine")."""
+    if type(requests_per_iteration) is not int or requests_per_iteration < 1:
+        raise ValueError(
+            f"requests_per_iteration must be an int >= 1, got {requests_per_iteration!r}"
+        )
+    return 2 * requests_per_iteration
+
+
 @dataclass(frozen=True)
 class _Queued:
     request: Request
@@ -157,9 +183,16 @@ def split_payments(payments: Mapping[str, float], requests: Iterable[Request]) -
 class AdmissionQueue:
     """The queue in front of the router (module docstring). Not thread-safe: one owner."""
 
-    def __init__(self, settings: AuctionSettings, *, batch_prefix: str = "batch") -> None:
+    def __init__(
+        self, settings: AuctionSettings, *, batch_prefix: str = "batch", seed: int = 0
+    ) -> None:
+        """``seed`` seeds the bid-blind schedulers' neutral ties: batch k draws from
+        ``batch_seed(seed, k)``."""
         if not isinstance(batch_prefix, str) or not batch_prefix:
             raise ValueError(f"batch_prefix must be a non-empty string, got {batch_prefix!r}")
+        if type(seed) is not int or seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+        self.seed = seed
         self.settings = settings
         self.batch_prefix = batch_prefix
         self.regime: str = "below"
@@ -206,7 +239,12 @@ class AdmissionQueue:
     # -- events --------------------------------------------------------------------------------
 
     def enqueue(
-        self, request_id: str, user: str, bid: float, tokens: Sequence[int], now: float
+        self,
+        request_id: str,
+        user: str,
+        bid: float,
+        tokens: Sequence[int] | npt.NDArray[np.integer[Any]],
+        now: float,
     ) -> None:
         """Queue a request. Raises ``QueueFull`` at ``max_queue``, ``ValueError`` for a bad
         bid, user or prompt (``auction.Request``'s checks) or an id already queued or in
@@ -279,9 +317,11 @@ class AdmissionQueue:
 
     def _batch_due(self, now: float) -> bool:
         oldest = next(iter(self._waiting.values()))
+        # The same sum as next_deadline's: a wake-up at that deadline must find the batch due
+        # (now - arrived can round below the window and leave a caller waking forever).
         return (
             len(self._waiting) >= self.settings.batch_size
-            or now - oldest.arrived >= self.settings.batch_window_s
+            or now >= oldest.arrived + self.settings.batch_window_s
         )
 
     def _form_batch(self, now: float) -> None:
@@ -289,8 +329,9 @@ class AdmissionQueue:
             list(self._waiting.values()), lambda q: q.request.bid, self.settings.batch_size
         )
         batch = [self._waiting.pop(q.request.id).request for q in taken]
-        # The batch's number seeds the neutral ties of the bid-blind baselines: batches differ.
-        result = run_auction(batch, self.settings.scheduler, seed=self.batches)
+        result = run_auction(
+            batch, self.settings.scheduler, seed=batch_seed(self.seed, self.batches)
+        )
         shares = split_payments(result.payments, batch)
         number = self.batches
         self.batches += 1

@@ -11,12 +11,15 @@ calibration workload's value model) and the rest of the traffic is anonymous (bi
 on the same requests (same seed):
 
 - ``fcfs``: the engines' first-come queues, everything released at once, bids ignored;
-- ``priority``: the service's admission. The auction (``dfs-bid``, batches of 32 as the
-  service's default, VCG prices) cuts its batches paying requests first
-  (``auction.priority.batch_members``) and releases while fewer than one prefill iteration's
-  requests (``next_iteration_slots``) wait at the engines unstarted, so the queue beyond what
-  the engines can start soon stays in front of the auction; the engines' queues are ordered by
-  ``auction.engine_priority`` (docs/design.md §1, "Priority reaches the engine").
+- ``priority``: the service's admission, the very queue its auction runs
+  (``auction.AdmissionQueue`` with the service's default settings: ``dfs-bid``, batches of 32
+  formed within 50 ms, VCG prices split over a user's requests by bid). It cuts its batches
+  paying requests first (``auction.priority.batch_members``) and releases while fewer than
+  ``max_in_prefill`` released requests lack a first token, derived as the service derives it
+  (``auction.prefill_slots_per_worker``: two prefill iterations' requests per prefill worker),
+  so the queue beyond what the engines can start soon stays in front of the auction; the
+  engines' queues are ordered by ``auction.engine_priority`` (docs/design.md §1, "Priority
+  reaches the engine").
 
 Per user, over the requests that arrived in the measured window (after the ramp): TTFT P50/P99,
 mean queue wait (arrival → release), payment per request, and how many never got a first token
@@ -27,11 +30,11 @@ FCFS, and payment per request non-decreasing in the users' bid scale (a VCG pric
 order may break it; the report then shows the users and numbers) with some bidder paying.
 
 What it shows (3 seeds, 60 s). Anonymous traffic waits in front of the auction (4.8 s on average
-before its release) while bidders wait about half a second: the top bidder's TTFT is 0.45×
-anonymous's at P50 and 0.41× at P99 on 1P/5D (C = 391, 3.36 vs 7.55 s at P50), 0.43× and 0.44×
-on 2P/4D (C = 783, 3.22 vs 7.51 s), at 0.98× and 1.00× FCFS's throughput; what the bidders gain,
+before its release) while bidders wait about half a second: the top bidder's TTFT is 0.44×
+anonymous's at P50 and 0.42× at P99 on 1P/5D (C = 391, 3.35 vs 7.54 s at P50), 0.42× and 0.44×
+on 2P/4D (C = 783, 3.18 vs 7.49 s), at 1.00× and 0.99× FCFS's throughput; what the bidders gain,
 anonymous traffic loses (its P50 rises from 6.2 s under FCFS to 7.5 s). Payment per request
-rises with the bid (gold / silver / bronze 0.65 / 0.093 / 0.003 on 1P/5D, 0.64 / 0.12 / 0.002 on
+rises with the bid (gold / silver / bronze 0.70 / 0.081 / 0.003 on 1P/5D, 0.69 / 0.12 / 0.002 on
 2P/4D). Bidders all gain about alike: paying requests form batches only with each other, and
 among them the oldest go first. Releasing everything at once and leaving the queue to the
 engines buys the top bidder more (0.24× at P50 on 1P/5D: a late bidder joins the very next
@@ -59,6 +62,7 @@ if not __package__:  # run as a file: bench/ must not shadow the project's packa
 
 import numpy as np
 
+from auction import prefill_slots_per_worker
 from bench.common import add_output_flags, at_least, at_most, emit, holds, ratio, verdict
 from cluster.progress import progress_bar
 from cluster.sim.admission import Admission, AuctionAdmission, FcfsAdmission
@@ -73,8 +77,6 @@ PROFILE = "b200-llama70b-fp8-tp4"
 DEPLOYMENTS = ("1P/5D", "2P/4D")
 OVERLOAD = 2.0  # clients per client the deployment serves with no queue (saturation_concurrency)
 RAMP_S = 10.0
-BATCH_SIZE = 32  # the service's defaults (auction.AuctionSettings): batches of 32 requests,
-BATCH_WINDOW_S = 0.05  # formed at most 50 ms after their oldest request arrived
 # user: (share of requests, bid scale). The scales span two orders of magnitude; the shares
 # leave most of the load anonymous, the traffic the paying users must not wait behind.
 USERS: Mapping[str, tuple[float, float]] = {
@@ -121,14 +123,6 @@ def full_prefill_batch() -> tuple[int, float]:
     return batch, pm.iteration_s([(new, w.template_tokens)] * batch)
 
 
-def next_iteration_slots(deployment: str) -> int:
-    """What the prefill workers can start at their next iteration, n_P · B: the priority arm
-    releases while fewer wait routed and unstarted, as the service releases while fewer than
-    twice that (the batch running and the next) lack a first token
-    (``ServeConfig.prefill_slots_per_worker``)."""
-    return Topology.parse(deployment).prefill * full_prefill_batch()[0]
-
-
 class ScaledBids:
     """The calibration workload's requests with each bidder's bid scaled by its ``USERS`` scale."""
 
@@ -146,10 +140,8 @@ def one_run(deployment: str, arm: str, seed: int, seconds: float) -> list[Reques
     """The records of one closed-loop run of ``arm`` (``fcfs`` or ``priority``)."""
     admission: Admission
     if arm == "priority":
-        admission = AuctionAdmission(
-            BATCH_SIZE, "dfs-bid", next_iteration_slots(deployment), seed=seed,
-            batch_window_s=BATCH_WINDOW_S,
-        )  # fmt: skip
+        per_worker = prefill_slots_per_worker(load_profile(PROFILE).prefill.max_batch_requests)
+        admission = AuctionAdmission(seed=seed, slots_per_prefill_worker=per_worker)
         cluster = SimCluster(load_profile(PROFILE), deployment, seed=seed, admission=admission)
     else:
         admission = FcfsAdmission()

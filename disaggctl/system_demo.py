@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from auction import prefill_slots_per_worker
 from cluster.progress import progress_bar
 from cluster.sim.admission import AuctionAdmission
 from cluster.sim.control import TickSample
@@ -53,7 +54,6 @@ PHASES = (
     NamedPhase("after", Phase(45.0, 48, ramp=1.0)),
 )
 BIDDERS = {"gold": 0.05, "silver": 0.05, "bronze": 0.05}
-AUCTION_BATCH = 32
 STATUS_EVERY_S = 10  # without a bar, one status line per this many simulated seconds
 
 POA_MARK = "†"
@@ -119,7 +119,9 @@ def run(
         elif not quiet and round(sample.t) % STATUS_EVERY_S == 0:
             print(f"t={sample.t:5.0f}s {status_line(sample)}", file=sys.stderr)
 
-    admission = AuctionAdmission(AUCTION_BATCH, "dfs-bid", release_while_backlog_below=8)
+    # The service's admission with its defaults, its bound derived as the service derives it.
+    per_worker = prefill_slots_per_worker(profile.prefill.max_batch_requests)
+    admission = AuctionAdmission(seed=seed, slots_per_prefill_worker=per_worker)
     source = template_source(profile, seed, bidders=BIDDERS)
     result = run_scenario(
         profile,

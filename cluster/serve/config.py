@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
+from auction import prefill_slots_per_worker
 from cluster.dataplane.settings import AdmissionSettings, RoutingSettings
 from cluster.dynamo.settings import DynamoSettings
 from cluster.ledger.location import MAX_URL_CHARS, SCHEMA_PATTERN, check_postgres_url
@@ -119,17 +120,14 @@ class ServeConfig(StrictModel):
 
     def prefill_slots_per_worker(self) -> int:
         """Released requests each prefill worker may hold without a first token when the
-        auction's ``max_in_prefill`` is derived: twice what one prefill iteration takes (the
-        profile's ``max_batch_requests``; Dynamo's ``max_num_seqs``, 256 by default in the
-        mocker and vLLM), the batch running and the next one waiting. Fewer and the engine
-        idles between iterations (a batch forms only from what was released before it starts);
-        more and the queue leaves the auction for the engine, where only paying versus
-        non-paying counts (docs/design.md §1, "Priority reaches the engine")."""
+        auction's ``max_in_prefill`` is derived (``auction.prefill_slots_per_worker``) from what
+        one of its iterations takes: the profile's ``max_batch_requests``; Dynamo's
+        ``max_num_seqs``, 256 by default in the mocker and vLLM."""
         if self.backend == "dynamo":
             per_iteration = self.dynamo.max_num_seqs or DYNAMO_DEFAULT_MAX_NUM_SEQS
         else:
             per_iteration = load_profile(self.profile).prefill.max_batch_requests
-        return 2 * per_iteration
+        return prefill_slots_per_worker(per_iteration)
 
 
 DEFAULT_CONFIG = ServeConfig()

@@ -1,61 +1,32 @@
-"""The admission stage in front of the workers: FCFS pass-through, or auctioned batches.
+"""The admission stage in front of the simulated workers: the service's own queue, in virtual time.
 
-Both stages release a request to the router only while the cluster's backlog (requests routed
-but not yet started by any worker) is below ``release_while_backlog_below``:
+``AuctionAdmission`` runs ``auction.AdmissionQueue``, the queue the live service's auction runs
+(``cluster.ray.auction_actor``), fed by the simulator's events as the service feeds it by its
+own: an arrival enqueues the request, its first token frees its prefill slot, and the
+controller's regime (``set_regime``, when one runs) switches it between FCFS and auctions. The
+simulator and the service therefore release by one rule and price by one rule
+(``auction/admission.py``): at most ``max_in_prefill`` released requests without a first token;
+arrival order while the regime is ``below`` and fewer than ``queue_threshold`` wait; otherwise
+batches cut paying requests first and auctioned, each user's VCG price split over its requests
+in proportion to their bids.
 
-- ``None`` releases everything at once: the workers' own queues hold the requests, in the order
-  admission released them (``FcfsAdmission``'s default: today's engines).
-- ``1`` (``AuctionAdmission``'s default) releases a request only when no routed request waits
-  unstarted, so the workers start requests exactly in auction order and the queue (not the
-  workers) holds everything that waits: a later arrival with a higher bid can still be auctioned
-  ahead of every request that has not left the queue. It also admits at most one new request
-  per worker iteration (each start frees the slot for the next release), which a saturated
-  queue pays for in TTFT.
-- k > 1 keeps up to k routed requests waiting at the workers: they can start several per
-  iteration, and the queue keeps the rest.
-
-For a queue that is all there at once (``cluster.sim.auction_queue``) ``None`` is the engine's
-behaviour: a batch's order is handed to the worker, which starts its requests in that order as
-memory frees.
-
-``AuctionAdmission`` holds the queue, auctions it in batches of up to n (paying requests first,
-then arrival order: ``auction.priority.batch_members``, as the service cuts its batches) and
-releases each batch in auction order; for ``dfs-bid`` each request carries its user's VCG payment
-share.
+``FcfsAdmission`` is the stage's absence: every request is released on arrival and the engines'
+own queues hold what waits, as engines without an auction in front do.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections import deque
 from typing import TYPE_CHECKING
 
-import numpy as np
-
-from auction import Request, get_scheduler, run_auction
-from auction.priority import take_batch
+from auction.admission import SETTING_BOUNDS, AdmissionQueue, AuctionSettings
 from telemetry import metrics
 
 if TYPE_CHECKING:
     from cluster.sim.cluster import SimCluster, SimRequest
-
-DEFAULT_AUCTION_RELEASE_WHILE_BACKLOG_BELOW = 1
-
-
-def backlog_limit(value: int | None) -> int | None:
-    """``release_while_backlog_below``, checked: an integer >= 1, or None (no limit)."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(
-            "release_while_backlog_below must be an integer >= 1 (or None: no limit), "
-            f"got {value!r}"
-        )
-    return value
-
-
-def batch_seed(seed: int, batch: int) -> int:
-    """A batch's own seed for the neutral ties of the bid-blind schedulers, from (seed, batch):
-    no two batches of a run share a tie order, and a run replays from its seed."""
-    return int(np.random.SeedSequence([seed, batch]).generate_state(1)[0])
+    from cluster.sim.records import RequestRecord
 
 
 class Admission(ABC):
@@ -75,12 +46,14 @@ class Admission(ABC):
     def depth(self) -> int:
         """Requests waiting in the admission queue."""
 
+    def set_regime(self, regime: str) -> None:  # noqa: B027  (a stage without modes ignores it)
+        """The controller's regime label (``Regime.label``)."""
+
 
 class FcfsAdmission(Admission):
-    """Arrival order; ``release_while_backlog_below`` (default ``None``: no limit) as above."""
+    """No admission stage: each request is routed the moment it arrives."""
 
-    def __init__(self, release_while_backlog_below: int | None = None) -> None:
-        self.release_while_backlog_below = backlog_limit(release_while_backlog_below)
+    def __init__(self) -> None:
         self.waiting: deque[SimRequest] = deque()
 
     @property
@@ -91,79 +64,99 @@ class FcfsAdmission(Admission):
         self.waiting.append(request)
 
     def on_progress(self, now: float) -> None:
-        limit = self.release_while_backlog_below
-        while self.waiting and (limit is None or self.cluster.backlog < limit):
+        while self.waiting:
             self.cluster.release(self.waiting.popleft())
 
 
 class AuctionAdmission(Admission):
-    """Auctioned batches of up to ``batch_size``, released in auction order.
+    """``auction.AdmissionQueue`` under ``settings`` (the service's defaults unless given),
+    driven by the simulator (module docstring). Batch k of the bid-blind schedulers draws its
+    neutral ties from ``auction.batch_seed(seed, k)``.
 
-    When the current batch is used up and requests wait, the next ``batch_size`` of them (paying
-    ones first, then by arrival: ``batch_members``) are ordered by ``scheduler``; its requests
-    then leave one at a time while the backlog is below ``release_while_backlog_below`` (default
-    1: the workers start the batch in auction order, one new request per iteration; ``None``:
-    the whole batch at once). Below saturation
-    nothing waits and a batch is a single request: FCFS pass-through. Batch k of the bid-blind
-    schedulers draws its neutral ties from ``batch_seed(seed, k)``.
+    With ``slots_per_prefill_worker`` (``auction.prefill_slots_per_worker`` of the profile's
+    batch, as the service derives it) ``max_in_prefill`` is that many per serving prefill
+    worker, following re-splits (at least 1); without, ``settings.max_in_prefill`` holds.
 
-    ``batch_window_s`` (default 0: a batch forms as soon as one may) is the service's
-    ``batch_window_ms`` (``auction.AuctionSettings``): a batch forms once ``batch_size`` requests
-    wait or the oldest has waited that long, so requests that arrive close together compete in
-    one auction even when each could leave at once.
-
-    ``planned`` lists the request ids in the order the auctions put them, batch after batch.
+    ``planned`` lists the request ids in the order the auctions put them, batch after batch;
+    ``revenue`` sums the users' VCG prices; each record's ``batch_id`` is its batch's number.
     """
 
     def __init__(
         self,
-        batch_size: int,
-        scheduler: str = "dfs-bid",
-        release_while_backlog_below: int | None = DEFAULT_AUCTION_RELEASE_WHILE_BACKLOG_BELOW,
+        settings: AuctionSettings | None = None,
         *,
         seed: int = 0,
-        batch_window_s: float = 0.0,
+        slots_per_prefill_worker: int | None = None,
     ) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if not 0.0 <= batch_window_s <= 60.0:  # the service's bound on batch_window_ms
-            raise ValueError(f"batch_window_s must be in [0, 60], got {batch_window_s!r}")
-        self.batch_window_s = float(batch_window_s)
-        self._arrived: deque[float] = deque()  # the waiting requests' arrival times
+        if slots_per_prefill_worker is not None and (
+            type(slots_per_prefill_worker) is not int or slots_per_prefill_worker < 1
+        ):
+            raise ValueError(
+                f"slots_per_prefill_worker must be an int >= 1, got {slots_per_prefill_worker!r}"
+            )
+        self.per_worker = slots_per_prefill_worker
+        self.queue = AdmissionQueue(settings or AuctionSettings(), seed=seed)
+        self._requests: dict[str, SimRequest] = {}
         self._wake_at: float | None = None
-        get_scheduler(scheduler)  # an unknown name fails here, not mid-run
-        self.release_while_backlog_below = backlog_limit(release_while_backlog_below)
-        self.batch_size = batch_size
-        self.scheduler = scheduler
-        self.seed = seed
-        self.waiting: deque[SimRequest] = deque()
-        self.ordered: deque[tuple[SimRequest, int, float]] = deque()
+        self._numbers: dict[str, int] = {}  # batch id -> its number (records carry the number)
         self.planned: list[str] = []
-        self.batches = 0
         self.revenue = 0.0
-        self._arrivals = 0
+
+    def attach(self, cluster: SimCluster) -> None:
+        super().attach(cluster)
+        cluster.first_token_listeners.append(self._first_token)
 
     @property
     def depth(self) -> int:
-        return len(self.waiting) + len(self.ordered)
+        return self.queue.depth
+
+    @property
+    def batches(self) -> int:
+        return self.queue.batches
 
     def enqueue(self, request: SimRequest) -> None:
-        self.waiting.append(request)
-        self._arrived.append(self.cluster.now)
+        self.queue.enqueue(
+            request.request_id, request.user, request.bid, request.tokens, self.cluster.now
+        )
+        self._requests[request.request_id] = request
+
+    def set_regime(self, regime: str) -> None:
+        if regime != self.queue.regime:
+            self.queue.set_regime(regime)
+            self.on_progress(self.cluster.now)
+
+    @property
+    def settings(self) -> AuctionSettings:
+        return self.queue.settings
 
     def on_progress(self, now: float) -> None:
-        limit = self.release_while_backlog_below
-        while limit is None or self.cluster.backlog < limit:
-            if not self.ordered:
-                if not self.waiting:
-                    return
-                due = self._arrived[0] + self.batch_window_s
-                if len(self.waiting) < self.batch_size and now < due:
-                    self._wake(due)
-                    return
-                self._auction_next_batch()
-            request, batch_id, payment = self.ordered.popleft()
-            self.cluster.release(request, batch_id=batch_id, payment=payment)
+        self._follow_prefill_pool()
+        releases = self.queue.releasable(now)
+        for outcome in self.queue.pop_batches():
+            self._numbers[outcome.batch_id] = outcome.number
+            self.planned.extend(outcome.order)
+            self.revenue += outcome.revenue
+            metrics.AUCTION_WELFARE.set(outcome.welfare)
+            metrics.AUCTION_REVENUE.inc(outcome.revenue)
+        for release in releases:
+            request = self._requests.pop(release.request_id)
+            batch = None if release.batch_id is None else self._numbers[release.batch_id]
+            self.cluster.release(request, batch_id=batch, payment=release.payment)
+        deadline = self.queue.next_deadline()
+        if deadline is not None:
+            self._wake(deadline)
+
+    def _follow_prefill_pool(self) -> None:
+        if self.per_worker is None:
+            return
+        low, high = SETTING_BOUNDS["max_in_prefill"]
+        serving = len(self.cluster.views.workers("prefill"))
+        bound = int(min(max(self.per_worker * serving, low), high))
+        if bound != self.queue.settings.max_in_prefill:
+            self.queue.settings = dataclasses.replace(self.queue.settings, max_in_prefill=bound)
+
+    def _first_token(self, record: RequestRecord) -> None:
+        self.queue.slot_freed(record.request_id)
 
     def _wake(self, at: float) -> None:
         """Call ``on_progress`` when the oldest request's window ends (once per deadline)."""
@@ -176,34 +169,4 @@ class AuctionAdmission(Admission):
                 self._wake_at = None
                 self.on_progress(self.cluster.now)
 
-        self.cluster.loop.after(at - self.cluster.now, wake)
-
-    def _auction_next_batch(self) -> None:
-        taken, kept = take_batch(
-            list(zip(self.waiting, self._arrived, strict=True)), lambda w: w[0].bid,
-            self.batch_size,
-        )  # fmt: skip
-        take = [r for r, _ in taken]
-        self.waiting = deque(r for r, _ in kept)
-        self._arrived = deque(t for _, t in kept)
-        batch = [
-            Request(r.request_id, r.user, r.tokens, r.bid, arrival=self._arrivals + k)
-            for k, r in enumerate(take)
-        ]
-        self._arrivals += len(take)
-        batch_id = self.batches
-        result = run_auction(batch, self.scheduler, seed=batch_seed(self.seed, batch_id))
-        by_id = {r.request_id: r for r in take}
-        owned: dict[str, int] = {}
-        for r in take:
-            owned[r.user] = owned.get(r.user, 0) + 1
-        self.batches += 1
-        self.revenue += result.revenue
-        self.planned.extend(result.order)
-        metrics.AUCTION_WELFARE.set(result.welfare)
-        metrics.AUCTION_REVENUE.inc(result.revenue)
-        for rid in result.order:
-            r = by_id[rid]
-            # A user's payment is split evenly over its requests in the batch, for per-request
-            # accounting; the user's total is exactly its VCG payment.
-            self.ordered.append((r, batch_id, result.payments.get(r.user, 0.0) / owned[r.user]))
+        self.cluster.loop.after(max(at - self.cluster.now, 0.0), wake)

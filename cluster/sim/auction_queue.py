@@ -16,12 +16,12 @@ The simulator then says when each request's first token came out, and from that:
 The planned order is a proxy: the engine starts several requests in one iteration, the KV cache
 decides how much of each prompt is recomputed, so a request planned early may be answered late.
 
-``release_while_backlog_below`` is admission's release rule (``cluster.sim.admission``): the
-default ``None`` gives the worker the whole planned order at once, as an engine's waiting queue
-holds it, and the worker starts requests in that order as its batch and KV memory allow. ``1``
-throttles the worker to one new request per iteration (the order is then kept exactly, and
-TTFTs never tie). The worker serves its queue first-come (no engine priority), so what is
-compared is the schedulers' orders alone.
+``max_in_prefill`` is admission's release bound (the service's queue, ``cluster.sim.admission``):
+the default ``None`` (all Q) gives the worker the whole planned order at once, as an engine's
+waiting queue holds it, and the worker starts requests in that order as its batch and KV memory
+allow. ``1`` lets one request at a time through prefill, the next released at the previous
+one's first token (the order is then kept exactly, and TTFTs never tie). The worker serves its
+queue first-come (no engine priority), so what is compared is the schedulers' orders alone.
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ import numpy as np
 
 from auction import (
     AuctionResult,
+    AuctionSettings,
     Request,
+    batch_seed,
     get_scheduler,
     realised_welfare_pct_above_half,
     run_auction,
@@ -41,7 +43,7 @@ from auction import (
     welfare_pct_above_half,
 )
 from auction.priority import take_batch
-from cluster.sim.admission import AuctionAdmission, batch_seed
+from cluster.sim.admission import AuctionAdmission
 from cluster.sim.cluster import SimCluster
 from cluster.sim.profile import HardwareProfile, load_profile
 from cluster.sim.records import percentile, summarize
@@ -68,7 +70,7 @@ class QueueResult:
     profile: str
     topology: str
     seed: int
-    release_while_backlog_below: int | None
+    max_in_prefill: int | None
     realised_welfare_pct: float
     planned_welfare_pct: float
     batch_planned_welfare_pct: float
@@ -153,7 +155,7 @@ def simulate_queue(
     profile: str | HardwareProfile = "h100-32b",
     topology: str = SINGLE_WORKER,
     seed: int = 0,
-    release_while_backlog_below: int | None = None,
+    max_in_prefill: int | None = None,
 ) -> QueueResult:
     """Put ``workload`` (Q requests, all there at t = 0) through ``scheduler_name`` in batches of
     ``batch_size`` on the simulator; see the module docstring for what is measured.
@@ -167,7 +169,16 @@ def simulate_queue(
     if not workload.requests:
         raise ValueError("the workload has no requests")
     hardware = profile if isinstance(profile, HardwareProfile) else load_profile(profile)
-    admission = AuctionAdmission(batch_size, scheduler_name, release_while_backlog_below, seed=seed)
+    queued = len(workload.requests)
+    settings = AuctionSettings(
+        batch_size=batch_size,
+        scheduler=scheduler_name,
+        batch_window_ms=0.0,  # the whole queue is there at t = 0: nothing to wait for
+        queue_threshold=0,  # every request is auctioned, the first batch too
+        max_in_prefill=queued if max_in_prefill is None else max_in_prefill,
+        max_queue=max(queued, AuctionSettings.max_queue),
+    )
+    admission = AuctionAdmission(settings, seed=seed)
     # A first-come worker: the experiment compares the schedulers' orders, which the engines'
     # priority (bidders before non-payers, docs/design.md §1) would partly redo for them.
     cluster = SimCluster(
@@ -202,7 +213,7 @@ def simulate_queue(
         profile=hardware.name,
         topology=str(topology),
         seed=seed,
-        release_while_backlog_below=release_while_backlog_below,
+        max_in_prefill=max_in_prefill,
         realised_welfare_pct=realised_welfare_pct_above_half(bids, ttft),
         planned_welfare_pct=welfare_pct_above_half(welfare(planned, bids), bids),
         batch_planned_welfare_pct=float(np.mean(batch_pcts)),

@@ -188,6 +188,8 @@ class ControlLoop:
             )
             detector = self.controller.detector
             regime, p99, smoothed = int(detector.regime), detector.last_p99, detector.smoothed_p99
+            # As the service's controller tells its auction: the regime decides FCFS or auction.
+            self.cluster.admission.set_regime(detector.regime.label)
         else:
             regime, p99, smoothed = 0, None, None
         policy = self.cluster.policy

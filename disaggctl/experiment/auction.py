@@ -98,7 +98,7 @@ def plan(settings: Settings) -> Plan:
         "one bidding cluster (n = Q)": "the largest cluster bids 1 + Pareto(1.5), the rest 0; "
         "every workload",
         "admission": "the whole planned order handed to the worker at once "
-        "(release_while_backlog_below = None)",
+        "(the service's admission queue, max_in_prefill = Q)",
         "trials (seeds: workload, ties, simulator)": list(settings.seeds),
     }
     jobs = []

@@ -119,6 +119,18 @@ def test_the_batch_window_releases_a_partial_batch() -> None:
         queue.set_regime("panic")
 
 
+@given(arrived=st.floats(0.0, 1e6), window_ms=st.floats(0.0, 60_000.0))
+def test_a_wake_up_at_the_deadline_finds_the_batch_due(arrived: float, window_ms: float) -> None:
+    """A caller that sleeps until ``next_deadline`` and calls ``releasable`` then must get the
+    batch, whatever the rounding of arrival + window (else it would wake forever)."""
+    queue = _queue(batch_size=32, batch_window_ms=window_ms)
+    queue.set_regime("saturated")
+    _fill(queue, "a", now=arrived)
+    deadline = queue.next_deadline()
+    assert deadline is not None
+    assert _ids(queue.releasable(deadline)) == ["a"] and queue.next_deadline() is None
+
+
 def test_slots_bound_what_is_released_without_a_first_token() -> None:
     queue = _queue(batch_size=4, max_in_prefill=2)
     queue.set_regime("saturated")

@@ -21,7 +21,7 @@ def test_one_run_reports_every_figure(long_trees) -> None:
     r = simulate_queue(long_trees, "dfs-bid", 39, seed=0)
     assert isinstance(r, QueueResult)
     assert (r.queue_size, r.batch_size, r.batches, r.topology) == (117, 39, 3, "0P/1D")
-    assert r.profile == "h100-32b" and r.release_while_backlog_below is None
+    assert r.profile == "h100-32b" and r.max_in_prefill is None
     assert 0.0 < r.cache_hit_rate < 1.0
     assert 0.0 < r.mean_ttft_s <= r.p99_ttft_s <= r.makespan_s
     assert r.revenue > 0.0
@@ -44,7 +44,7 @@ def test_released_one_at_a_time_the_realised_order_is_the_plan(long_trees) -> No
     in the planned order, so the realised welfare is the planned welfare; with n = Q the plan is
     one batch."""
     for scheduler in SCHEDULERS:
-        r = simulate_queue(long_trees, scheduler, 117, release_while_backlog_below=1)
+        r = simulate_queue(long_trees, scheduler, 117, max_in_prefill=1)
         assert r.realised_welfare_pct == pytest.approx(r.planned_welfare_pct, abs=1e-9)
         assert r.batch_planned_welfare_pct == pytest.approx(r.planned_welfare_pct, abs=1e-9)
 
@@ -75,8 +75,8 @@ def test_bad_arguments_fail_before_the_run(long_trees) -> None:
         simulate_queue(long_trees, "fifo", 8)
     with pytest.raises(ValueError, match="batch_size"):
         simulate_queue(long_trees, "dfs-bid", 0)
-    with pytest.raises(ValueError, match="release_while_backlog_below"):
-        simulate_queue(long_trees, "dfs-bid", 8, release_while_backlog_below=0)
+    with pytest.raises(ValueError, match="max_in_prefill"):
+        simulate_queue(long_trees, "dfs-bid", 8, max_in_prefill=0)
     with pytest.raises(ValueError, match="unknown hardware profile"):
         simulate_queue(long_trees, "dfs-bid", 8, profile="nope")
 
@@ -85,7 +85,7 @@ def test_the_plan_without_the_simulator_is_the_admissions_plan() -> None:
     w = make_workload("mixshare-50", 100, users=8, seed=3, output_tokens=4)
     for scheduler in SCHEDULERS:
         plan = plan_queue(w, scheduler, 32, seed=5)
-        run = simulate_queue(w, scheduler, 32, seed=5, release_while_backlog_below=1)
+        run = simulate_queue(w, scheduler, 32, seed=5, max_in_prefill=1)
         assert len(plan.batches) == run.batches == 4
         assert plan.welfare_pct_above_half == pytest.approx(run.planned_welfare_pct, abs=1e-9)
         assert plan.batch_welfare_pct_above_half == pytest.approx(

@@ -10,6 +10,7 @@ from collections import defaultdict
 
 import pytest
 
+from auction import prefill_slots_per_worker
 from cluster.sim.admission import AuctionAdmission
 from cluster.sim.control import TickSample
 from cluster.sim.loadgen import Phase
@@ -65,7 +66,8 @@ def thresholds(profile) -> Thresholds:
 @pytest.fixture(scope="module")
 def ramp(profile, thresholds) -> tuple[ScenarioResult, AuctionAdmission, list[TickSample]]:
     """One adaptive run through the ramp with auctioned admission (about 1 s)."""
-    admission = AuctionAdmission(32, "dfs-bid", release_while_backlog_below=8)
+    per_worker = prefill_slots_per_worker(profile.prefill.max_batch_requests)
+    admission = AuctionAdmission(slots_per_prefill_worker=per_worker)
     ticks: list[TickSample] = []
     result = run_scenario(
         profile,

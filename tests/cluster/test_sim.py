@@ -3,7 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cluster.sim.admission import AuctionAdmission, FcfsAdmission
+from auction import AuctionSettings
+from cluster.sim.admission import AuctionAdmission
 from cluster.sim.cluster import SimCluster, SimRequest, Topology, sim_requests
 from cluster.sim.loadgen import ClosedLoop, OpenLoop, Phase
 from cluster.sim.loop import EventLoop
@@ -84,7 +85,9 @@ def test_dfs_order_hits_the_cache_at_least_as_often_as_any_other_order() -> None
     hit_rate = {}
     for scheduler in ("dfs-bid", "dfs-uniform", "bid-sort", "no-sort"):
         cluster = SimCluster(
-            profile, "0P/1D", seed=0, admission=AuctionAdmission(len(batch), scheduler)
+            profile, "0P/1D", seed=0, admission=AuctionAdmission(
+                AuctionSettings(batch_size=len(batch), scheduler=scheduler, queue_threshold=0)
+            ),
         )
         cluster.submit_many(sim_requests(batch, output_tokens=8))
         cluster.loop.run()
@@ -99,26 +102,13 @@ def test_dfs_order_hits_the_cache_at_least_as_often_as_any_other_order() -> None
 def test_auction_admission_charges_vcg_and_orders_batches() -> None:
     profile = load_profile("h100-32b")
     batch = make_workload("mixshare-50", 24, users=4, seed=1).requests
-    admission = AuctionAdmission(8, "dfs-bid")
+    admission = AuctionAdmission(AuctionSettings(batch_size=8, queue_threshold=0))
     cluster = SimCluster(profile, "0P/1D", seed=0, admission=admission)
     cluster.submit_many(sim_requests(batch, output_tokens=4))
     cluster.loop.run()
     assert admission.batches == 3
     assert sum(r.payment for r in cluster.records) == pytest.approx(admission.revenue)
     assert {r.batch_id for r in cluster.records} == {0, 1, 2}
-
-
-def test_fcfs_admission_throttles_on_backlog() -> None:
-    profile = load_profile(PROFILE)
-    cluster = SimCluster(
-        profile, "1P/2D", seed=0, admission=FcfsAdmission(release_while_backlog_below=2)
-    )
-    source = TemplateSource(seed=0, output_tokens=4)
-    cluster.submit_many([source() for _ in range(10)])
-    # The idle prefill worker starts the first at once; two more wait there; seven stay queued.
-    assert cluster.admission.depth == 7 and cluster.backlog == 2
-    cluster.loop.run()
-    assert cluster.admission.depth == 0 and all(r.status == "ok" for r in cluster.records)
 
 
 def test_topologies_parse_and_reject_nonsense() -> None:
@@ -147,11 +137,11 @@ def test_bad_profiles_fail_at_load_time_naming_the_field(tmp_path) -> None:
 
 def test_admission_settings_are_validated() -> None:
     with pytest.raises(ValueError, match="unknown scheduler 'lottery'"):
-        AuctionAdmission(8, "lottery")
+        AuctionAdmission(AuctionSettings(scheduler="lottery"))
     with pytest.raises(ValueError, match="batch_size"):
-        AuctionAdmission(0)
-    with pytest.raises(ValueError, match="release_while_backlog_below"):
-        FcfsAdmission(release_while_backlog_below=0)
+        AuctionAdmission(AuctionSettings(batch_size=0))
+    with pytest.raises(ValueError, match="max_in_prefill"):
+        AuctionAdmission(AuctionSettings(max_in_prefill=0))
 
 
 def test_requests_are_validated() -> None:

@@ -31,13 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ratio
-from bench.openai_load import (
-    READY_TIMEOUT_S,
-    Sample,
-    closed_loop_over,
-    summarize,
-    wait_answering,
-)
+from bench.load_stats import Sample, summarize
+from bench.openai_load import READY_TIMEOUT_S, closed_loop_over, wait_answering
 from controller.detector import CALM_MULTIPLES
 
 CLIENTS = 64

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import os
@@ -44,8 +43,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +53,8 @@ if not __package__:  # run as a file: bench/ must not shadow the project's packa
 import numpy as np
 
 from bench.common import add_output_flags, at_least, at_most, emit, ratio, verdict
+from bench.completions_load import closed_loop, make_prompts, wait_ready
+from bench.load_stats import summarize
 
 TARGET_CLIENTS = 32
 P50_E2E_RATIO_MAX = 1.15  # full / bare, at TARGET_CLIENTS
@@ -65,8 +65,6 @@ CLIENTS = (1, 32, 256)
 QUICK_CLIENTS = (1, 32)
 PROMPTS = 512  # distinct prompts, sent in the same order to both systems
 BARE_APP = "bare"
-DRAIN_S = 20.0  # after a point, in-flight requests get this long to finish, then are cancelled
-REQUEST_TIMEOUT_S = 120.0
 
 log = logging.getLogger("bench.ingress")
 
@@ -126,124 +124,6 @@ async def _bare_sse(request_id: str, tokens: AsyncIterator[Any]) -> AsyncIterato
 # -- the load ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Sample:
-    started: float  # seconds since the point began
-    ended: float
-    status: int  # 200: answered to [DONE]; 598: an SSE error event; 599: transport error
-    ttft_s: float | None
-    e2e_s: float
-    chunks: int
-
-
-def make_prompts(n: int, seed: int) -> list[list[int]]:
-    """``n`` token-id prompts of the calibration workload's shape (chat template applied)."""
-    from cluster.model_dir import ChatTokenizer, default_model_dir
-    from disaggctl.load_client import PromptSource
-
-    tokenizer = ChatTokenizer.from_dir(default_model_dir())
-    source = PromptSource(seed)
-    return [tokenizer.encode_chat(source.messages()) for _ in range(n)]
-
-
-async def _one(client: Any, body: dict[str, Any], t_point: float) -> Sample:
-    import httpx
-
-    t0 = time.perf_counter()
-    ttft: float | None = None
-    chunks = 0
-    status = 599  # unless the stream gets to [DONE]
-    failed = False
-    try:
-        async with client.stream("POST", "/v1/completions", json=body) as resp:
-            if resp.status_code != 200:
-                await resp.aread()
-                status = resp.status_code
-            else:
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    if line == "data: [DONE]":
-                        status = 598 if failed else 200
-                        break
-                    choices = json.loads(line[6:]).get("choices")
-                    if choices is None:  # an SSE error event: the stream failed
-                        failed = True
-                        continue
-                    if choices and choices[0].get("text"):
-                        if ttft is None:
-                            ttft = time.perf_counter() - t0
-                        chunks += 1
-    except (httpx.HTTPError, json.JSONDecodeError):
-        status = 599
-    t1 = time.perf_counter()
-    return Sample(t0 - t_point, t1 - t_point, status, ttft, t1 - t0, chunks)
-
-
-async def closed_loop(
-    base_url: str,
-    prompts: Sequence[list[int]],
-    *,
-    clients: int,
-    seconds: float,
-    max_tokens: int,
-    model: str,
-) -> list[Sample]:
-    """``clients`` clients, each sending its next request when the last one ended, for
-    ``seconds``; then in-flight requests get ``DRAIN_S`` to finish."""
-    import httpx
-
-    order: Iterator[int] = itertools.count()
-    samples: list[Sample] = []
-    limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
-    timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=30.0)
-    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout) as client:
-        t_point = time.perf_counter()
-
-        async def client_loop() -> None:
-            while time.perf_counter() - t_point < seconds:
-                prompt = prompts[next(order) % len(prompts)]
-                body = {"model": model, "prompt": prompt, "max_tokens": max_tokens,
-                        "stream": True}  # fmt: skip
-                samples.append(await _one(client, body, t_point))
-
-        tasks = [asyncio.create_task(client_loop()) for _ in range(clients)]
-        await asyncio.sleep(seconds)
-        _, pending = await asyncio.wait(tasks, timeout=DRAIN_S)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    return samples
-
-
-def _ms(values: Sequence[float], q: float) -> float | None:
-    return round(1e3 * float(np.percentile(values, q)), 2) if values else None
-
-
-def summarize(samples: Sequence[Sample], warmup: float, seconds: float) -> dict[str, Any]:
-    """Latencies of the requests started in the counted window [warmup, seconds); requests/s:
-    those answered within it, over its length."""
-    counted = [s for s in samples if warmup <= s.started < seconds]
-    ok = [s for s in counted if s.status == 200]
-    errors: dict[str, int] = {}
-    for s in counted:
-        if s.status != 200:
-            errors[str(s.status)] = errors.get(str(s.status), 0) + 1
-    answered = sum(1 for s in samples if s.status == 200 and warmup <= s.ended < seconds)
-    ttft = [s.ttft_s for s in ok if s.ttft_s is not None]
-    e2e = [s.e2e_s for s in ok]
-    return {
-        "requests": len(ok),
-        "errors": errors,
-        "rps": round(answered / (seconds - warmup), 2),
-        "ttft_p50_ms": _ms(ttft, 50),
-        "ttft_p99_ms": _ms(ttft, 99),
-        "e2e_p50_ms": _ms(e2e, 50),
-        "e2e_p99_ms": _ms(e2e, 99),
-        "chunks_mean": round(float(np.mean([s.chunks for s in ok])), 2) if ok else None,
-    }
-
-
 def compare(bare: dict[str, Any], full: dict[str, Any]) -> dict[str, Any]:
     """Added latency (full − bare, ms) and ratios full/bare of one point."""
     keys = ("ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "e2e_p99_ms")
@@ -264,31 +144,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_ready(base_url: str, body: dict[str, Any], timeout_s: float = 120.0) -> None:
-    """Until one streamed request is answered (the deployment is up), then a few more."""
-    deadline = time.monotonic() + timeout_s
-
-    async def probe() -> int:
-        import httpx
-
-        async with httpx.AsyncClient(base_url=base_url, timeout=30.0) as client:
-            return (await _one(client, body, time.perf_counter())).status
-
-    last: object = None
-    while True:
-        try:
-            last = asyncio.run(probe())
-            if last == 200:
-                break
-        except Exception as exc:  # not listening yet
-            last = exc
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{base_url} did not answer within {timeout_s:g} s: {last}")
-        time.sleep(0.5)
-    for _ in range(4):
-        asyncio.run(probe())
-
-
 def run_points(
     base_url: str, model: str, prompts: Sequence[list[int]], args: argparse.Namespace, bar: Any,
     metrics_url: str | None = None,
@@ -298,7 +153,7 @@ def run_points(
     from cluster.ray.metrics_server import PUSH_PERIOD_S
 
     warm = {"model": model, "prompt": prompts[0], "max_tokens": args.max_tokens, "stream": True}
-    _wait_ready(base_url, warm)
+    wait_ready(base_url, warm)
     out = {}
     for clients in args.clients:
         before = actor_calls(metrics_url)

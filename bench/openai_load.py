@@ -1,6 +1,6 @@
 """The load both sides of ``bench/dynamo.py`` get: closed-loop streamed chats through the official
-``openai`` client, per concurrency level, and their summary (requests/s in the counted window,
-TTFT P50/P99 to the first content chunk, errors)."""
+``openai`` client, per concurrency level, and their summary (``bench.load_stats``: requests/s in
+the counted window, TTFT P50/P99 to the first content chunk, errors)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ import asyncio
 import itertools
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
+from bench.load_stats import Sample, summarize
 
 MODEL = "disagg-tiny"
 SYSTEM_PROMPTS, SYSTEM_WORDS, QUESTION_WORDS = 8, 280, 24  # ~300-token system prompts
@@ -21,15 +20,6 @@ DRAIN_S = 30.0
 REQUEST_TIMEOUT_S = 120.0
 READY_TIMEOUT_S = 180.0
 Levels = dict[int, dict[str, Any]]  # concurrency level -> its summary
-
-
-@dataclass(frozen=True)
-class Sample:
-    started: float  # seconds since the level began
-    ended: float
-    error: str | None  # None: the stream ended normally
-    ttft_s: float | None  # to the first chunk with content
-    chunks: int
 
 
 def make_prompts(total: int, seed: int) -> list[list[dict[str, str]]]:
@@ -106,32 +96,6 @@ async def closed_loop_over(urls: Sequence[str], prompts: Sequence[Any], clients:
         for i, url in enumerate(urls)
     ]
     return list(await asyncio.gather(*loops))
-
-
-def _ms(values: Sequence[float], q: float) -> float | None:
-    return round(1e3 * float(np.percentile(values, q)), 2) if values else None
-
-
-def summarize(samples: Sequence[Sample], warmup: float, seconds: float) -> dict[str, Any]:
-    """TTFT and content chunks of the requests started in [warmup, seconds); requests/s: those
-    answered in it."""
-    counted = [s for s in samples if warmup <= s.started < seconds]
-    errors: dict[str, int] = {}
-    for s in counted:
-        if s.error is not None:
-            errors[s.error] = errors.get(s.error, 0) + 1
-    ttft = [s.ttft_s for s in counted if s.error is None and s.ttft_s is not None]
-    chunks = [s.chunks for s in counted if s.error is None]
-    answered = sum(1 for s in samples if s.error is None and warmup <= s.ended < seconds)
-    return {
-        "requests": sum(1 for s in counted if s.error is None),
-        "errors": errors,
-        "no_content": sum(1 for s in counted if s.error is None and s.ttft_s is None),
-        "rps": round(answered / (seconds - warmup), 3),
-        "ttft_p50_ms": _ms(ttft, 50),
-        "ttft_p99_ms": _ms(ttft, 99),
-        "chunks_mean": round(float(np.mean(chunks)), 2) if chunks else None,
-    }
 
 
 def wait_answering(base_url: str, messages: Any, max_tokens: int) -> None:

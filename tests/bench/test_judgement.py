@@ -405,20 +405,22 @@ def test_ingress_full_path_that_answered_nothing_is_a_miss() -> None:
 
 
 def test_ingress_summary_counts_only_the_window_after_warmup() -> None:
-    from bench.ingress import Sample, summarize
+    from bench.load_stats import Sample, summarize
 
     samples = [
-        Sample(0.2, 0.9, 200, 0.1, 0.7, 16),  # warm-up: in no figure
-        Sample(0.5, 1.5, 200, 0.1, 1.0, 16),  # started in the warm-up: throughput only
-        Sample(1.0, 2.0, 200, 0.2, 1.0, 16),
-        Sample(2.0, 3.0, 200, 0.4, 1.0, 16),
-        Sample(3.0, 3.5, 503, None, 0.5, 0),
-        Sample(3.5, 4.5, 200, 0.3, 1.0, 16),  # counted latency, answered after the window
+        Sample(0.2, 0.9, None, 0.1, 16),  # warm-up: in no figure
+        Sample(0.5, 1.5, None, 0.1, 16),  # started in the warm-up: throughput only
+        Sample(1.0, 2.0, None, 0.2, 16),
+        Sample(2.0, 3.0, None, 0.4, 16),
+        Sample(3.0, 3.5, "503", None, 0),
+        Sample(3.5, 4.5, None, 0.3, 16),  # counted latency, answered after the window
+        Sample(3.6, 3.8, None, None, 0),  # answered without content
     ]
     s = summarize(samples, warmup=1.0, seconds=4.0)
-    assert s["requests"] == 3 and s["errors"] == {"503": 1}
-    assert s["rps"] == pytest.approx(1.0)  # answered in [1, 4): 3 in 3 s
+    assert s["requests"] == 4 and s["errors"] == {"503": 1} and s["no_content"] == 1
+    assert s["rps"] == 1.333  # answered in [1, 4): 4 in 3 s, to 3 decimals
     assert s["e2e_p50_ms"] == pytest.approx(1000.0) and s["ttft_p50_ms"] == pytest.approx(300.0)
+    assert s["chunks_mean"] == pytest.approx(12.0)
 
 
 def test_ingress_has_the_output_flags(capsys: pytest.CaptureFixture[str]) -> None:

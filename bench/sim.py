@@ -27,7 +27,7 @@ from cluster.progress import progress_bar
 from cluster.sim.cluster import SimCluster
 from cluster.sim.loadgen import ClosedLoop, Phase
 from cluster.sim.profile import load_profile
-from cluster.workloads import TemplateSource
+from cluster.sim.template_source import TemplateSource
 
 PROFILE = "b200-llama70b-fp8-tp4"
 TARGET_CONCURRENCY = 128

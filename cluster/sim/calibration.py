@@ -31,7 +31,7 @@ from cluster.sim.profile import (
     load_profile,
 )
 from cluster.sim.records import Summary, summarize
-from cluster.workloads import TemplateSource
+from cluster.sim.template_source import TemplateSource
 
 GIB = 1 << 30
 

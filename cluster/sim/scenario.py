@@ -23,8 +23,8 @@ from cluster.sim.planning import GameOnePlanner, capacity_advisor
 from cluster.sim.pools import PoolChange
 from cluster.sim.profile import HardwareProfile
 from cluster.sim.records import RequestRecord, summarize
+from cluster.sim.template_source import TemplateSource
 from cluster.sim.views import ViewSettings
-from cluster.workloads import TemplateSource
 from controller.controller import CapacityAdvice, Controller, RegimeChange
 from controller.detector import SaturationDetector, Thresholds
 from controller.drain import calm_limit_s

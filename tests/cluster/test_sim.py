@@ -10,7 +10,8 @@ from cluster.sim.loadgen import ClosedLoop, OpenLoop, Phase
 from cluster.sim.loop import EventLoop
 from cluster.sim.profile import PROFILE_DIR, load_profile, parse_profile
 from cluster.sim.records import summarize
-from cluster.workloads import TemplateSource, make_workload
+from cluster.sim.template_source import TemplateSource
+from cluster.workloads import make_workload
 
 PROFILE = "b200-llama70b-fp8-tp4"
 

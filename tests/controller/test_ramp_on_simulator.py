@@ -10,7 +10,7 @@ from cluster.sim.control import ControlLoop
 from cluster.sim.loadgen import ClosedLoop, Phase
 from cluster.sim.profile import load_profile
 from cluster.sim.records import summarize
-from cluster.workloads import TemplateSource
+from cluster.sim.template_source import TemplateSource
 from controller.controller import Controller
 from controller.detector import Regime, SaturationDetector, Thresholds
 from controller.policy import PolicyTable

@@ -14,7 +14,7 @@ from cluster.sim.loadgen import OpenLoop
 from cluster.sim.profile import load_profile
 from cluster.sim.records import summarize
 from cluster.sim.scenario import unloaded_ttft
-from cluster.workloads import TemplateSource
+from cluster.sim.template_source import TemplateSource
 from controller.controller import Controller
 from controller.detector import Regime, SaturationDetector, Thresholds
 from controller.policy import PolicyTable

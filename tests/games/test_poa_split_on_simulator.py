@@ -16,8 +16,8 @@ from cluster.sim.control import ControlLoop, TickSample
 from cluster.sim.loadgen import OpenLoop
 from cluster.sim.profile import load_profile
 from cluster.sim.scenario import unloaded_ttft
+from cluster.sim.template_source import TemplateSource
 from cluster.sim.views import ViewSettings
-from cluster.workloads import TemplateSource
 from controller.resplit import ResplitSettings
 from games.poa import MAX_AGE_S, PoaEstimator
 

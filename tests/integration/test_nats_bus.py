@@ -17,7 +17,7 @@ from cluster.ray.actor_support import ActorBus
 from cluster.sim.cluster import SimCluster
 from cluster.sim.loadgen import ClosedLoop, Phase
 from cluster.sim.profile import load_profile
-from cluster.workloads import TemplateSource
+from cluster.sim.template_source import TemplateSource
 from games.join import EventJoiner
 from games.poa import PoaEstimator
 from router import KvIndex, to_payload

@@ -132,8 +132,9 @@ def test_ramp_and_spike_switch_into_saturation_and_back(demo: Run) -> None:
     "convoy (released together), stay phase-locked in a closed loop without think time, and "
     "their shared prefill iterations (0.3-0.4 s against 0.025 s before the spike) keep TTFT "
     "P99 near 0.6-1 s; the saturated regime's 50 ms batch window keeps them together. The "
-    "live service shows the same (make demo ends `transition`); the simulator shows it since "
-    "it runs the service's admission queue",
+    "live service can show the same (make demo's calm tail has ended in `transition`, and "
+    "reads poa_hat 13 against a calm 1.6); the simulator shows it since it runs the "
+    "service's admission queue",
 )
 def test_the_calm_tail_ends_calm(demo: Run) -> None:
     assert demo.result.timeline[-1].regime == Regime.BELOW

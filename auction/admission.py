@@ -51,6 +51,7 @@ __all__ = [
     "QueueFull",
     "Release",
     "batch_seed",
+    "derived_max_in_prefill",
     "prefill_slots_per_worker",
     "split_payments",
 ]
@@ -153,6 +154,13 @@ def prefill_slots_per_worker(requests_per_iteration: int) -> int:
             f"requests_per_iteration must be an int >= 1, got {requests_per_iteration!r}"
         )
     return 2 * requests_per_iteration
+
+
+def derived_max_in_prefill(slots_per_worker: int, prefill_workers: int) -> int:
+    """``max_in_prefill`` for ``prefill_workers`` workers of ``slots_per_worker`` each, within
+    its bounds (at least 1: a pool a re-split emptied still lets one request through)."""
+    low, high = SETTING_BOUNDS["max_in_prefill"]
+    return int(min(max(slots_per_worker * prefill_workers, low), high))
 
 
 @dataclass(frozen=True)

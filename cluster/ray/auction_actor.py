@@ -38,7 +38,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from auction.admission import SETTING_BOUNDS, AdmissionQueue, BatchOutcome, QueueFull, Release
+from auction.admission import (
+    AdmissionQueue,
+    BatchOutcome,
+    QueueFull,
+    Release,
+    derived_max_in_prefill,
+)
 from auction.ledger import BudgetExceeded, LedgerError, UnknownAccountError
 from auction.realised import RealisedBatch, RealisedWelfare
 from auction.request import Request
@@ -153,8 +159,7 @@ class AuctionActor(ReplicaExchange):
         still lets one request through), or None when the config fixes it."""
         if self._per_worker is None:
             return None
-        low, high = SETTING_BOUNDS["max_in_prefill"]
-        return int(min(max(self._per_worker * prefill_workers, low), high))
+        return derived_max_in_prefill(self._per_worker, prefill_workers)
 
     async def set_prefill_workers(self, count: int) -> int:
         """The prefill pool now has ``count`` workers (a re-split moved one): a derived

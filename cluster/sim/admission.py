@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from typing import TYPE_CHECKING
 
-from auction.admission import SETTING_BOUNDS, AdmissionQueue, AuctionSettings
+from auction.admission import AdmissionQueue, AuctionSettings, derived_max_in_prefill
 from telemetry import metrics
 
 if TYPE_CHECKING:
@@ -149,9 +149,8 @@ class AuctionAdmission(Admission):
     def _follow_prefill_pool(self) -> None:
         if self.per_worker is None:
             return
-        low, high = SETTING_BOUNDS["max_in_prefill"]
         serving = len(self.cluster.views.workers("prefill"))
-        bound = int(min(max(self.per_worker * serving, low), high))
+        bound = derived_max_in_prefill(self.per_worker, serving)
         if bound != self.queue.settings.max_in_prefill:
             self.queue.settings = dataclasses.replace(self.queue.settings, max_in_prefill=bound)
 

@@ -25,7 +25,15 @@ import httpx
 
 from cluster.model_dir import load_words
 
-__all__ = ["Bidder", "ClientResult", "LoadPhase", "LoadRun", "PromptSource", "run_load"]
+__all__ = [
+    "Bidder",
+    "ClientResult",
+    "LoadPhase",
+    "LoadRun",
+    "PromptSource",
+    "output_lengths",
+    "run_load",
+]
 
 
 @dataclass(frozen=True)
@@ -156,6 +164,20 @@ async def _one_request(
     return 200, ttft, stamps, tokens, payment, position, ""
 
 
+def output_lengths(max_tokens: int, range_ratio: float, seed: int) -> Callable[[], int]:
+    """Each call, the next request's ``max_tokens``: uniform over the integers in
+    [L(1 - r), L(1 + r)], L = ``max_tokens``, r = ``range_ratio`` (always L when r = 0), from a
+    seeded stream of its own so that the users' draws do not depend on r."""
+    if not 0.0 <= range_ratio < 1.0:
+        raise ValueError(f"max_tokens_range_ratio must be in [0, 1), got {range_ratio}")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    draws = random.Random(seed)
+    shortest = max(1, round(max_tokens * (1.0 - range_ratio)))
+    longest = round(max_tokens * (1.0 + range_ratio))
+    return lambda: draws.randint(shortest, longest)
+
+
 async def run_load(
     base_url: str,
     phases: Sequence[LoadPhase],
@@ -163,12 +185,19 @@ async def run_load(
     bidders: Sequence[Bidder] = (),
     anonymous_key: str | None = None,
     max_tokens: int = 64,
+    max_tokens_range_ratio: float = 0.0,
     model: str = "disagg-tiny",
     seed: int = 0,
     timeout_s: float = 300.0,
     on_tick: Callable[[float, str, int, Sequence[ClientResult]], None] | None = None,
 ) -> LoadRun:
-    """Drive the service through ``phases``; ``on_tick(t, phase, clients, results)`` each second."""
+    """Drive the service through ``phases``; ``on_tick(t, phase, clients, results)`` each second.
+
+    With ``max_tokens_range_ratio`` r > 0 each request asks for a length drawn uniformly from
+    the integers in [L(1 - r), L(1 + r)], L = ``max_tokens`` (the simulator's rule,
+    ``cluster.sim.template_source.TemplateSource``), from its own seeded stream.
+    """
+    next_length = output_lengths(max_tokens, max_tokens_range_ratio, seed + 2)
     prompts = PromptSource(seed)
     rng = random.Random(seed + 1)
     results: list[ClientResult] = []
@@ -195,8 +224,9 @@ async def run_load(
             user, key, bid = pick_user()
             t_req = time.perf_counter()
             try:
+                length = next_length()
                 status, ttft, stamps, tokens, paid, position, error = await _one_request(
-                    client, prompts.messages(), max_tokens, key, bid, model
+                    client, prompts.messages(), length, key, bid, model
                 )
             except (httpx.HTTPError, json.JSONDecodeError) as exc:
                 status, ttft, stamps, tokens, paid, position = 599, None, [], 0, 0.0, 0

@@ -56,6 +56,8 @@ DEMO_PHASES = (
 )
 DEMO_SPEEDUP = 0.5
 MAX_TOKENS = 64
+# Answers vary in length (the simulated demo's reason, disaggctl.system_demo): ±50% around 64.
+MAX_TOKENS_RANGE_RATIO = 0.5
 BIDDERS = (("gold", 3.0, 0.06), ("silver", 1.0, 0.06), ("bronze", 0.3, 0.06))  # bid, share
 BUDGET = 1000.0
 # Regime thresholds as multiples of the calm TTFT P99 (docs/design.md §4), the detector's own:
@@ -125,7 +127,13 @@ async def _drive(
     poller = asyncio.create_task(_poll(metrics_url, start, phases, samples, live))
     try:
         run = await run_load(
-            url, phases, bidders=bidders, max_tokens=MAX_TOKENS, model=model, seed=seed
+            url,
+            phases,
+            bidders=bidders,
+            max_tokens=MAX_TOKENS,
+            max_tokens_range_ratio=MAX_TOKENS_RANGE_RATIO,
+            model=model,
+            seed=seed,
         )
     finally:
         poller.cancel()
@@ -368,9 +376,7 @@ def run_serve_demo(
                   "of load", file=sys.stderr)  # fmt: skip
         start_wall = time.time()
         results, samples, seconds = asyncio.run(
-            _drive(
-                service.url, service.metrics_url, phases, bidders, seed, live, config.model_name
-            )
+            _drive(service.url, service.metrics_url, phases, bidders, seed, live, config.model_name)
         )
         auction = _auction_stats(service)
         resplits = resplit_table(_controller_snapshot(service), start_wall)

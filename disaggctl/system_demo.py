@@ -54,6 +54,11 @@ PHASES = (
     NamedPhase("after", Phase(45.0, 48, ramp=1.0)),
 )
 BIDDERS = {"gold": 0.05, "silver": 0.05, "bronze": 0.05}
+# Answers end at their end-of-sequence token, so their lengths vary: each output is drawn
+# uniformly from ±50% of the profile's mean (cluster/sim/template_source.py). With every output
+# the same length, clients that a spike released together would finish and resend in step for
+# ever: a convoy that real traffic does not keep (docs/design.md §4).
+OUTPUT_RANGE_RATIO = 0.5
 STATUS_EVERY_S = 10  # without a bar, one status line per this many simulated seconds
 
 POA_MARK = "†"
@@ -106,7 +111,8 @@ def run(
     (created and probed first, so an unwritable folder fails before the simulation)."""
     out = writable_dir(Path(out))
     profile = load_profile(PROFILE)
-    thresholds = Thresholds.calibrated(calm_baseline_p99(profile, TOPOLOGY, seed=seed))
+    calm = template_source(profile, seed, output_range_ratio=OUTPUT_RANGE_RATIO)
+    thresholds = Thresholds.calibrated(calm_baseline_p99(profile, TOPOLOGY, seed=seed, source=calm))
     total = sum(p.phase.duration for p in PHASES)
     bar = progress_bar(
         total=int(total), desc="1P/5D simulated s", unit="s", progress=progress, quiet=quiet
@@ -122,7 +128,7 @@ def run(
     # The service's admission with its defaults, its bound derived as the service derives it.
     per_worker = prefill_slots_per_worker(profile.prefill.max_batch_requests)
     admission = AuctionAdmission(seed=seed, slots_per_prefill_worker=per_worker)
-    source = template_source(profile, seed, bidders=BIDDERS)
+    source = template_source(profile, seed, bidders=BIDDERS, output_range_ratio=OUTPUT_RANGE_RATIO)
     result = run_scenario(
         profile,
         TOPOLOGY,
@@ -230,9 +236,7 @@ def priority_by_class(result: ScenarioResult) -> list[dict[str, Any]]:
                 ),
                 "paid": round(sum(r.payment for r in mine), 3),
                 # Per auctioned request: the price of a position, which only they were sold.
-                "paid_per_auctioned": round(
-                    sum(r.payment for r in auctioned) / len(auctioned), 4
-                )
+                "paid_per_auctioned": round(sum(r.payment for r in auctioned) / len(auctioned), 4)
                 if auctioned
                 else None,
             }

@@ -27,7 +27,7 @@ from cluster.sim.template_source import TemplateSource
 from cluster.sim.views import ViewSettings
 from controller.controller import CapacityAdvice, Controller, RegimeChange
 from controller.detector import SaturationDetector, Thresholds
-from controller.drain import calm_limit_s
+from controller.drain import Drain, calm_limit_s
 from controller.policy import PolicyTable
 from controller.resplit import ResplitDecision, ResplitSettings, Resplitter
 from games.pd_allocation import SloTargets
@@ -52,6 +52,7 @@ class ScenarioResult:
     thresholds: Thresholds | None = None
     resplits: list[ResplitDecision] = field(default_factory=list)
     pool_changes: list[PoolChange] = field(default_factory=list)
+    drains: list[Drain] = field(default_factory=list)  # backlogs that ended (controller.drain)
 
 
 def calm_baseline_p99(
@@ -74,9 +75,14 @@ def calm_baseline_p99(
 
 
 def template_source(
-    profile: HardwareProfile, seed: int, bidders: Mapping[str, float] | None = None
+    profile: HardwareProfile,
+    seed: int,
+    bidders: Mapping[str, float] | None = None,
+    *,
+    output_range_ratio: float = 0.0,
 ) -> TemplateSource:
-    """The profile's calibration workload (optionally with bidding users)."""
+    """The profile's calibration workload (optionally with bidding users, and output lengths
+    spread by ``output_range_ratio`` around the profile's, ``TemplateSource``'s rule)."""
     w = profile.workload
     return TemplateSource(
         w.templates,
@@ -85,6 +91,7 @@ def template_source(
         w.output_tokens,
         seed=seed + 1,
         bidders=bidders,
+        output_range_ratio=output_range_ratio,
     )
 
 
@@ -169,6 +176,7 @@ def run_scenario(
         thresholds=thresholds,
         resplits=controller.resplitter.decisions if controller and controller.resplitter else [],
         pool_changes=loop.pool_changes,
+        drains=list(loop.drain.drains),
     )
 
 

@@ -25,6 +25,12 @@ class TemplateSource:
     Calling it returns the next ``SimRequest`` (templates drawn uniformly, seeded). With
     ``bidders`` ({user: share of requests}), that share of requests belongs to each bidding user
     and carries a bid of 1 + Pareto(1.5); the rest are ``anonymous`` with bid 0.
+
+    With ``output_range_ratio`` r > 0, each request's output length is drawn uniformly from the
+    integers in [L(1 - r), L(1 + r)], L = ``output_tokens`` (the mean stays L), as vLLM's serving
+    benchmark draws its random lengths (``--random-range-ratio``): a real answer ends at its
+    end-of-sequence token, not at a length shared by every request. The lengths come from a
+    stream of their own, so a seed's prompts, users and bids are the same whatever r is.
     """
 
     def __init__(
@@ -37,12 +43,21 @@ class TemplateSource:
         seed: int = 0,
         prefix: str = "req",
         bidders: Mapping[str, float] | None = None,
+        output_range_ratio: float = 0.0,
     ) -> None:
         if templates < 1 or not 0 <= template_tokens <= input_tokens or output_tokens < 1:
             raise ValueError(
                 "templates >= 1, 0 <= template_tokens <= input_tokens, output_tokens >= 1"
             )
+        if not 0.0 <= output_range_ratio < 1.0:
+            raise ValueError(f"output_range_ratio must be in [0, 1), got {output_range_ratio}")
+        self._output_range = (
+            max(1, round(output_tokens * (1.0 - output_range_ratio))),
+            round(output_tokens * (1.0 + output_range_ratio)),
+        )
         self._rng = np.random.default_rng(seed)
+        # Lengths from a stream of their own: prompts, users and bids do not depend on r.
+        self._lengths = np.random.default_rng([seed, 1])
         self._heads = [self._draw(template_tokens) for _ in range(templates)]
         self.input_tokens = input_tokens
         self.output_tokens = output_tokens
@@ -52,6 +67,7 @@ class TemplateSource:
         self._pending_tails: list[TokenArray] = []
         self._pending_users: list[int] = []
         self._pending_bids: list[float] = []
+        self._pending_outputs: list[int] = []
         self._users = ["anonymous", *(bidders or {})]
         shares = [float(v) for v in (bidders or {}).values()]
         if any(v < 0 for v in shares) or sum(shares) > 1:
@@ -68,6 +84,9 @@ class TemplateSource:
         self._pending_tails = list(self._rng.integers(0, VOCAB, size=(512, tail), dtype=np.uint32))
         self._pending_users = self._rng.choice(len(self._users), size=512, p=self._shares).tolist()
         self._pending_bids = pareto_values(self._rng, 512).tolist()
+        low, high = self._output_range
+        if high > low:
+            self._pending_outputs = self._lengths.integers(low, high + 1, size=512).tolist()
 
     def __call__(self) -> SimRequest:
         from cluster.sim.cluster import SimRequest
@@ -77,11 +96,12 @@ class TemplateSource:
         head = self._heads[self._pending_heads.pop()]
         user = self._pending_users.pop()
         bid = self._pending_bids.pop()
+        output = self._pending_outputs.pop() if self._pending_outputs else self.output_tokens
         self.count += 1
         return SimRequest(
             request_id=f"{self.prefix}-{self.count}",
             tokens=np.concatenate((head, self._pending_tails.pop())),
-            output_tokens=self.output_tokens,
+            output_tokens=output,
             user=self._users[user],
             bid=bid if user else 0.0,
         )

@@ -136,6 +136,25 @@ def test_template_source_matches_the_calibration_workload() -> None:
     assert len(tree.children_of(0)) == 5 and tree.n == 200
 
 
+def test_output_lengths_spread_around_the_mean_and_leave_the_rest_as_it_was() -> None:
+    """``output_range_ratio`` draws each output uniformly from [L(1 - r), L(1 + r)] and draws
+    nothing at r = 0: prompts, users and bids are the same requests either way."""
+    shape = {"templates": 5, "template_tokens": 64, "input_tokens": 128, "output_tokens": 256}
+    fixed = TemplateSource(**shape, seed=3, bidders={"gold": 0.3})
+    spread = TemplateSource(**shape, seed=3, bidders={"gold": 0.3}, output_range_ratio=0.5)
+    a, b = [fixed() for _ in range(2000)], [spread() for _ in range(2000)]
+    assert {r.output_tokens for r in a} == {256}
+    lengths = np.array([r.output_tokens for r in b])
+    assert lengths.min() >= 128 and lengths.max() <= 384
+    assert lengths.min() < 140 and lengths.max() > 372  # the whole range is drawn
+    assert abs(lengths.mean() - 256) < 4 * lengths.std() / np.sqrt(len(lengths))
+    for x, y in zip(a, b, strict=True):
+        assert (x.tokens == y.tokens).all() and (x.user, x.bid) == (y.user, y.bid)
+    for bad in (-0.1, 1.0, float("nan")):
+        with pytest.raises(ValueError, match="output_range_ratio"):
+            TemplateSource(**shape, output_range_ratio=bad)
+
+
 @pytest.mark.parametrize(
     "bad",
     [

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from disaggctl.load_client import ClientResult, LoadPhase, PromptSource, by_phase, concurrency_at
+from disaggctl.load_client import (
+    ClientResult,
+    LoadPhase,
+    PromptSource,
+    by_phase,
+    concurrency_at,
+    output_lengths,
+)
 
 PHASES = (LoadPhase("calm", 10.0, 8, ramp_s=2.0), LoadPhase("ramp", 20.0, 48, ramp_s=20.0))
 
@@ -46,3 +53,20 @@ def test_results_are_attributed_to_the_phase_they_were_sent_in() -> None:
 
     grouped = by_phase([result("calm"), result("ramp"), result("calm")])
     assert {k: len(v) for k, v in grouped.items()} == {"calm": 2, "ramp": 1}
+
+
+def test_output_lengths_spread_uniformly_around_max_tokens() -> None:
+    fixed = output_lengths(64, 0.0, seed=1)
+    assert {fixed() for _ in range(100)} == {64}
+    spread = output_lengths(64, 0.5, seed=1)
+    lengths = [spread() for _ in range(2000)]
+    assert min(lengths) == 32 and max(lengths) == 96  # the whole range, nothing outside
+    assert abs(sum(lengths) / len(lengths) - 64) < 2
+    again = output_lengths(64, 0.5, seed=1)
+    assert [again() for _ in range(2000)] == lengths
+
+
+@pytest.mark.parametrize(("tokens", "ratio"), [(64, 1.0), (64, -0.1), (0, 0.5)])
+def test_bad_output_lengths_are_refused(tokens: int, ratio: float) -> None:
+    with pytest.raises(ValueError, match="max_tokens"):
+        output_lengths(tokens, ratio, seed=0)

@@ -48,6 +48,7 @@ from cluster.ray.worker_factory import (
 )
 from cluster.serve.config import ServeConfig
 from cluster.serve.deployment import INGRESS_REPLICA_CPUS
+from cluster.serve.direct_ingress import REPLICA_ENV, controller_env, direct_urls, wait_answering
 from cluster.serve.users import Users
 from cluster.sim.cluster import Topology
 from cluster.sim.profile import HardwareProfile, load_profile
@@ -122,6 +123,7 @@ class Service:
         self.ray: LocalRay | None = None
         self.nats_url: str | None = config.nats_url
         self.url: str | None = None
+        self.direct_urls: list[str] = []  # each ingress replica's own port (config.direct_port)
         self.metrics_url: str | None = None  # http://host:port/metrics once started
         self.actor_env: dict[str, str] = {}  # what actors need that Ray does not pass on
         self.epoch_wall = 0.0
@@ -169,6 +171,9 @@ class Service:
         self.start_actors(shared)
         self._deploy_ingress(host, port, shared)
         self.url = f"http://{host}:{port}"
+        if cfg.direct_port is not None:
+            self.direct_urls = direct_urls(host, cfg.direct_port, cfg.ingress_replicas)
+            wait_answering(self.direct_urls, READY_TIMEOUT_S)
 
     def _start_embedded_nats(self) -> None:
         """The laptop's nats-server: with the credentials this process already names (a test
@@ -358,7 +363,14 @@ class Service:
     def _deploy_ingress(self, host: str, port: int, model_dir: str | None) -> None:
         from ray import serve
 
-        serve.start(http_options={"host": host, "port": port})
+        first = self.config.direct_port
+        if first is not None and first <= port < first + self.config.ingress_replicas:
+            raise ConfigError(f"direct_port: the replicas' ports include the API port {port}")
+        env = None if first is None else controller_env(first, self.config.ingress_replicas)
+        serve.start(
+            http_options={"host": host, "port": port},
+            controller_options=None if env is None else {"runtime_env": {"env_vars": env}},
+        )
         serve.run(self.ingress_application(model_dir), name="disaggctl", route_prefix="/")
 
     def ingress_application(self, model_dir: str | None) -> Application:
@@ -375,7 +387,7 @@ class Service:
             num_replicas=cfg.ingress_replicas,
             max_ongoing_requests=cfg.max_ongoing_requests,
             metrics_sink=self.handles.metrics,
-            env_vars=self.actor_env,
+            env_vars={**self.actor_env, **(REPLICA_ENV if cfg.direct_port is not None else {})},
             limits=cfg.limits,
         )
 

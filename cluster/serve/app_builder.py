@@ -63,6 +63,12 @@ def parse_args(args: Mapping[str, Any] | None) -> tuple[ServeConfig, str | None]
     config = validate_model(ServeConfig, fields, SOURCE)
     if config.nats_url is None:
         raise ConfigError(NATS_REQUIRED)
+    if config.direct_port is not None:
+        # The flag belongs to the Serve controller, which the cluster started, not this builder.
+        raise ConfigError(
+            f"{SOURCE}: direct_port: serve deploy cannot turn on direct ingress; set "
+            "RAY_SERVE_ENABLE_DIRECT_INGRESS on the cluster instead"
+        )
     if users_file is not None and not Path(users_file).expanduser().is_file():
         raise ConfigError(f"{SOURCE}: {USERS_FILE_KEY}: {users_file} is not a file on this node")
     return config, users_file

@@ -68,6 +68,10 @@ class ServeConfig(StrictModel):
     metrics_host: str = Field(default="127.0.0.1", pattern=r"^[A-Za-z0-9.:-]{1,253}$")
     metrics_port: int = Field(default=9464, ge=0, le=65_535)
     ingress_replicas: int = Field(default=1, ge=1, le=64)
+    # Each ingress replica also serves HTTP itself, replica i on direct_port + i, beside Serve's
+    # proxy on the API port (cluster/serve/direct_ingress.py: one process less per request).
+    # None: the proxy only.
+    direct_port: int | None = Field(default=None, ge=1024, le=65_535)
     # Per-identity rate and concurrency limits, and the share kept for paid users
     # (cluster/serve/limits.py): 429 with Retry-After. Service-wide; each replica takes 1/N.
     limits: LimitSettings = LimitSettings()
@@ -103,6 +107,23 @@ class ServeConfig(StrictModel):
     @classmethod
     def _topology(cls, value: str) -> str:
         return normalise_topology(value)
+
+    @model_validator(mode="after")
+    def _direct_ports_fit(self) -> ServeConfig:
+        if self.direct_port is None:
+            return self
+        last = self.direct_port + self.ingress_replicas - 1
+        if last > 65_535:
+            raise ValueError(
+                f"direct_port: {self.ingress_replicas} replicas need ports {self.direct_port}"
+                f"-{last}, beyond 65535"
+            )
+        if self.direct_port <= self.metrics_port <= last:
+            raise ValueError(
+                f"direct_port: the replicas' ports {self.direct_port}-{last} include "
+                f"metrics_port {self.metrics_port}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _dynamo_needs_prefill(self) -> ServeConfig:

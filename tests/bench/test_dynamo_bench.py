@@ -81,13 +81,14 @@ def test_every_level_has_finite_positive_figures(run: tuple[dict[str, Any], int,
     assert report["config"]["mocker"] and report["config"]["controller"]["theta1_s"] > 0
     assert [p["clients"] for p in report["points"]] == report["config"]["levels"] == [8]
     for point in report["points"]:
-        for system in ("frontend", "ingress"):
+        for system in ("frontend", "ingress", "ingress_proxy"):
             row = point[system]
             assert row["errors"] == {} and row["no_content"] == 0, (system, row)
             for key in ("requests", "rps", "ttft_p50_ms", "ttft_p99_ms", "chunks_mean"):
                 _positive(row[key], f"{system}.{key}")
         for key in ("rps", "ttft_p50", "ttft_p99"):
             _positive(point["ingress_over_frontend"][key], f"ratio {key}")
+            _positive(point["ingress_proxy_over_frontend"][key], f"proxy ratio {key}")
     for key, value in report["startup_s"].items():
         _positive(value, f"startup {key}")
 

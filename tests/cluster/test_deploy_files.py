@@ -116,6 +116,9 @@ def test_build_names_a_bad_field() -> None:
         app_builder.build({**_app_args(), "users_file": "/nonexistent/users.yaml"})
     with pytest.raises(ConfigError, match="must be a mapping"):
         app_builder.parse_args(["profile"])  # type: ignore[arg-type]
+    # Direct ingress is the Serve controller's flag: a builder the cluster runs cannot set it.
+    with pytest.raises(ConfigError, match=r"direct_port.*RAY_SERVE_ENABLE_DIRECT_INGRESS"):
+        app_builder.parse_args({**_app_args(), "direct_port": 8100})
 
 
 @pytest.mark.parametrize(

@@ -99,6 +99,9 @@ def start_live_service(tmp: Path) -> LiveService:
         ledger_path=str(ledger),
         allow_anonymous=False,
         metrics_port=0,  # any free port: service.metrics_url says which
+        # The replica serves HTTP on its own port too (test_service_direct_ingress); every other
+        # test goes through Serve's proxy, as before.
+        direct_port=free_port(),
         # Auction mode (when the queue is long or the regime is not "below") waits this long
         # for a batch to fill: long enough that two concurrent requests share one batch.
         auction=AuctionSettingsModel(batch_window_ms=150.0),

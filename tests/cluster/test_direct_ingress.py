@@ -1,0 +1,81 @@
+"""Direct ingress's settings (cluster/serve/direct_ingress.py, ``ServeConfig.direct_port``): the
+port range the Serve controller allocates from, the URLs the service reports, and the refusals
+that name the field. The live path runs in tests/integration/test_service_direct_ingress.py."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+from pydantic import ValidationError
+
+from cluster.serve.config import ServeConfig
+from cluster.serve.direct_ingress import (
+    REPLICA_ENV,
+    controller_env,
+    direct_urls,
+    wait_answering,
+)
+
+
+def test_the_controller_allocates_one_port_per_replica_from_the_first() -> None:
+    env = controller_env(8100, 3)
+    assert env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
+    # Serve's upper bound is exclusive: three replicas, ports 8100-8102.
+    assert env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"] == "8100"
+    assert env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"] == "8103"
+    assert REPLICA_ENV.items() <= env.items()  # the replicas read the same flags
+    assert direct_urls("127.0.0.1", 8100, 3) == [
+        "http://127.0.0.1:8100", "http://127.0.0.1:8101", "http://127.0.0.1:8102"
+    ]  # fmt: skip
+    for first, replicas in ((80, 1), (65_535, 2), (8100, 0)):
+        with pytest.raises(ValueError, match="direct ports"):
+            controller_env(first, replicas)
+
+
+def test_the_config_refuses_ports_that_do_not_fit_naming_direct_port() -> None:
+    assert ServeConfig().direct_port is None  # the proxy only, by default
+    assert ServeConfig(direct_port=8100, ingress_replicas=4).direct_port == 8100
+    bad = [
+        {"direct_port": 80},
+        {"direct_port": 65_535, "ingress_replicas": 2},
+        {"direct_port": 9463, "ingress_replicas": 2, "metrics_port": 9464},
+        {"direct_port": "8100"},  # strict: a port is a number
+    ]
+    for fields in bad:
+        with pytest.raises(ValidationError, match="direct_port"):
+            ServeConfig.model_validate(fields, strict=True)
+
+
+class _Models(BaseHTTPRequestHandler):
+    status = 200
+
+    def do_GET(self) -> None:
+        self.send_response(self.status if self.path == "/v1/models" else 404)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("status", [200, 401])
+def test_a_replica_that_answers_models_is_up_even_asking_for_a_key(status: int) -> None:
+    handler = type("Handler", (_Models,), {"status": status})
+    server = HTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        wait_answering([f"http://127.0.0.1:{server.server_port}"], timeout_s=5.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_a_silent_port_times_out_naming_it_and_the_likely_causes() -> None:
+    server = HTTPServer(("127.0.0.1", 0), _Models)
+    port = server.server_port
+    server.server_close()  # nobody listens there now
+    with pytest.raises(RuntimeError, match=rf"127.0.0.1:{port}.*Serve already running"):
+        wait_answering([f"http://127.0.0.1:{port}"], timeout_s=0.3)

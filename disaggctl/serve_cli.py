@@ -193,6 +193,9 @@ def _serve(args: argparse.Namespace) -> int:
         for s in previous:
             signal.signal(s, _on_signal)
         print(f"serving {config.model_name} at {service.url}/v1  (metrics: {service.metrics_url})")
+        if service.direct_urls:  # direct_port: each replica's own port, no proxy hop
+            own = ", ".join(f"{u}/v1" for u in service.direct_urls)
+            print(f"each ingress replica also at: {own}")
         if demo_key is not None:
             print(
                 f"demo user {DEMO_USER!r}, budget {DEMO_BUDGET:g}: Authorization: Bearer {demo_key}"

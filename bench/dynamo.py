@@ -8,7 +8,7 @@ ratios compare like with like on a noisy host.
 (a) ``frontend``: ``dynamo.frontend --router-mode kv`` (:class:`cluster.dynamo.DynamoFrontend`)
     over one prefill and two decode ``dynamo.mocker`` processes started here, an embedded NATS
     server and a fresh discovery folder;
-(b) ``ingress``: :class:`cluster.dynamo.service.DynamoService` (1P/2D, the same mocker settings;
+(b) ``ingress``: :class:`cluster.service.Service` on Dynamo (1P/2D, the same mocker settings;
     its own NATS, Ray, workers and Serve ingress), its controller's thresholds far above this
     load (``CONTROLLER``) so that tau stays 0. The load goes to the ingress replica's own port
     (``direct_port``: Ray Serve's direct ingress, cluster/serve/direct_ingress.py), as it goes
@@ -212,11 +212,11 @@ def run_ingress(tmp: Path, prompts: Sequence[Any], args: argparse.Namespace,
                 bar: Any) -> dict[str, Any]:  # fmt: skip
     import ray
 
-    from cluster.dynamo.service import DynamoService
     from cluster.nats_server import free_port
     from cluster.ray.status import as_json
+    from cluster.service import Service
 
-    svc = DynamoService(service_config(tmp))
+    svc = Service(service_config(tmp))
     t0 = time.perf_counter()
     try:
         port = free_port()

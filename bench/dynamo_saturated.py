@@ -9,7 +9,7 @@ target (docs/design.md "Data flow").
 
 (a) two ``dynamo.frontend --router-mode kv`` over one prefill and two decode mockers; half of the
     ``CLIENTS`` closed-loop clients on each frontend;
-(b) :class:`cluster.dynamo.service.DynamoService` with ``ingress_replicas: 2``, its controller
+(b) :class:`cluster.service.Service` on Dynamo, ``ingress_replicas: 2``, its controller
     calibrated on the calm TTFT P99 that (b) measured at 1 client earlier in the run (θ1, θ2 =
     ``controller.detector.CALM_MULTIPLES`` × it, as a user calibrates it), so the policy follows
     the load; Serve's proxy splits the clients over the replicas, and each replica's share is
@@ -90,10 +90,10 @@ def run_replicas(tmp: Path, prompts: Sequence[Any], args: argparse.Namespace, ba
     import ray
 
     from bench.dynamo import service_config
-    from cluster.dynamo.service import DynamoService
     from cluster.nats_server import free_port
     from cluster.ray.controller_settings import ControllerSettings
     from cluster.ray.status import as_json
+    from cluster.service import Service
 
     folder = tmp / "saturated"
     folder.mkdir(exist_ok=True)
@@ -103,7 +103,7 @@ def run_replicas(tmp: Path, prompts: Sequence[Any], args: argparse.Namespace, ba
     config = service_config(folder).model_copy(
         update={"ingress_replicas": REPLICAS, "controller": controller}
     )
-    svc = DynamoService(config)
+    svc = Service(config)
     try:
         port = free_port()
         svc.start(host="127.0.0.1", port=port)

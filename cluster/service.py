@@ -15,13 +15,10 @@ an external NATS server, and leaves the rest (HTTP options, shutdown) to Serve.
 from __future__ import annotations
 
 import contextlib
-import functools
-import logging
 import math
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,15 +26,14 @@ import ray
 from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from cluster.engines import Engines, engines_for
 from cluster.model_dir import build_model_dir, default_model_dir
-from cluster.models import ConfigError
 from cluster.nats_auth import exported_env
 from cluster.nats_server import NatsServer
 from cluster.ray.auction_actor import AuctionActor
 from cluster.ray.controller_actor import ControllerActor
 from cluster.ray.metrics_server import MetricsServerActor
 from cluster.ray.poa_actor import PoaActor
-from cluster.ray.router_actor import RouterActor
 from cluster.ray.runtime import LocalRay, init_ray
 from cluster.ray.worker_factory import (
     RAY_NAMESPACE,
@@ -47,9 +43,15 @@ from cluster.ray.worker_factory import (
     worker_name,
 )
 from cluster.serve.config import ServeConfig
-from cluster.serve.deployment import INGRESS_REPLICA_CPUS
-from cluster.serve.direct_ingress import REPLICA_ENV, controller_env, direct_urls, wait_answering
+from cluster.serve.deployment import INGRESS_REPLICA_CPUS, check_ingress_cpus
+from cluster.serve.direct_ingress import REPLICA_ENV, direct_urls, start_serve, wait_answering
 from cluster.serve.users import Users
+from cluster.service_handles import (
+    ServiceHandles,
+    head_node_id,
+    kill_named_workers,
+    named_workers,
+)
 from cluster.sim.cluster import Topology
 from cluster.sim.profile import HardwareProfile, load_profile
 from controller.resplit import Pools
@@ -59,59 +61,21 @@ if TYPE_CHECKING:
 
 __all__ = ["RAY_NAMESPACE", "Service", "ServiceHandles"]
 
-log = logging.getLogger(__name__)
-
 # Spare accelerators declared on a local session beyond what the topology needs, so a restarted
 # worker can be placed while its predecessor's bundle is being released.
 SPARE_TP_GROUPS = 1
 READY_TIMEOUT_S = 120.0
 
 
-def check_ingress_cpus(replicas: int, cluster_cpus: float) -> None:
-    """A Ray without the CPUs the ingress replicas reserve would leave Serve waiting for them
-    forever: refuse at start, naming the setting."""
-    need = replicas * INGRESS_REPLICA_CPUS
-    if cluster_cpus < need:
-        raise ConfigError(
-            f"ingress_replicas: {replicas} replicas reserve {need:g} CPUs in Ray "
-            f"({INGRESS_REPLICA_CPUS:g} each), but the Ray cluster joined has {cluster_cpus:g}"
-        )
-
-
-@dataclass
-class ServiceHandles:
-    """The actors of one running service, by role."""
-
-    prefill: dict[int, Any] = field(default_factory=dict)
-    decode: dict[int, Any] = field(default_factory=dict)
-    router: Any = None
-    auction: Any = None
-    poa: Any = None
-    controller: Any = None
-    metrics: Any = None  # cluster.ray.metrics_server: /metrics on its own port
-    placement_groups: list[Any] = field(default_factory=list)
-
-    def actors(self) -> list[Any]:
-        singles = [self.metrics, self.controller, self.poa, self.auction, self.router]
-        return [a for a in singles if a is not None] + [
-            *self.decode.values(),
-            *self.prefill.values(),
-        ]
-
-
-def _head_node_id() -> str:
-    """Ray's head node (the one holding ``node:__internal_head__``), else this process's."""
-    for node in ray.nodes():  # type: ignore[no-untyped-call]  # Ray leaves it untyped
-        if node.get("Alive") and "node:__internal_head__" in node.get("Resources", {}):
-            return str(node["NodeID"])
-    return str(ray.get_runtime_context().get_node_id())
-
-
 class Service:
     """One running service: start it, read its URLs, stop it."""
 
-    def __init__(self, config: ServeConfig, *, users: Users | None = None) -> None:
+    def __init__(
+        self, config: ServeConfig, *, users: Users | None = None, engines: Engines | None = None
+    ) -> None:
+        """``engines``: what the workers run; by default those ``config.backend`` names."""
         self.config = config
+        self.engines = engines if engines is not None else engines_for(config)
         # The config decides whether keyless requests are served (as "anonymous", bid 0).
         self.users = Users.from_wire(
             None if users is None else users.to_wire(), allow_anonymous=config.allow_anonymous
@@ -215,13 +179,13 @@ class Service:
     def worker_spec(self, model_dir: str | None) -> WorkerSpec:
         """What every worker of this service starts with (deploy time and re-splits)."""
         cfg = self.config
-        return WorkerSpec(
+        return self.engines.worker_spec(WorkerSpec(
             profile=cfg.profile, tp=self.profile.tp, speedup=cfg.speedup,
             epoch_wall=self.epoch_wall, seed=cfg.seed, nats_url=self.nats_url,
             namespace=cfg.namespace, model_dir=model_dir,
             accelerator_resource=cfg.accelerator_resource, request_gpus=cfg.request_gpus,
             max_restarts=cfg.worker_max_restarts, env_vars=self.actor_env,
-        )  # fmt: skip
+        ))  # fmt: skip
 
     def _start_workers(self, model_dir: str | None) -> None:
         self._spec = self.worker_spec(model_dir)
@@ -231,6 +195,7 @@ class Service:
             wid = self.topology.prefill + d
             self.handles.decode[wid] = self._worker("decode", wid)
         self._await_ready([*self.handles.prefill.values(), *self.handles.decode.values()])
+        self.engines.started_workers(self.handles)
 
     def _worker(self, role: str, worker_id: int) -> Any:
         """The worker actor: the running detached one, or a new one on its own placement group
@@ -259,7 +224,7 @@ class Service:
         # ledger's volume, or a PostgreSQL ledger's password (the Helm chart gives either to
         # the head only). The head carries the GCS, so pinning costs no availability.
         on_head = (
-            {"scheduling_strategy": NodeAffinitySchedulingStrategy(_head_node_id(), soft=False)}
+            {"scheduling_strategy": NodeAffinitySchedulingStrategy(head_node_id(), soft=False)}
             if role == "auction"
             else {}
         )
@@ -278,7 +243,7 @@ class Service:
     def _start_control_plane(self) -> None:
         cfg, h = self.config, self.handles
         nats = {"nats_url": self.nats_url, "namespace": cfg.namespace}
-        h.router = self._control("router", *self._router_actor())
+        h.router = self._control("router", *self.engines.router_actor(self._router_arguments()))
         users = self.users.ledger_users()
         h.auction = self._control(
             "auction",
@@ -319,12 +284,13 @@ class Service:
             ),
         )
         self._await_ready([h.router, h.auction, h.poa, h.controller])
+        self.engines.started_control_plane(h)
 
     def _start_metrics_server(self) -> None:
         """``/metrics`` on ``metrics_host:metrics_port``, on Ray's head node (where an operator
         looks for it; on Kubernetes the head pod, which the chart's ServiceMonitor selects)."""
         cfg, h = self.config, self.handles
-        head = NodeAffinitySchedulingStrategy(node_id=_head_node_id(), soft=False)
+        head = NodeAffinitySchedulingStrategy(node_id=head_node_id(), soft=False)
         options = {**self._control_options("metrics"), "scheduling_strategy": head}
         existing = self._existing(f"{cfg.namespace}-metrics")
         h.metrics = existing or ray.remote(MetricsServerActor).options(**options).remote(
@@ -337,10 +303,10 @@ class Service:
         host = where.host if where.host not in ("0.0.0.0", "::") else "127.0.0.1"
         self.metrics_url = f"http://{host}:{where.port}/metrics"
 
-    def _router_actor(self) -> tuple[type, dict[str, Any]]:
-        """The router actor's class and arguments (the Dynamo backend's differ)."""
+    def _router_arguments(self) -> dict[str, Any]:
+        """What every router actor is given (the engines add theirs, or take some away)."""
         h = self.handles
-        return RouterActor, dict(
+        return dict(
             prefill_workers=list(h.prefill),
             decode_workers=list(h.decode),
             block_size=self.profile.block_size,
@@ -361,16 +327,10 @@ class Service:
         ray.get([a.ready.remote() for a in actors], timeout=READY_TIMEOUT_S)
 
     def _deploy_ingress(self, host: str, port: int, model_dir: str | None) -> None:
+        cfg = self.config
+        start_serve(host, port, cfg.direct_port, cfg.ingress_replicas)
         from ray import serve
 
-        first = self.config.direct_port
-        if first is not None and first <= port < first + self.config.ingress_replicas:
-            raise ConfigError(f"direct_port: the replicas' ports include the API port {port}")
-        env = None if first is None else controller_env(first, self.config.ingress_replicas)
-        serve.start(
-            http_options={"host": host, "port": port},
-            controller_options=None if env is None else {"runtime_env": {"env_vars": env}},
-        )
         serve.run(self.ingress_application(model_dir), name="disaggctl", route_prefix="/")
 
     def ingress_application(self, model_dir: str | None) -> Application:
@@ -380,7 +340,7 @@ class Service:
 
         cfg = self.config
         return ingress_app(
-            self._path_factory(),
+            self.engines.path_factory(self),
             model_name=cfg.model_name,
             model_dir=model_dir,
             users=self.users,
@@ -391,27 +351,13 @@ class Service:
             limits=cfg.limits,
         )
 
-    def _handle_map(self) -> dict[str, Any]:
+    def handle_map(self) -> dict[str, Any]:
+        """The running actors by role, as a request path is given them."""
         h = self.handles
         return {
             "router": h.router, "auction": h.auction, "poa": h.poa,
             "controller": h.controller, "prefill": h.prefill, "decode": h.decode,
         }  # fmt: skip
-
-    def _path_factory(self) -> Any:
-        """What each ingress replica calls to build its request path (picklable)."""
-        from cluster.serve.replica_path import make_actor_path
-
-        cfg = self.config
-        return functools.partial(
-            make_actor_path, handles=self._handle_map(), profile=cfg.profile,
-            speedup=cfg.speedup, nats_url=self.nats_url, namespace=cfg.namespace,
-            block_size=self.profile.block_size,
-            local_prefill_max_tokens=self.profile.decode.local_prefill_max_tokens,
-            seed=cfg.seed, routing=cfg.routing.model_dump(),
-            chunk_interval_s=cfg.stream_chunk_s,
-            exchange_period_s=cfg.admission.exchange_period_s,
-        )  # fmt: skip
 
     # -- stop --------------------------------------------------------------------------------
 
@@ -440,6 +386,7 @@ class Service:
         if self.nats is not None:
             self.nats.close()
             self.nats = None
+        self.engines.stop()
 
     def _worker_ids(self) -> list[int]:
         return list(range(self.topology.prefill + self.topology.decode))
@@ -447,28 +394,14 @@ class Service:
     def _stop_moved_workers(self) -> None:
         """Workers a re-split started (the controller actor's, detached so that they survive
         its restarts; cluster/ray/pools.py) are not in ``handles``: find them by name."""
-        if self._lifetime == "detached":
-            return
-        from cluster.ray.launcher import remove_named_placement
-
-        for wid in self._worker_ids():
-            for role in ("prefill", "decode"):
-                name = worker_name(self.config.namespace, role, wid)
-                with contextlib.suppress(Exception):
-                    ray.kill(ray.get_actor(name, namespace=RAY_NAMESPACE), no_restart=True)
-                remove_named_placement(name)
+        if self._lifetime != "detached":
+            kill_named_workers(self.config.namespace, self._worker_ids())
 
     def refresh_workers(self) -> ServiceHandles:
         """Point ``handles.prefill``/``decode`` at the workers serving now: a re-split (the
         controller actor's) moves a worker id to the other role under a new actor."""
-        prefill: dict[int, Any] = {}
-        decode: dict[int, Any] = {}
-        for wid in self._worker_ids():
-            for role, pool in (("prefill", prefill), ("decode", decode)):
-                name = worker_name(self.config.namespace, role, wid)
-                with contextlib.suppress(ValueError):
-                    pool[wid] = ray.get_actor(name, namespace=RAY_NAMESPACE)
-        self.handles.prefill, self.handles.decode = prefill, decode
+        found = named_workers(self.config.namespace, self._worker_ids())
+        self.handles.prefill, self.handles.decode = found
         return self.handles
 
     def __enter__(self) -> Service:

@@ -1,7 +1,9 @@
-"""The live service on the Dynamo backend (``disaggctl serve --backend dynamo``; docs/design.md §6).
+"""The Dynamo backend's engines (``disaggctl serve --backend dynamo``; docs/design.md §6).
 
-The same composition as :class:`cluster.service.Service` — NATS, Ray, the auction, PoA and
-controller actors, the OpenAI ingress — with three parts swapped:
+:class:`cluster.service.Service` composes the same service — NATS, Ray, the auction, PoA and
+controller actors, the OpenAI ingress — whatever its engines; :class:`DynamoEngines` is what
+it is given for Dynamo (``cluster.engines.engines_for`` picks it when ``backend`` is
+``dynamo``), and changes three parts:
 
 - workers: one :class:`cluster.dynamo.worker_actor.DynamoWorkerActor` per slot, each owning one
   Dynamo process (``dynamo.mocker`` or ``dynamo.vllm``) placed by the same accelerator resources;
@@ -20,6 +22,7 @@ from __future__ import annotations
 import functools
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,32 +32,32 @@ from cluster.dynamo.install import require_dynamo
 from cluster.dynamo.shadow import ShadowRouterActor
 from cluster.ray.worker_factory import DynamoWorkerSpec, WorkerSpec
 from cluster.serve.config import ServeConfig
+from cluster.serve.deployment import PathFactory
 from cluster.serve.users import Users
 from cluster.service import READY_TIMEOUT_S, Service
+from cluster.service_handles import ServiceHandles
 
-__all__ = ["DynamoService", "make_service"]
+__all__ = ["DynamoEngines", "make_service"]
 
 
 def make_service(config: ServeConfig, *, users: Users | None = None) -> Service:
-    """The service ``config.backend`` names."""
-    if config.backend == "dynamo":
-        return DynamoService(config, users=users)
+    """The service ``config.backend`` names (``Service`` picks its engines by it)."""
     return Service(config, users=users)
 
 
-class DynamoService(Service):
-    """:class:`Service` with Dynamo's workers and routers (module docstring)."""
+class DynamoEngines:
+    """Dynamo processes under the worker actors (module docstring)."""
 
-    def __init__(self, config: ServeConfig, *, users: Users | None = None) -> None:
+    def __init__(self, config: ServeConfig) -> None:
         if config.backend != "dynamo":
-            raise ValueError("DynamoService serves backend 'dynamo' only")
+            raise ValueError("DynamoEngines serve backend 'dynamo' only")
         require_dynamo()  # before anything starts: a clear error naming the install command
-        super().__init__(config, users=users)
+        self.config = config
         self.discovery_dir: str | None = None
         self.log_dir = str(Path(config.ledger_path).parent.resolve() / "dynamo-logs")
         self.instances: dict[str, dict[int, int]] = {"prefill": {}, "decode": {}}
 
-    def worker_spec(self, model_dir: str | None) -> WorkerSpec:
+    def worker_spec(self, base: WorkerSpec) -> WorkerSpec:
         if self.discovery_dir is None:
             self.discovery_dir = tempfile.mkdtemp(prefix="disagg-dyn-")
         Path(self.log_dir).mkdir(parents=True, exist_ok=True)
@@ -62,21 +65,18 @@ class DynamoService(Service):
             settings=self.config.dynamo.model_dump(),
             discovery_dir=self.discovery_dir, log_dir=self.log_dir,
         )  # fmt: skip
-        return super().worker_spec(model_dir).model_copy(update={"dynamo": dynamo})
+        return base.model_copy(update={"dynamo": dynamo})
 
-    def _start_workers(self, model_dir: str | None) -> None:
-        super()._start_workers(model_dir)
-        h = self.handles
-        for role, pool in (("prefill", h.prefill), ("decode", h.decode)):
+    def started_workers(self, handles: ServiceHandles) -> None:
+        for role, pool in (("prefill", handles.prefill), ("decode", handles.decode)):
             infos = ray.get([a.start.remote() for a in pool.values()], timeout=READY_TIMEOUT_S)
             for slot, info in zip(pool, infos, strict=True):
                 if info.instance_id is None:  # start() returns once its process serves
                     raise RuntimeError(f"{role} worker {slot} serves without a Dynamo instance id")
                 self.instances[role][slot] = info.instance_id
 
-    def _router_actor(self) -> tuple[type, dict[str, Any]]:
-        _, kwargs = super()._router_actor()
-        del kwargs["local_prefill_max_tokens"]
+    def router_actor(self, base: Mapping[str, Any]) -> tuple[type, dict[str, Any]]:
+        kwargs = {k: v for k, v in base.items() if k != "local_prefill_max_tokens"}
         d = self.config.dynamo
         kwargs.update(
             block_size=d.block_size,
@@ -87,28 +87,25 @@ class DynamoService(Service):
         )
         return ShadowRouterActor, kwargs
 
-    def _start_control_plane(self) -> None:
-        super()._start_control_plane()
-        h = self.handles
-        workers = [*h.prefill.values(), *h.decode.values()]
+    def started_control_plane(self, handles: ServiceHandles) -> None:
+        workers = [*handles.prefill.values(), *handles.decode.values()]
         # From now on each worker re-binds its instance id after a restart of its process.
-        ray.get([w.attach.remote(h.router) for w in workers], timeout=READY_TIMEOUT_S)
+        ray.get([w.attach.remote(handles.router) for w in workers], timeout=READY_TIMEOUT_S)
 
-    def _path_factory(self) -> Any:
+    def path_factory(self, service: Service) -> PathFactory:
         from cluster.dynamo.backend import make_dynamo_path
 
         cfg = self.config
-        assert self.nats_url is not None and self.discovery_dir is not None  # set by _start
+        assert service.nats_url is not None and self.discovery_dir is not None  # set at start
         return functools.partial(
-            make_dynamo_path, handles=self._handle_map(), profile=cfg.profile,
-            nats_url=self.nats_url, namespace=cfg.namespace,
+            make_dynamo_path, handles=service.handle_map(), profile=cfg.profile,
+            nats_url=service.nats_url, namespace=cfg.namespace,
             settings=cfg.dynamo.model_dump(), discovery_dir=self.discovery_dir,
             model_name=cfg.dynamo.model_name, exchange_period_s=cfg.admission.exchange_period_s,
             chunk_interval_s=cfg.stream_chunk_s,
         )  # fmt: skip
 
     def stop(self) -> None:
-        super().stop()
         if self.discovery_dir is not None:
             shutil.rmtree(self.discovery_dir, ignore_errors=True)
             self.discovery_dir = None

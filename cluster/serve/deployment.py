@@ -38,7 +38,7 @@ from ray import serve
 from ray.serve import Application
 
 from cluster.model_dir import ChatTokenizer, default_model_dir
-from cluster.models import validate_model
+from cluster.models import ConfigError, validate_model
 from cluster.ray.metrics_export import merge_metrics_texts
 from cluster.ray.metrics_server import PUSH_PERIOD_S
 from cluster.serve.app import MAX_BODY_BYTES, build_app
@@ -159,6 +159,17 @@ IngressDeployment = serve.deployment(
 # What each ingress replica reserves in Ray (Serve's own default, stated so the service can size
 # a local session and check a joined cluster for it).
 INGRESS_REPLICA_CPUS = 1.0
+
+
+def check_ingress_cpus(replicas: int, cluster_cpus: float) -> None:
+    """A Ray without the CPUs the ingress replicas reserve would leave Serve waiting for them
+    forever: refuse at start, naming the setting."""
+    need = replicas * INGRESS_REPLICA_CPUS
+    if cluster_cpus < need:
+        raise ConfigError(
+            f"ingress_replicas: {replicas} replicas reserve {need:g} CPUs in Ray "
+            f"({INGRESS_REPLICA_CPUS:g} each), but the Ray cluster joined has {cluster_cpus:g}"
+        )
 
 
 def ingress_app(

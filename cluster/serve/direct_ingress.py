@@ -22,10 +22,13 @@ import time
 import urllib.error
 import urllib.request
 
+from cluster.models import ConfigError
+
 __all__ = [
     "REPLICA_ENV",
     "controller_env",
     "direct_urls",
+    "start_serve",
     "wait_answering",
 ]
 
@@ -47,6 +50,20 @@ def controller_env(first_port: int, replicas: int) -> dict[str, str]:
         "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(first_port),
         "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(first_port + replicas),
     }
+
+
+def start_serve(host: str, port: int, direct_port: int | None, replicas: int) -> None:
+    """Start Serve with its proxy on ``host:port`` and, given ``direct_port``, direct ingress on
+    the replicas' ports (refused when they would include the proxy's)."""
+    from ray import serve
+
+    if direct_port is not None and direct_port <= port < direct_port + replicas:
+        raise ConfigError(f"direct_port: the replicas' ports include the API port {port}")
+    env = None if direct_port is None else controller_env(direct_port, replicas)
+    serve.start(
+        http_options={"host": host, "port": port},
+        controller_options=None if env is None else {"runtime_env": {"env_vars": env}},
+    )
 
 
 def direct_urls(host: str, first_port: int, replicas: int) -> list[str]:

@@ -733,7 +733,7 @@ def test_the_serve_deployment_serves_the_app_build_app_makes(
 
 def test_a_ray_without_the_replicas_cpus_is_refused_at_start() -> None:
     from cluster.models import ConfigError
-    from cluster.service import check_ingress_cpus
+    from cluster.serve.deployment import check_ingress_cpus
 
     check_ingress_cpus(4, 4.0)  # Serve can place all four
     with pytest.raises(ConfigError, match=r"ingress_replicas: 4 replicas reserve 4 CPUs.* has 2"):

@@ -29,12 +29,12 @@ import ray
 
 from bench.dynamo import agreement_counts
 from cluster.dynamo.routing import DynamoRoutes
-from cluster.dynamo.service import DynamoService
 from cluster.model_dir import ChatTokenizer, default_model_dir
 from cluster.nats_server import free_port
 from cluster.ray.metrics_server import PUSH_PERIOD_S
 from cluster.ray.status import RouterStats
 from cluster.serve.config import ServeConfig
+from cluster.service import Service
 from tests.dynamo.conftest import pid_gone
 
 pytestmark = [
@@ -64,7 +64,7 @@ def service(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
             "resplit": {"enabled": False},
         },
     })  # fmt: skip
-    svc = DynamoService(config)
+    svc = Service(config)
     try:
         svc.start(port=free_port())
         yield svc
@@ -91,15 +91,15 @@ async def _ask(client: openai.AsyncOpenAI, i: int, k: int, max_tokens: int = 8) 
     return {"text": text, "disagg": disagg}
 
 
-def _client(svc: DynamoService) -> openai.AsyncOpenAI:
+def _client(svc: Service) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{svc.url}/v1", api_key="none", max_retries=0)
 
 
-def _stats(svc: DynamoService) -> RouterStats:
+def _stats(svc: Service) -> RouterStats:
     return ray.get(svc.handles.router.stats.remote())
 
 
-def test_requests_are_answered_and_overlaps_equal_dynamos(service: DynamoService) -> None:
+def test_requests_are_answered_and_overlaps_equal_dynamos(service: Service) -> None:
     client = openai.OpenAI(base_url=f"{service.url}/v1", api_key="none", max_retries=0)
     reply = client.chat.completions.create(model=MODEL, messages=_messages(0, 0), max_tokens=8)
     assert reply.choices[0].message.content and reply.usage.completion_tokens == 8
@@ -121,7 +121,7 @@ def test_requests_are_answered_and_overlaps_equal_dynamos(service: DynamoService
     async def compare() -> tuple[list[dict[int, int]], list[dict[int, int]]]:
         routes = DynamoRoutes(
             service.config.dynamo, nats_url=service.nats_url or "",
-            discovery_dir=service.discovery_dir or "", model_name=MODEL,
+            discovery_dir=service.engines.discovery_dir or "", model_name=MODEL,
         )  # fmt: skip
         await routes.start()
         try:
@@ -151,7 +151,7 @@ async def _dynamo_overlaps(routes: DynamoRoutes, tokens: list[int]) -> dict[int,
 
 
 def test_every_request_gets_our_breakdown_and_agreement_is_counted(
-    service: DynamoService,
+    service: Service,
 ) -> None:
     assert service.metrics_url is not None
     metrics_url = service.metrics_url
@@ -194,7 +194,7 @@ def test_every_request_gets_our_breakdown_and_agreement_is_counted(
 
 
 def test_a_ramp_switches_the_regime_and_the_next_requests_carry_the_override(
-    service: DynamoService,
+    service: Service,
 ) -> None:
     start = _stats(service).policy
     assert start.regime == "below" and start.tau == 0.0
@@ -229,12 +229,12 @@ def test_a_ramp_switches_the_regime_and_the_next_requests_carry_the_override(
     }
 
 
-def _decode_inflight(svc: DynamoService) -> list[float | None]:
+def _decode_inflight(svc: Service) -> list[float | None]:
     """Requests in flight on each decode mocker's generate endpoint (its ``/metrics``)."""
     return [ray.get(w.load.remote()).inflight for w in svc.handles.decode.values()]
 
 
-def test_clients_that_hang_up_after_one_chunk_stop_the_mockers(service: DynamoService) -> None:
+def test_clients_that_hang_up_after_one_chunk_stop_the_mockers(service: Service) -> None:
     """A disconnect stops the work on Dynamo too: the ingress closes the request's stream from
     the decode worker, Dynamo's runtime cancels the request there, and the mocker frees it within
     2 s, long before its ``max_tokens`` would have run out (a 400-token answer read to its end
@@ -285,7 +285,7 @@ def test_clients_that_hang_up_after_one_chunk_stop_the_mockers(service: DynamoSe
     assert answer["text"]
 
 
-def test_a_killed_mocker_is_restarted_and_rebound(service: DynamoService) -> None:
+def test_a_killed_mocker_is_restarted_and_rebound(service: Service) -> None:
     worker = service.handles.decode[1]
     old = ray.get(worker.info.remote())
     pid = ray.get(worker.kill_engine.remote())
@@ -324,7 +324,7 @@ def test_a_killed_mocker_is_restarted_and_rebound(service: DynamoService) -> Non
 
 
 def test_a_resplit_stops_a_decode_mocker_and_starts_a_prefill_one(
-    service: DynamoService,
+    service: Service,
 ) -> None:
     controller = service.handles.controller
     moved = ray.get(controller.resplit_now.remote("prefill", "test", 2), timeout=120)

@@ -1,0 +1,73 @@
+"""The service's engines (cluster/engines.py): ``Service`` is given them, or picks those its
+``backend`` names, and each changes only its own steps: the workers' spec, the router actor, the
+request path. The live start of each runs in tests/integration and tests/dynamo."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster.dynamo.service import DynamoEngines
+from cluster.dynamo.shadow import ShadowRouterActor
+from cluster.engines import SimEngines, engines_for
+from cluster.ray.router_actor import RouterActor
+from cluster.ray.worker_factory import WorkerSpec
+from cluster.serve.config import ServeConfig
+from cluster.service import Service
+
+BASE_SPEC = WorkerSpec(
+    profile="b200-llama70b-fp8-tp4", tp=4, speedup=1.0, epoch_wall=1.0, seed=0,
+    nats_url="nats://127.0.0.1:4222", namespace="disagg",
+)  # fmt: skip
+BASE_ROUTER: dict[str, Any] = {
+    "prefill_workers": [0], "decode_workers": [1, 2], "block_size": 16,
+    "local_prefill_max_tokens": 512, "seed": 0, "nats_url": None, "namespace": "disagg",
+}  # fmt: skip
+
+
+def _dynamo_config(tmp: Path) -> ServeConfig:
+    return ServeConfig.model_validate(
+        {"backend": "dynamo", "topology": "1P/2D", "ledger_path": str(tmp / "ledger.sqlite")}
+    )
+
+
+def test_the_backend_names_the_engines_and_a_given_one_wins(tmp_path: Path) -> None:
+    assert isinstance(engines_for(ServeConfig()), SimEngines)
+    assert isinstance(Service(ServeConfig()).engines, SimEngines)
+    config = _dynamo_config(tmp_path)
+    assert isinstance(Service(config).engines, DynamoEngines)
+    given = SimEngines()
+    assert Service(ServeConfig(), engines=given).engines is given
+    with pytest.raises(ValueError, match="backend 'dynamo' only"):
+        DynamoEngines(ServeConfig())
+
+
+def test_the_simulated_engines_change_nothing() -> None:
+    engines = SimEngines()
+    assert engines.worker_spec(BASE_SPEC) == BASE_SPEC
+    cls, kwargs = engines.router_actor(BASE_ROUTER)
+    assert cls is RouterActor and kwargs == BASE_ROUTER and kwargs is not BASE_ROUTER
+
+
+def test_dynamos_engines_add_their_processes_and_their_router_and_clean_up(
+    tmp_path: Path,
+) -> None:
+    config = _dynamo_config(tmp_path)
+    engines = DynamoEngines(config)
+    spec = engines.worker_spec(BASE_SPEC)
+    assert spec.dynamo is not None and spec.model_copy(update={"dynamo": None}) == BASE_SPEC
+    discovery = Path(spec.dynamo.discovery_dir)
+    assert discovery.is_dir() and Path(spec.dynamo.log_dir).is_dir()
+    assert engines.worker_spec(BASE_SPEC).dynamo == spec.dynamo  # one folder per service
+    cls, kwargs = engines.router_actor(BASE_ROUTER)
+    assert cls is ShadowRouterActor and "local_prefill_max_tokens" not in kwargs
+    assert kwargs["block_size"] == config.dynamo.block_size
+    assert kwargs["components"] == {
+        "prefill": config.dynamo.prefill_component, "decode": config.dynamo.decode_component
+    }  # fmt: skip
+    assert kwargs["instances"] is engines.instances  # filled in as the processes start
+    engines.stop()
+    assert not discovery.exists() and engines.discovery_dir is None
+    engines.stop()  # twice is fine

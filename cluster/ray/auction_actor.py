@@ -1,14 +1,10 @@
 """The auction actor: admission (``auction.admission.AdmissionQueue``) and money
 (``auction.ledger.Ledger`` holds) behind async methods (docs/design.md "Serve runtime", §1).
 
-One request's money: ``admit`` reserves its bid b_r as a hold FIRST (``BudgetExceeded`` → the
-ingress answers 402, ``UnknownAccountError`` → 401, ``QueueFull`` → 503, ``ValueError`` →
-400), then waits in the queue until the release rule lets it go. ``finished(answered=True)``
-captures its payment share p_r ≤ b_r from the hold (auctioned requests) or releases the hold
-(FCFS requests pay nothing; so does a request not answered). A caller cancelled while queued
-leaves the queue and its hold is released. The ingress replicas hand in their queued requests in
-batches instead (``exchange``, ``cluster/ray/auction_exchange.py``): those holds are owned by the
-replica's lease and expire with it. When the actor starts it releases the holds it finds
+Two ways in, each a mixin: one request at a time (``admit`` → ``started`` → ``finished``,
+``cluster/ray/auction_unary.py``, which states one request's money), or, from the ingress
+replicas, their queued requests in batches (``exchange``, ``cluster/ray/auction_exchange.py``):
+those holds are owned by the replica's lease and expire with it. When the actor starts it releases the holds it finds
 without an owner that renews them (``Ledger.release_abandoned_holds``): the unary ones, whose
 callers waited on the instance that died, and the expired ones. A replica's unexpired holds stay
 open, so its requests are still charged when they are answered.
@@ -17,8 +13,6 @@ Callers over Ray: cancelling the coroutine that awaits ``admit.remote`` does NOT
 actor's task. A caller that gives up on an admission calls ``finished(request_id, False)`` (or
 ``ray.cancel`` on the ref): it takes a queued request out, frees a released one's prefill slot
 and releases the hold. Without it the request would keep its slot until the actor restarts.
-
-Anonymous traffic (user "" or "anonymous") has no account: it may only bid 0 and holds nothing.
 
 Threads: the actor's state lives on its event loop; the ledger (``cluster.ledger.open_ledger``:
 a SQLite file, or PostgreSQL on a cluster; one durable commit per write) runs on one dedicated
@@ -45,9 +39,8 @@ from auction.admission import (
     Release,
     derived_max_in_prefill,
 )
-from auction.ledger import BudgetExceeded, LedgerError, UnknownAccountError
+from auction.ledger import BudgetExceeded, UnknownAccountError
 from auction.realised import RealisedBatch, RealisedWelfare
-from auction.request import Request
 from cluster.bus import BusError, EventBus
 from cluster.dataplane.admission import LEASE_TTL_S, LeaseBook
 from cluster.events import AuctionEvent
@@ -56,6 +49,7 @@ from cluster.models import validate_model
 from cluster.ray.actor_support import Ready, ready_record
 from cluster.ray.auction_exchange import Box, Entry, ReplicaExchange
 from cluster.ray.auction_settings import AuctionSettingsModel, UserAccount
+from cluster.ray.auction_unary import ANONYMOUS, AdmissionCancelledError, UnaryAdmission
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
 from cluster.ray.status import AuctionStats, UserBalance
 from cluster.sim.wallclock import Clock
@@ -72,16 +66,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-ANONYMOUS = "anonymous"
-_REMEMBER_FINISHED = 10_000  # finished() answers repeats for this many recent requests
 T = TypeVar("T")
 
 
-class AdmissionCancelledError(Exception):
-    """The request left the queue before its release (finished while queued, or shutdown)."""
-
-
-class AuctionActor(ReplicaExchange):
+class AuctionActor(UnaryAdmission, ReplicaExchange):
     def __init__(
         self,
         *,
@@ -240,74 +228,6 @@ class AuctionActor(ReplicaExchange):
     async def metrics_text(self) -> str:
         return owned_metrics_text(OWNERS["auction"])
 
-    # -- admission -----------------------------------------------------------------------------
-
-    async def admit(
-        self, request_id: str, user: str, bid: float, tokens: list[int],
-        lease_id: str | None = None,
-    ) -> Release:  # fmt: skip
-        """Reserve ``bid``, wait for the release (its position, price, batch and mode; module
-        docstring for the errors). ``lease_id``: the caller's replica
-        ran over its leased share (cluster/dataplane/admission.py); its slots come back now."""
-        if lease_id is not None:
-            self._leases.revoke(lease_id)
-            self._lend()
-        anonymous = user in ("", ANONYMOUS)
-        user = ANONYMOUS if anonymous else user
-        Request(request_id, user, tokens, bid)  # ValueError for a bad id, bid or prompt, early
-        if request_id in self._entries:
-            raise ValueError(f"request {request_id!r} is already admitted")
-        if request_id in self._settled:  # finished() came first (its caller gave up already)
-            raise AdmissionCancelledError(f"request {request_id!r} already finished")
-        if anonymous and bid > 0:
-            raise BudgetExceeded(ANONYMOUS, float(bid), 0.0)  # no account: nothing to bid with
-        if self._queue.depth >= self.settings.max_queue:  # before the ledger is touched
-            raise QueueFull(f"the admission queue is full ({self._queue.depth} wait)")
-        self._holds += 1
-        hold_id = None if anonymous else f"{request_id}@{self._instance}.{self._holds}"
-        loop = asyncio.get_running_loop()
-        entry = self._entries[request_id] = Entry(user, float(bid), hold_id, loop.time())
-        reserving = held = False
-        # Registered before the reserve, so that finished() or shutdown() can refuse it anytime.
-        waiter: asyncio.Future[Release] = loop.create_future()
-        self._waiters[request_id] = waiter
-        try:
-            if hold_id is not None:
-                reserving = True
-                await self._ledger_call(self._ledger.reserve, hold_id, user, bid)
-                held = True
-            if not waiter.done():
-                self._queue.enqueue(request_id, user, bid, tokens, now=loop.time())
-                self._pump()
-            release = await waiter
-        except BaseException as exc:
-            # Cancelled mid-reserve, the reserve may still commit: the release queued behind
-            # it on the ledger thread undoes it either way.
-            cancelled = isinstance(exc, asyncio.CancelledError)
-            self._abandon(request_id, held or (reserving and cancelled))
-            raise
-        finally:
-            self._waiters.pop(request_id, None)
-        entry.release = release
-        return release
-
-    def _abandon(self, request_id: str, release_hold: bool) -> None:
-        entry = self._entries.pop(request_id, None)
-        if not self._queue.cancel(request_id):
-            self._queue.slot_freed(request_id)  # released just as its caller gave up
-        if entry is not None and entry.hold_id is not None and release_hold:
-            try:
-                self._exec.submit(self._release_quietly, entry.hold_id)
-            except RuntimeError:  # shut down: the next start releases every open hold
-                log.debug("hold %r left for the next start to release", entry.hold_id)
-        self._pump()
-
-    def _release_quietly(self, hold_id: str) -> None:
-        try:
-            self._ledger.release(hold_id)
-        except LedgerError as exc:  # unknown: the reserve failed; else the next start releases it
-            log.debug("release of hold %r: %s", hold_id, exc)
-
     def _pump(self) -> None:
         """Release what the rule allows now; publish new batches; arm the batch-window timer."""
         if self._closed:
@@ -380,58 +300,11 @@ class AuctionActor(ReplicaExchange):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def started(self, request_id: str) -> None:
-        """First token: the request's prefill slot is free."""
-        self._queue.slot_freed(request_id)
-        self._realised(self.realised.first_token(request_id, asyncio.get_running_loop().time()))
-        self._pump()
-
     def _realised(self, batch: RealisedBatch | None) -> None:
         if batch is not None:
             self.realised_welfare += batch.realised
             self.realised_planned_welfare += batch.planned
             metrics.AUCTION_REALISED_WELFARE.set(batch.realised)
-
-    async def finished(self, request_id: str, answered: bool) -> float:
-        """Capture the request's share (answered, auctioned) or release its hold; idempotent.
-        What was charged.
-        A request still queued leaves the queue (its ``admit`` raises AdmissionCancelledError)."""
-        self._realised(self.realised.ended(request_id))
-        settled = self._settled.get(request_id)
-        if settled is None:
-            entry = self._entries.get(request_id)
-            if entry is not None and entry.release is None:  # still queued (or reserving)
-                waiter = self._waiters.get(request_id)
-                if waiter is not None and not waiter.done():
-                    waiter.set_exception(AdmissionCancelledError(f"{request_id!r} finished"))
-            if entry is None or entry.release is None:
-                # A tombstone: nothing to settle here, and a late admit of this id is refused.
-                settled = asyncio.get_running_loop().create_future()
-                settled.set_result(0.0)
-            else:
-                del self._entries[request_id]
-                self._queue.slot_freed(request_id)
-                self._pump()
-                settled = asyncio.get_running_loop().create_task(self._settle(entry, answered))
-            self._settled[request_id] = settled
-            while len(self._settled) > _REMEMBER_FINISHED:
-                self._settled.popitem(last=False)
-        return await asyncio.shield(settled)
-
-    async def _settle(self, entry: Entry, answered: bool) -> float:
-        release = entry.release
-        assert release is not None
-        if entry.hold_id is None:
-            return 0.0
-        if answered and release.mode == "auction" and release.batch_id is not None:
-            charge = await self._ledger_call(
-                self._ledger.capture, entry.hold_id, release.batch_id, release.payment
-            )
-            self.revenue += charge.amount
-            metrics.AUCTION_REVENUE.inc(charge.amount)
-            return charge.amount
-        await self._ledger_call(self._ledger.release, entry.hold_id)
-        return 0.0
 
     async def set_regime(self, regime: str) -> None:
         self._queue.set_regime(regime)

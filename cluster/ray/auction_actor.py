@@ -4,10 +4,11 @@
 Two ways in, each a mixin: one request at a time (``admit`` → ``started`` → ``finished``,
 ``cluster/ray/auction_unary.py``, which states one request's money), or, from the ingress
 replicas, their queued requests in batches (``exchange``, ``cluster/ray/auction_exchange.py``):
-those holds are owned by the replica's lease and expire with it. When the actor starts it releases the holds it finds
-without an owner that renews them (``Ledger.release_abandoned_holds``): the unary ones, whose
-callers waited on the instance that died, and the expired ones. A replica's unexpired holds stay
-open, so its requests are still charged when they are answered.
+those holds are owned by the replica's lease and expire with it. When the actor starts it
+releases the holds it finds without an owner that renews them
+(``Ledger.release_abandoned_holds``): the unary ones, whose callers waited on the instance that
+died, and the expired ones. A replica's unexpired holds stay open, so its requests are still
+charged when they are answered.
 
 Callers over Ray: cancelling the coroutine that awaits ``admit.remote`` does NOT cancel the
 actor's task. A caller that gives up on an admission calls ``finished(request_id, False)`` (or

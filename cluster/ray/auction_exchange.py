@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from auction.admission import AdmissionQueue, QueueFull, Release
+from auction.admission import AdmissionQueue, AuctionSettings, QueueFull, Release
 from auction.ledger import (
     BudgetExceeded,
     Charge,
@@ -35,7 +35,7 @@ from cluster.dataplane.admission import ANONYMOUS_USERS, Lease, LeaseBook
 from cluster.dataplane.exchange import Bid, ExchangeIn, ExchangeOut, Refused, Settled, Settlement
 from telemetry import metrics
 
-__all__ = ["ReplicaExchange"]
+__all__ = ["AuctionCore", "ReplicaExchange"]
 
 T = TypeVar("T")
 BOX_KEEP_S = 60.0  # a silent replica's undelivered answers are kept this long
@@ -80,19 +80,21 @@ def refusal_of(request_id: str, exc: BaseException) -> Refused:
     return Refused(request_id, status, code, str(exc).splitlines()[0] if str(exc) else code)
 
 
-class ReplicaExchange:
-    """Leases and exchanges, mixed into ``AuctionActor`` (which owns the state below)."""
+class AuctionCore:
+    """What the auction actor's mixins share: the actor's state (``AuctionActor`` owns it) and
+    the helpers it defines. Below both mixins in the order of bases, so that no stub here
+    shadows a mixin's method."""
 
+    settings: AuctionSettings
+    revenue: float
+    realised: RealisedWelfare
     _instance: str
     _leases: LeaseBook
     _queue: AdmissionQueue
     _ledger: LedgerBook
     _exec: ThreadPoolExecutor
     _entries: dict[str, Entry]
-    _boxes: dict[str, Box]
     _closed: bool
-    revenue: float
-    realised: RealisedWelfare
 
     async def _ledger_call(self, fn: Callable[..., T], *args: Any) -> T:
         raise NotImplementedError
@@ -102,6 +104,15 @@ class ReplicaExchange:
 
     def _realised(self, batch: RealisedBatch | None) -> None:
         raise NotImplementedError
+
+    def _lend(self) -> None:
+        raise NotImplementedError
+
+
+class ReplicaExchange(AuctionCore):
+    """Leases and exchanges, mixed into ``AuctionActor``."""
+
+    _boxes: dict[str, Box]
 
     # -- leases --------------------------------------------------------------------------------
 

@@ -17,17 +17,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
 
-from auction.admission import AdmissionQueue, AuctionSettings, QueueFull, Release
+from auction.admission import QueueFull, Release
 from auction.ledger import BudgetExceeded, LedgerError
-from auction.ledger_book import LedgerBook
-from auction.realised import RealisedBatch, RealisedWelfare
 from auction.request import Request
-from cluster.dataplane.admission import LeaseBook
-from cluster.ray.auction_exchange import Entry
+from cluster.ray.auction_exchange import AuctionCore, Entry
 from telemetry import metrics
 
 __all__ = ["ANONYMOUS", "AdmissionCancelledError", "UnaryAdmission"]
@@ -36,40 +30,18 @@ log = logging.getLogger(__name__)
 
 ANONYMOUS = "anonymous"
 _REMEMBER_FINISHED = 10_000  # finished() answers repeats for this many recent requests
-T = TypeVar("T")
 
 
 class AdmissionCancelledError(Exception):
     """The request left the queue before its release (finished while queued, or shutdown)."""
 
 
-class UnaryAdmission:
+class UnaryAdmission(AuctionCore):
     """``admit``, ``started`` and ``finished`` (module docstring)."""
 
-    settings: AuctionSettings
-    revenue: float
-    realised: RealisedWelfare
-    _instance: str
-    _leases: LeaseBook
-    _queue: AdmissionQueue
-    _ledger: LedgerBook
-    _exec: ThreadPoolExecutor
-    _entries: dict[str, Entry]
     _waiters: dict[str, asyncio.Future[Release]]
     _settled: OrderedDict[str, asyncio.Future[float]]
     _holds: int
-    # ReplicaExchange's (re-lends the slots a revoked lease held): declared, not stubbed, so
-    # that no stub of this mixin can shadow it whatever the order of the bases.
-    _lend: Callable[[], None]
-
-    async def _ledger_call(self, fn: Callable[..., T], *args: Any) -> T:
-        raise NotImplementedError
-
-    def _pump(self) -> None:
-        raise NotImplementedError
-
-    def _realised(self, batch: RealisedBatch | None) -> None:
-        raise NotImplementedError
 
     async def admit(
         self, request_id: str, user: str, bid: float, tokens: list[int],

@@ -12,8 +12,8 @@ target (docs/design.md "Data flow").
 (b) :class:`cluster.service.Service` on Dynamo, ``ingress_replicas: 2``, its controller
     calibrated on the calm TTFT P99 that (b) measured at 1 client earlier in the run (θ1, θ2 =
     ``controller.detector.CALM_MULTIPLES`` × it, as a user calibrates it), so the policy follows
-    the load; Serve's proxy splits the clients over the replicas, and each replica's share is
-    read from its load reports.
+    the load; half of the clients on each replica's own port (``direct_port``, as half go to
+    each of Dynamo's frontends), and each replica's share is read from its load reports.
 
 Per system: requests/s answered, TTFT P50/P99; per frontend or replica its share of the load;
 for (b) the regime and the policy at the end. The mockers decode at ``MOCKER``'s speed with 256
@@ -90,7 +90,7 @@ def run_replicas(tmp: Path, prompts: Sequence[Any], args: argparse.Namespace, ba
     import ray
 
     from bench.dynamo import service_config
-    from cluster.nats_server import free_port
+    from cluster.nats_server import free_port, free_ports
     from cluster.ray.controller_settings import ControllerSettings
     from cluster.ray.status import as_json
     from cluster.service import Service
@@ -100,18 +100,19 @@ def run_replicas(tmp: Path, prompts: Sequence[Any], args: argparse.Namespace, ba
     controller = ControllerSettings.model_validate({
         "calibrate": {"baseline_s": calm_ttft_p99_s}, "resplit": {"enabled": False},
     })  # fmt: skip
-    config = service_config(folder).model_copy(
-        update={"ingress_replicas": REPLICAS, "controller": controller}
-    )
+    config = service_config(folder).model_copy(update={
+        "ingress_replicas": REPLICAS, "controller": controller, "direct_port": free_ports(REPLICAS),
+    })  # fmt: skip
     svc = Service(config)
     try:
         port = free_port()
         svc.start(host="127.0.0.1", port=port)
-        url, router = f"http://127.0.0.1:{port}/v1", svc.handles.router
-        wait_answering(url, prompts[-1], args.max_tokens)
+        urls, router = [f"{u}/v1" for u in svc.direct_urls], svc.handles.router
+        for url in urls:
+            wait_answering(url, prompts[-1], args.max_tokens)
         before = ray.get(router.stats.remote(), timeout=30).routed_by_replica
-        (samples,) = asyncio.run(closed_loop_over([url], prompts, CLIENTS, args.seconds,
-                                                  args.max_tokens))  # fmt: skip
+        parts = asyncio.run(closed_loop_over(urls, prompts, CLIENTS, args.seconds,
+                                             args.max_tokens))  # fmt: skip
         time.sleep(1.5)  # the replicas' last load reports reach the router actor
         stats = ray.get(router.stats.remote(), timeout=30)
     finally:
@@ -119,7 +120,7 @@ def run_replicas(tmp: Path, prompts: Sequence[Any], args: argparse.Namespace, ba
     bar.update(1)
     routed = {r: n - before.get(r, 0) for r, n in stats.routed_by_replica.items()}
     return {
-        "total": summarize(samples, args.warmup, args.seconds),
+        **_summaries(parts, args),
         "routed_by_replica": dict(sorted(routed.items())),
         "policy_at_end": as_json(stats.policy),
             "thresholds_s": [round(x * calm_ttft_p99_s, 4) for x in CALM_MULTIPLES],

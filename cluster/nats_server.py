@@ -25,6 +25,7 @@ JetStream is on, with its store in a private directory. The server never outlive
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
@@ -71,6 +72,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_ports(count: int, *, tries: int = 50) -> int:
+    """The first of ``count`` consecutive ports free now on the loopback (a ``direct_port``
+    for ``count`` ingress replicas); free when asked, as ``free_port``'s."""
+    for _ in range(tries):
+        first = free_port()
+        if first + count - 1 > 65_535:
+            continue
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(first + 1, first + count):
+                    s = held.enter_context(socket.socket())
+                    s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return first
+    raise RuntimeError(f"no {count} consecutive free ports after {tries} tries")
 
 
 def _pid_alive(pid: int) -> bool:

@@ -79,3 +79,14 @@ def test_a_silent_port_times_out_naming_it_and_the_likely_causes() -> None:
     server.server_close()  # nobody listens there now
     with pytest.raises(RuntimeError, match=rf"127.0.0.1:{port}.*Serve already running"):
         wait_answering([f"http://127.0.0.1:{port}"], timeout_s=0.3)
+
+
+def test_free_ports_finds_a_run_of_consecutive_free_ports() -> None:
+    import socket
+
+    from cluster.nats_server import free_ports
+
+    first = free_ports(3)
+    with socket.socket() as a, socket.socket() as b, socket.socket() as c:
+        for s, port in zip((a, b, c), range(first, first + 3), strict=True):
+            s.bind(("127.0.0.1", port))  # all three were free

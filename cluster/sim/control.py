@@ -18,9 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cluster.events import RouteEvent, first_token_event
+from cluster.events import RouteEvent
 from cluster.sim.cluster import SimCluster
 from cluster.sim.pools import PoolChange
+from cluster.sim.record_events import first_token_event
 from cluster.sim.records import RequestRecord
 from controller.controller import Controller
 from controller.drain import Drain, DrainWatch, TickWaits, calm_limit_s

@@ -12,11 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster.events import RouteEvent, first_token_event
+from cluster.events import RouteEvent
 from cluster.sim.cluster import SimCluster
 from cluster.sim.control import ControlLoop, TickSample
 from cluster.sim.loadgen import ClosedLoop, Phase
 from cluster.sim.profile import load_profile
+from cluster.sim.record_events import first_token_event
 from cluster.sim.scenario import template_source, unloaded_ttft
 from cluster.wire import decode, encode
 from games.assignment import optimal_cost, optimal_cost_hungarian

@@ -10,13 +10,14 @@ import random
 import pytest
 
 from cluster.bus import EventBus
-from cluster.events import CompleteEvent, FirstTokenEvent, RouteEvent, run_events
+from cluster.events import CompleteEvent, FirstTokenEvent, RouteEvent
 from cluster.kv_wire import kv_subject
 from cluster.nats_server import NatsServer
 from cluster.ray.actor_support import ActorBus
 from cluster.sim.cluster import SimCluster
 from cluster.sim.loadgen import ClosedLoop, Phase
 from cluster.sim.profile import load_profile
+from cluster.sim.record_events import run_events
 from cluster.sim.template_source import TemplateSource
 from games.join import EventJoiner
 from games.poa import PoaEstimator

@@ -50,6 +50,7 @@ __all__ = [
     "Workload",
     "chains",
     "make_workload",
+    "output_length_range",
     "pareto_values",
     "stars",
     "trees",
@@ -59,6 +60,15 @@ if TYPE_CHECKING:
 
 VOCAB = 32_000
 OUTPUT_TOKENS = 32  # generated per request: short answers, so the queue's TTFT is prefill-bound
+
+
+def output_length_range(mean: int, ratio: float, *, name: str = "ratio") -> tuple[int, int]:
+    """The output lengths drawn around ``mean`` = L: the integers in [L(1 − r), L(1 + r)],
+    r = ``ratio`` (vLLM's serving benchmark, ``--random-range-ratio``), at least 1; (L, L) at
+    r = 0. A bad r is refused naming ``name``, the caller's setting."""
+    if not 0.0 <= ratio < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {ratio}")
+    return max(1, round(mean * (1.0 - ratio))), round(mean * (1.0 + ratio))
 
 TokenArray = npt.NDArray[np.uint32]
 FloatArray = npt.NDArray[np.float64]

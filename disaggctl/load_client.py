@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import httpx
 
 from cluster.model_dir import load_words
+from cluster.workloads import output_length_range
 
 __all__ = [
     "Bidder",
@@ -166,15 +167,13 @@ async def _one_request(
 
 def output_lengths(max_tokens: int, range_ratio: float, seed: int) -> Callable[[], int]:
     """Each call, the next request's ``max_tokens``: uniform over the integers in
-    [L(1 - r), L(1 + r)], L = ``max_tokens``, r = ``range_ratio`` (always L when r = 0), from a
-    seeded stream of its own so that the users' draws do not depend on r."""
-    if not 0.0 <= range_ratio < 1.0:
-        raise ValueError(f"max_tokens_range_ratio must be in [0, 1), got {range_ratio}")
+    [L(1 - r), L(1 + r)], L = ``max_tokens``, r = ``range_ratio``
+    (``cluster.workloads.output_length_range``), from a seeded stream of its own so that the
+    users' draws do not depend on r."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    shortest, longest = output_length_range(max_tokens, range_ratio, name="max_tokens_range_ratio")
     draws = random.Random(seed)
-    shortest = max(1, round(max_tokens * (1.0 - range_ratio)))
-    longest = round(max_tokens * (1.0 + range_ratio))
     return lambda: draws.randint(shortest, longest)
 
 

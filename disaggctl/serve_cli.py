@@ -155,10 +155,10 @@ def with_limit_flags(config: ServeConfig, o: ServeOptions) -> ServeConfig:
 
 def _serve(args: argparse.Namespace) -> int:
     from cluster.dynamo.install import require_dynamo
-    from cluster.dynamo.service import make_service
     from cluster.models import validate_model
     from cluster.serve.config import ServeConfig, load_config
     from cluster.serve.users import Users
+    from cluster.service import Service
 
     o = from_args(ServeOptions, args)
     config = load_config(o.config)  # a bad file fails here, before anything starts
@@ -181,7 +181,7 @@ def _serve(args: argparse.Namespace) -> int:
         stop.set()
 
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    service = make_service(config, users=users)
+    service = Service(config, users=users)  # its engines: those config.backend names
     try:
         if not o.quiet:
             dynamo = config.backend == "dynamo"

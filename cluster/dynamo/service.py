@@ -33,16 +33,10 @@ from cluster.dynamo.shadow import ShadowRouterActor
 from cluster.ray.worker_factory import DynamoWorkerSpec, WorkerSpec
 from cluster.serve.config import ServeConfig
 from cluster.serve.deployment import PathFactory
-from cluster.serve.users import Users
 from cluster.service import READY_TIMEOUT_S, Service
 from cluster.service_handles import ServiceHandles
 
-__all__ = ["DynamoEngines", "make_service"]
-
-
-def make_service(config: ServeConfig, *, users: Users | None = None) -> Service:
-    """The service ``config.backend`` names (``Service`` picks its engines by it)."""
-    return Service(config, users=users)
+__all__ = ["DynamoEngines"]
 
 
 class DynamoEngines:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cluster.values import pareto_values
-from cluster.workloads import VOCAB, TokenArray
+from cluster.workloads import VOCAB, TokenArray, output_length_range
 
 if TYPE_CHECKING:
     from cluster.sim.cluster import SimRequest
@@ -49,11 +49,8 @@ class TemplateSource:
             raise ValueError(
                 "templates >= 1, 0 <= template_tokens <= input_tokens, output_tokens >= 1"
             )
-        if not 0.0 <= output_range_ratio < 1.0:
-            raise ValueError(f"output_range_ratio must be in [0, 1), got {output_range_ratio}")
-        self._output_range = (
-            max(1, round(output_tokens * (1.0 - output_range_ratio))),
-            round(output_tokens * (1.0 + output_range_ratio)),
+        self._output_range = output_length_range(
+            output_tokens, output_range_ratio, name="output_range_ratio"
         )
         self._rng = np.random.default_rng(seed)
         # Lengths from a stream of their own: prompts, users and bids do not depend on r.

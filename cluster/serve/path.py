@@ -40,11 +40,11 @@ from cluster.dataplane.auction_link import AuctionLink
 from cluster.dataplane.exchange import Refusal
 from cluster.dataplane.lease import LeaseKeeper
 from cluster.dataplane.settings import EXCHANGE_PERIOD_S
-from cluster.events import CompleteEvent, FirstTokenEvent
+from cluster.lifecycle import Lifecycle
 from cluster.ray.actor_support import ActorBus
 from cluster.ray.metrics_export import merge_metrics_texts
 from cluster.ray.metrics_server import actors_metrics_text
-from cluster.serve.backend import Backend, Placement, WorkerFailed
+from cluster.serve.backend import Backend, WorkerFailed
 from cluster.serve.path_types import (
     Admitted,
     Finished,
@@ -57,7 +57,7 @@ from cluster.serve.replica_metrics import actor_calls_text
 from cluster.serve.scrape_cache import ScrapeCache
 from cluster.serve.worker_handles import Workers
 
-__all__ = ["ActorRequestPath", "WorkerFailed", "Workers", "complete_event"]
+__all__ = ["ActorRequestPath", "WorkerFailed", "Workers"]
 
 log = logging.getLogger(__name__)
 
@@ -102,21 +102,32 @@ class ActorRequestPath:
         return gate.lease.lease_id if gate and gate.overflowed and gate.lease else None
 
     async def run(self, req: PathRequest) -> AsyncIterator[PathEvent]:
-        t0 = time.time()
+        life = Lifecycle(
+            req.request_id, req.user, time.time(), len(req.tokens), max(1, req.max_tokens), req.bid
+        )
         gate = self.gate
         if gate is not None and gate.try_admit(req.request_id, req.user, req.bid) is not None:
-            yield Admitted(position=0, payment=0.0, batch_id=None, mode="fcfs")
+            admitted = Admitted(position=0, payment=0.0, batch_id=None, mode="fcfs")
         else:
-            yield await self._admit(req)
+            admitted = await self._admit(req)
+        life.release(time.time(), admitted.payment, admitted.batch_id)
         capture: asyncio.Task[float] | None = None
         try:
-            async for event in self._serve(req, t0):
+            # In the try: a client gone while its admission is in hand still closes the books.
+            yield admitted
+            async for event in self._serve(req, life):
                 if isinstance(event, Routed):  # the first token is in hand: the position is sold
                     capture = self._capture(req)
                 yield event
+        except (GeneratorExit, asyncio.CancelledError):
+            life.close("abandoned")  # the client went away
+            raise
+        except BaseException:
+            life.close("failed")
+            raise
         finally:
             # Shielded: a client disconnect cancels this generator, but the books must close.
-            charged = await asyncio.shield(self._close_books(req, capture))
+            charged = await asyncio.shield(self._close_books(req, life, capture))
         yield Finished(payment_charged=charged)
 
     async def _admit(self, req: PathRequest) -> Admitted:
@@ -130,18 +141,21 @@ class ActorRequestPath:
 
     # -- the steps ---------------------------------------------------------------------------
 
-    async def _serve(self, req: PathRequest, t0: float) -> AsyncIterator[PathEvent]:
+    async def _serve(self, req: PathRequest, life: Lifecycle) -> AsyncIterator[PathEvent]:
         await self.backend.start()
-        excluded: dict[str, list[int]] = {"prefill": [], "decode": []}
-        for attempt in (0, 1):
+        while True:
             try:
-                placement = await self.backend.place(req, excluded)
+                placement = await self.backend.place(req, life.excluded)
             except ValueError as exc:  # every worker excluded, or a request it cannot place
                 await self.backend.release(req.request_id)
                 raise PathError(503, f"no worker to route to: {exc}") from None
             except WorkerFailed as exc:
                 await self.backend.release(req.request_id)
                 raise PathError(503, str(exc)) from None
+            life.place(
+                time.time(), placement.decode_worker, placement.prefill_worker,
+                placement.cached_tokens,
+            )  # fmt: skip
             stream = self.backend.stream(req, placement)
             try:
                 first = await anext(stream)
@@ -149,14 +163,13 @@ class ActorRequestPath:
                 log.warning("request %s: %s", req.request_id, exc)
                 await stream.aclose()  # type: ignore[attr-defined]
                 await self.backend.release(req.request_id)
-                if attempt == 1:
+                if not life.worker_failed(exc.role, exc.worker):
                     raise PathError(503, f"{exc}; failed on retry too") from None
-                if exc.worker is not None:
-                    excluded[exc.role].append(exc.worker)
                 continue
             except StopAsyncIteration:
                 raise PathError(503, f"decode worker {placement.decode_worker} produced no "
                                      "token") from None  # fmt: skip
+            life.start(time.time())
             yield Routed(
                 decode_worker=-1 if placement.decode_worker is None else placement.decode_worker,
                 prefill_worker=placement.prefill_worker,
@@ -164,15 +177,16 @@ class ActorRequestPath:
                 regime=placement.regime,
                 cached_tokens=placement.cached_tokens,
             )
-            ttft = time.time() - t0
-            self._first_token(req, placement, ttft)
+            self._first_token(req, life)
             yield first
             try:
                 async for chunk in stream:
                     yield chunk
             except WorkerFailed as exc:
                 raise PathError(503, f"{exc} mid-stream") from None
-            self._publish_complete(req, placement, ttft, t0)
+            life.finish(time.time())
+            if self.bus is not None and life.decode_worker is not None:
+                self.bus.publish(life.complete_event())
             return
 
     # -- what the ingress asks of its path ---------------------------------------------------
@@ -223,49 +237,27 @@ class ActorRequestPath:
             return None
         return asyncio.get_running_loop().create_task(self.link.settle(req.request_id, True))
 
-    async def _close_books(self, req: PathRequest, capture: asyncio.Task[float] | None) -> float:
-        """Release the backend's reservations (idempotent) and close the auction's hold: what
-        the first token captured, or a release for a request that never got one."""
+    async def _close_books(
+        self, req: PathRequest, life: Lifecycle, capture: asyncio.Task[float] | None
+    ) -> float:
+        """Release the backend's reservations (idempotent) and close the auction's hold: capture
+        the price once it is due (``Lifecycle.due``: the first token is out), else release."""
         await self.backend.release(req.request_id)
         if self.gate is not None and self.gate.is_local(req.request_id):
             self.gate.finished(req.request_id)  # admitted here, FCFS: nothing held, nothing due
             return 0.0
+        # The price is due once the first token is out (Lifecycle.due), captured by then in
+        # the exchange that freed its slot; a request that never got one is released.
         if capture is not None:
             return await capture
-        return await self.link.settle(req.request_id, False)
+        return await self.link.settle(req.request_id, life.first_token is not None)
 
-    def _first_token(self, req: PathRequest, placement: Placement, ttft: float) -> None:
+    def _first_token(self, req: PathRequest, life: Lifecycle) -> None:
         """The auction's slot is free (the lease's here, or in the next exchange), and the
         ``first_token`` event (when the worker has a slot)."""
         if self.gate is not None and self.gate.is_local(req.request_id):
             self.gate.started(req.request_id)
         else:
             self.link.started(req.request_id)
-        if self.bus is not None and placement.decode_worker is not None:
-            self.bus.publish(
-                FirstTokenEvent(
-                    request_id=req.request_id, t=time.time(), worker_id=placement.decode_worker,
-                    prefill_worker_id=placement.prefill_worker, ttft_s=ttft,
-                )
-            )  # fmt: skip
-
-    def _publish_complete(
-        self, req: PathRequest, placement: Placement, ttft: float, t0: float
-    ) -> None:
-        if self.bus is not None and placement.decode_worker is not None:
-            self.bus.publish(complete_event(req, t0, ttft, placement))
-
-
-def complete_event(req: PathRequest, t0: float, ttft: float, placement: Placement) -> CompleteEvent:
-    """The ``complete`` event of an answered request that started at wall time ``t0``."""
-    assert placement.decode_worker is not None
-    e2e = time.time() - t0
-    outputs = max(1, req.max_tokens)
-    return CompleteEvent(
-        request_id=req.request_id, t=time.time(), worker_id=placement.decode_worker,
-        prefill_worker_id=placement.prefill_worker, ttft_s=ttft,
-        itl_s=(e2e - ttft) / max(1, outputs - 1), e2e_s=e2e,
-        prompt_tokens=placement.prompt_tokens, cached_tokens=placement.cached_tokens,
-        output_tokens=outputs, status="ok",
-    )  # fmt: skip
-
+        if self.bus is not None and life.decode_worker is not None:
+            self.bus.publish(life.first_token_event())

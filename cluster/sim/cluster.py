@@ -269,11 +269,11 @@ class SimCluster:
         """Called by the admission stage: the request leaves the queue and is routed now."""
         flight = self._inflight[request.request_id]
         rec = flight.record
-        rec.released, rec.batch_id, rec.payment = self.now, batch_id, payment
+        rec.release(self.now, payment, batch_id)
         decision = self.views.route(
             "decode", request.request_id, request.tokens, flight.local_hashes
         )
-        rec.decision, rec.routed, rec.decode_worker = decision, self.now, decision.worker
+        rec.decision = decision
         self.pool_state.hold(decision.worker)
         metrics.ROUTING_COST.set(decision.chosen.cost)
         self._note("route", request.request_id, decision.worker)
@@ -282,10 +282,12 @@ class SimCluster:
         uncached = worker.uncached_tokens(flight.seq_hashes, prompt)
         serving_prefill = self.views.workers("prefill")
         if not serving_prefill or uncached <= self.profile.decode.local_prefill_max_tokens:
+            rec.place(self.now, decision.worker)
             self._to_decode(flight, prefill_locally=True)
             return
         pick = self.views.route("prefill", request.request_id, request.tokens, flight.local_hashes)
-        rec.prefill_worker, rec.prefill_decision = pick.worker, pick
+        rec.place(self.now, decision.worker, pick.worker)
+        rec.prefill_decision = pick
         self.pool_state.hold(pick.worker)
         job = PrefillJob(
             request.request_id, prompt, flight.local_hashes, flight.seq_hashes,
@@ -362,7 +364,7 @@ class SimCluster:
         first, done = worker.finish_iteration(self.now)
         for seq in first:
             rec = self._inflight[seq.request_id].record
-            rec.first_token = self.now
+            rec.start(self.now)
             self._note("first-token", seq.request_id, wid)
             if seq.prefill_locally:
                 # Local prefill ran inside this iteration, on what the cache held at admission.
@@ -374,7 +376,7 @@ class SimCluster:
         for seq in done:
             flight = self._inflight.pop(seq.request_id)
             rec = flight.record
-            rec.finished, rec.status = self.now, "ok"
+            rec.finish(self.now)
             self._note("done", seq.request_id, wid)
             rec.itl = worker.itl_samples(seq)
             self.views.complete("decode", seq.request_id)

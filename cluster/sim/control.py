@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from cluster.events import RouteEvent
 from cluster.sim.cluster import SimCluster
 from cluster.sim.pools import PoolChange
-from cluster.sim.record_events import first_token_event
 from cluster.sim.records import RequestRecord
 from controller.controller import Controller
 from controller.drain import Drain, DrainWatch, TickWaits, calm_limit_s
@@ -142,7 +141,7 @@ class ControlLoop:
                 record.decision, record.routed, record.user, "", record.prefill_decision
             )
             self.joiner.add_route(route.to_record())
-        joined = self.joiner.add_completion(first_token_event(record).to_record())
+        joined = self.joiner.add_completion(record.first_token_event().to_record())
         if joined is not None:
             self.estimator.add(joined)
 

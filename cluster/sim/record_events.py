@@ -3,46 +3,15 @@ that the PoA estimator and the bus tests consume the simulator as they consume t
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable
-from typing import Any
 
-from cluster.events import CompleteEvent, Event, FirstTokenEvent, RouteEvent
+from cluster.events import Event, RouteEvent
+from cluster.sim.records import RequestRecord
 
-__all__ = ["completion_event", "first_token_event", "run_events"]
-
-
-def completion_event(record: Any) -> CompleteEvent:
-    """The ``complete`` event of a finished ``cluster.sim.records.RequestRecord``."""
-    prefill = record.prefill_worker
-    return CompleteEvent(
-        request_id=record.request_id,
-        t=float(record.finished),
-        worker_id=operator.index(record.decode_worker),
-        prefill_worker_id=None if prefill is None else operator.index(prefill),
-        ttft_s=float(record.ttft),
-        itl_s=float(record.mean_itl or 0.0),
-        e2e_s=float(record.e2e),
-        prompt_tokens=operator.index(record.prompt_tokens),
-        cached_tokens=operator.index(record.cached_tokens),
-        output_tokens=operator.index(record.output_tokens),
-        status=record.status,
-    )
+__all__ = ["run_events"]
 
 
-def first_token_event(record: Any) -> FirstTokenEvent:
-    """The ``first_token`` event of a ``cluster.sim.records.RequestRecord`` that has one."""
-    prefill = record.prefill_worker
-    return FirstTokenEvent(
-        request_id=record.request_id,
-        t=float(record.first_token),
-        worker_id=operator.index(record.decode_worker),
-        prefill_worker_id=None if prefill is None else operator.index(prefill),
-        ttft_s=float(record.ttft),
-    )
-
-
-def run_events(records: Iterable[Any], regime: str = "below") -> list[Event]:
+def run_events(records: Iterable[RequestRecord], regime: str = "below") -> list[Event]:
     """Route and completion events of a simulated run, in the order they happened."""
     timed: list[tuple[float, Event]] = []
     for record in records:
@@ -52,6 +21,6 @@ def run_events(records: Iterable[Any], regime: str = "below") -> list[Event]:
             )
             timed.append((record.routed, route))
         if record.finished is not None:
-            timed.append((record.finished, completion_event(record)))
+            timed.append((record.finished, record.complete_event(itl_s=record.mean_itl or 0.0)))
     timed.sort(key=lambda pair: pair[0])
     return [event for _, event in timed]

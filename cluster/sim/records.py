@@ -8,45 +8,21 @@ from typing import Any, Literal
 
 import numpy as np
 
+from cluster.lifecycle import Lifecycle
+
 
 @dataclass(eq=False)
-class RequestRecord:
-    """Everything that happened to one request, in simulated seconds since the run began."""
+class RequestRecord(Lifecycle):
+    """One simulated request's :class:`~cluster.lifecycle.Lifecycle` (the service's steps and
+    rules, in simulated seconds since the run began), with what only the simulator sees: its
+    prefill and KV transfer, the routers' decisions and every inter-token latency."""
 
-    request_id: str
-    user: str
-    arrival: float
-    prompt_tokens: int
-    output_tokens: int
-    bid: float = 0.0
-    released: float | None = None  # left the admission stage
-    routed: float | None = None
-    decode_worker: int | None = None
-    prefill_worker: int | None = None  # None: prefilled locally on the decode worker
     prefill_start: float | None = None
     prefill_end: float | None = None
     transfer_end: float | None = None
-    first_token: float | None = None
-    finished: float | None = None
-    cached_tokens: int = 0
-    payment: float = 0.0
-    batch_id: int | None = None
     decision: Any = field(default=None, repr=False)  # router.Decision: the decode route
     prefill_decision: Any = field(default=None, repr=False)  # the prefill route, when remote
     itl: np.ndarray | None = field(default=None, repr=False)
-    status: str = "pending"
-
-    @property
-    def queue_wait(self) -> float | None:
-        return None if self.released is None else self.released - self.arrival
-
-    @property
-    def ttft(self) -> float | None:
-        return None if self.first_token is None else self.first_token - self.arrival
-
-    @property
-    def e2e(self) -> float | None:
-        return None if self.finished is None else self.finished - self.arrival
 
     @property
     def mean_itl(self) -> float | None:

@@ -365,6 +365,26 @@ def test_a_client_that_leaves_after_its_first_token_pays_its_quoted_price() -> N
     assert router.routing.in_flight("decode") == 0
 
 
+def test_a_client_that_leaves_with_its_admission_in_hand_pays_nothing_and_holds_nothing() -> None:
+    auction, router, gate = Auction(), Router(), _gate(slots=0)  # admitted by the auction
+    path = _path(auction, router, gate=gate)
+
+    async def leave_once_admitted() -> PathEvent:
+        stream = path.run(REQ)
+        admitted = await anext(stream)
+        await stream.aclose()  # the ingress closes the path when the client goes
+        await asyncio.sleep(0.02)  # the next exchange carries the release
+        return admitted
+
+    admitted = asyncio.run(leave_once_admitted())
+    assert isinstance(admitted, Admitted) and admitted.payment == 0.5
+    assert auction.settled == [("r1", False)]  # released: no first token, nothing due
+    (settlement,) = auction.sent("settlements")
+    assert not settlement.capture
+    assert router.calls["route"] == [] and router.routing.in_flight("decode") == 0
+    assert path.link.idle and gate.in_flight == 0
+
+
 def test_a_client_that_leaves_while_queued_withdraws_from_the_auction() -> None:
     auction = Holding()
     path = _path(auction)

@@ -17,7 +17,6 @@ from cluster.sim.cluster import SimCluster
 from cluster.sim.control import ControlLoop, TickSample
 from cluster.sim.loadgen import ClosedLoop, Phase
 from cluster.sim.profile import load_profile
-from cluster.sim.record_events import first_token_event
 from cluster.sim.scenario import template_source, unloaded_ttft
 from cluster.wire import decode, encode
 from games.assignment import optimal_cost, optimal_cost_hungarian
@@ -359,7 +358,7 @@ def test_the_wire_path_gives_the_simulators_estimate() -> None:
                     record.decision, record.routed, "", "", record.prefill_decision
                 )
             )
-            events.append(first_token_event(record))
+            events.append(record.first_token_event())
     np.random.default_rng(0).shuffle(events)  # type: ignore[arg-type]
     joiner, wire_side = EventJoiner(ttl_s=1e9), PoaEstimator(256, None, unloaded_latency_s=unloaded)
     for event in events:

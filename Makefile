@@ -2,6 +2,7 @@
 #   make demo   run the main job on the embedded default
 #   make test   lint + type-check every room, then the whole test suite (installs Dynamo)
 #   make dynamo install the optional real Dynamo backend (docs/design.md §6); demo needs none
+#   make etcd   install Debian's etcd-server: Dynamo's discovery across hosts, for the rehearsal
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -14,7 +15,7 @@ MATH_ROOMS := auction router games controller
 # Every room is under mypy --strict: the math rooms, the runtime adapters, the CLI, the benches.
 TYPED  := $(MATH_ROOMS) telemetry cluster disaggctl bench
 
-.PHONY: demo test lint bench clean dynamo
+.PHONY: demo test lint bench clean dynamo etcd
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +33,14 @@ $(DYNAMO_STAMP): pyproject.toml | $(STAMP)
 
 dynamo: $(DYNAMO_STAMP)
 
+# Dynamo's etcd discovery (cluster/etcd_server.py) runs Debian's etcd-server; root or sudo
+# installs it once (the package index refreshed only when the first try fails).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT  := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get
+etcd:
+	@command -v etcd >/dev/null || $(APT) install -y -q --no-install-recommends etcd-server \
+	  || { $(APT) update -q && $(APT) install -y -q --no-install-recommends etcd-server; }
+
 $(HELM): tests/helm/fetch_helm.py | $(STAMP)
 	$(BIN)/python tests/helm/fetch_helm.py $(HELM)
 
@@ -42,7 +51,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check $(MATH_ROOMS) telemetry cluster disaggctl bench tests
 	$(BIN)/mypy $(TYPED)
 
-test: lint $(HELM) $(DYNAMO_STAMP)
+test: lint $(HELM) $(DYNAMO_STAMP) etcd
 	$(BIN)/pytest --cov --cov-report=term-missing:skip-covered
 
 bench: $(STAMP)

@@ -76,7 +76,7 @@ THROUGHPUT_RATIO_MIN = 0.9
 # -- (a) Dynamo's own frontend -----------------------------------------------------------------
 
 
-async def start_workers(settings: Any, model_path: str, nats_url: str, discovery: str,
+async def start_workers(settings: Any, model_path: str, nats_url: str, discovery: Any,
                         log_dir: Path, started: list[Any]) -> None:  # fmt: skip
     """One prefill and two decode mockers, ready; each process started is appended to
     ``started`` at once (the caller stops them). A taken system port is retried."""
@@ -87,8 +87,7 @@ async def start_workers(settings: Any, model_path: str, nats_url: str, discovery
         argv = worker_command(settings, role, model_path)
         for attempt in range(3):
             port = free_system_port()
-            env = dynamo_env(settings, nats_url=nats_url, discovery_dir=discovery,
-                             system_port=port)  # fmt: skip
+            env = dynamo_env(settings, nats_url=nats_url, discovery=discovery, system_port=port)
             where = {"component": settings.component(role), "endpoint": settings.endpoint}
             process = DynamoProcess(argv, env, log_dir / f"{role}-{i}.log", port, **where)
             started.append(process)
@@ -120,14 +119,15 @@ def served_per_worker(processes: Sequence[Any]) -> dict[str, float]:
 def run_frontend(settings: Any, model_path: str, tmp: Path, prompts: Sequence[Any],
                  args: argparse.Namespace, bar: Any) -> dict[str, Any]:  # fmt: skip
     from cluster.dynamo import DynamoFrontend
+    from cluster.dynamo.discovery import Discovery
     from cluster.nats_server import NatsServer
 
-    discovery = tempfile.mkdtemp(prefix="discovery-", dir=tmp)
+    discovery = Discovery.folder(tempfile.mkdtemp(prefix="discovery-", dir=tmp))
     started: list[Any] = []
     t0 = time.perf_counter()
     with NatsServer() as nats:
         nats.export_credentials()  # the Dynamo processes connect as the dynamo role
-        frontend = DynamoFrontend(settings, nats_url=nats.url, discovery_dir=discovery,
+        frontend = DynamoFrontend(settings, nats_url=nats.url, discovery=discovery,
                                   log_path=tmp / "logs" / "frontend.log")  # fmt: skip
         try:
             asyncio.run(start_workers(settings, model_path, nats.url, discovery,

@@ -53,15 +53,16 @@ def run_frontends(settings: Any, model_path: str, tmp: Path, prompts: Sequence[A
     """(a): two frontends on one NATS and one discovery folder, over fresh mockers."""
     from bench.dynamo import served_per_worker, start_workers
     from cluster.dynamo import DynamoFrontend
+    from cluster.dynamo.discovery import Discovery
     from cluster.nats_server import NatsServer
 
-    discovery = tempfile.mkdtemp(prefix="discovery-saturated-", dir=tmp)
+    discovery = Discovery.folder(tempfile.mkdtemp(prefix="discovery-saturated-", dir=tmp))
     started: list[Any] = []
     with NatsServer() as nats:
         nats.export_credentials()  # the Dynamo processes connect as the dynamo role
         logs = [tmp / "logs" / f"frontend-saturated-{i}.log" for i in range(REPLICAS)]
         fronts = [
-            DynamoFrontend(settings, nats_url=nats.url, discovery_dir=discovery, log_path=log)
+            DynamoFrontend(settings, nats_url=nats.url, discovery=discovery, log_path=log)
             for log in logs
         ]
         try:

@@ -38,6 +38,7 @@ from cluster.ray.runtime import LocalRay, init_ray
 from cluster.ray.worker_factory import (
     RAY_NAMESPACE,
     WorkerSpec,
+    control_actor_name,
     new_placement,
     start_worker,
     worker_name,
@@ -229,7 +230,7 @@ class Service:
             else {}
         )
         return {
-            "name": f"{self.config.namespace}-{role}",
+            "name": control_actor_name(self.config.namespace, role),
             **on_head,
             "namespace": RAY_NAMESPACE,
             "num_cpus": 0,
@@ -292,7 +293,7 @@ class Service:
         cfg, h = self.config, self.handles
         head = NodeAffinitySchedulingStrategy(node_id=head_node_id(), soft=False)
         options = {**self._control_options("metrics"), "scheduling_strategy": head}
-        existing = self._existing(f"{cfg.namespace}-metrics")
+        existing = self._existing(control_actor_name(cfg.namespace, "metrics"))
         h.metrics = existing or ray.remote(MetricsServerActor).options(**options).remote(
             host=cfg.metrics_host, port=cfg.metrics_port, namespace=cfg.namespace,
             actors={"router": h.router, "auction": h.auction, "poa": h.poa,
@@ -318,7 +319,7 @@ class Service:
 
     def _control(self, role: str, cls: type, kwargs: dict[str, Any]) -> Any:
         """The control-plane actor ``role``: the running detached one, or a new one."""
-        existing = self._existing(f"{self.config.namespace}-{role}")
+        existing = self._existing(control_actor_name(self.config.namespace, role))
         if existing is not None:
             return existing
         return ray.remote(cls).options(**self._control_options(role)).remote(**kwargs)

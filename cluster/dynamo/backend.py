@@ -20,6 +20,7 @@ from typing import Any
 from auction import engine_priority
 from cluster.coalesce import coalesced
 from cluster.dataplane.routing import ROLES, PoolRouting
+from cluster.dynamo.discovery import Discovery
 from cluster.dynamo.routing import DynamoRoutes
 from cluster.dynamo.settings import DynamoSettings
 from cluster.dynamo.shadow import dynamo_override
@@ -104,7 +105,7 @@ async def make_dynamo_path(
     nats_url: str,
     namespace: str,
     settings: dict[str, Any],
-    discovery_dir: str,
+    discovery: Discovery,
     model_name: str,
     exchange_period_s: float = 0.1,
     chunk_interval_s: float = 0.0,
@@ -126,8 +127,7 @@ async def make_dynamo_path(
         kv_subjects={r: kv_subject(dyn.namespace, components[r]) for r in ROLES},
     )  # fmt: skip
     # Joined on the first request, on the loop that serves requests (DynamoRoutes.start).
-    dynamo = DynamoRoutes(dyn, nats_url=nats_url, discovery_dir=discovery_dir,
-                          model_name=model_name)  # fmt: skip
+    dynamo = DynamoRoutes(dyn, nats_url=nats_url, discovery=discovery, model_name=model_name)
     return await compose_path(
         handles=handles, namespace=namespace, bus=bus, view=view,
         backend=lambda _: DynamoBackend(dynamo=dynamo, view=view,

@@ -1,9 +1,10 @@
 """Dynamo's own OpenAI frontend (``python -m dynamo.frontend``) as a process this project owns.
 
 It is the baseline "Dynamo's own frontend" that ``bench/dynamo.py`` compares the project's ingress
-against: same workers, same discovery directory, Dynamo's KV router instead of ours. The frontend
-finds workers through file discovery; it lists a model under ``GET /v1/models`` only once a worker
-serving it has registered, so readiness means "the model is listed", which needs workers up.
+against: same workers, same discovery, Dynamo's KV router instead of ours. The frontend finds
+workers through the service's discovery (cluster/dynamo/discovery.py); it lists a model under
+``GET /v1/models`` only once a worker serving it has registered, so readiness means "the model
+is listed", which needs workers up.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from cluster.dynamo.discovery import Discovery
 from cluster.dynamo.install import require_dynamo
 from cluster.dynamo.process import DynamoProcess, DynamoStartError
 from cluster.dynamo.settings import DynamoSettings, dynamo_env, frontend_command
@@ -32,7 +34,7 @@ class DynamoFrontend:
         settings: DynamoSettings,
         *,
         nats_url: str,
-        discovery_dir: str,
+        discovery: Discovery,
         log_path: str | Path,
         http_port: int | None = None,
         router_mode: str = "kv",
@@ -40,8 +42,7 @@ class DynamoFrontend:
         self.settings = settings
         self.http_port = http_port or free_port()
         argv = frontend_command(settings, self.http_port, router_mode)
-        env = dynamo_env(settings, nats_url=nats_url, discovery_dir=discovery_dir,
-                         system_port=None)
+        env = dynamo_env(settings, nats_url=nats_url, discovery=discovery, system_port=None)
         self.process = DynamoProcess(argv, env, log_path, None)
 
     @property

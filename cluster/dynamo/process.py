@@ -117,7 +117,8 @@ class DynamoProcess:
 
     ``env`` is added to this process's environment. ``system_port`` is the port given to the
     process as ``DYN_SYSTEM_PORT`` (None for the frontend, which serves HTTP instead);
-    ``component`` and ``endpoint`` name what a worker serves, for :meth:`instance_id`.
+    ``component`` and ``endpoint`` name what a worker serves, for :meth:`instance_id`; ``cwd``
+    is its working directory (None: the owner's).
     """
 
     def __init__(
@@ -129,15 +130,17 @@ class DynamoProcess:
         *,
         component: str | None = None,
         endpoint: str = "generate",
+        cwd: str | Path | None = None,
     ) -> None:
         if not argv:
             raise ValueError("argv must name a command")
         self.argv = list(argv)
         self.env = dict(env)
-        self.log_path = Path(log_path)
+        self.log_path = Path(log_path).absolute()  # the same file whatever cwd the process has
         self.system_port = system_port
         self.component = component
         self.endpoint = endpoint
+        self.cwd = None if cwd is None else Path(cwd)
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._pid: int | None = None
         self._log_offset = 0  # where this start's lines begin in the (appended) log
@@ -166,6 +169,7 @@ class DynamoProcess:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
                 env=env,
+                cwd=self.cwd,
                 start_new_session=True,  # a terminal's Ctrl-C reaches the owner, which stops us
             )
             self._watchdog, self._pid = watchdog, None

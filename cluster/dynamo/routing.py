@@ -17,7 +17,8 @@ as :class:`DynamoWorkerFailed` naming the role and instance, and ``choose(..., e
 picks among the others, so the ingress retries once elsewhere.
 
 The runtime joins the deployment through the same environment the workers get
-(``cluster.dynamo.settings.dynamo_env``: file discovery, NATS event plane, TCP request plane).
+(``cluster.dynamo.settings.dynamo_env``: file or etcd discovery, NATS event plane, TCP request
+plane).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 from auction.priority import NON_PAYING
+from cluster.dynamo.discovery import Discovery, listen_host
 from cluster.dynamo.install import require_dynamo
 from cluster.dynamo.settings import DynamoSettings, dynamo_env
 from cluster.serve.backend import WorkerFailed
@@ -52,14 +54,17 @@ class DynamoRoutes:
     """The two pools' ``KvRouter`` in this process; ``await start()`` before use."""
 
     def __init__(
-        self, settings: DynamoSettings, *, nats_url: str, discovery_dir: str, model_name: str
+        self, settings: DynamoSettings, *, nats_url: str, discovery: Discovery, model_name: str
     ) -> None:
         require_dynamo()
         self.settings = settings
         self.model_name = model_name
+        self.discovery = discovery
+        # Workers stream answers back to this process: on their hosts' reach (bind: node).
         self._env = dynamo_env(
-            settings, nats_url=nats_url, discovery_dir=discovery_dir, system_port=None
-        )
+            settings, nats_url=nats_url, discovery=discovery, system_port=None,
+            host=listen_host(settings.bind),
+        )  # fmt: skip
         self.runtime: Any = None
         self.routers: dict[str, Any] = {}
         self._starting: asyncio.Lock | None = None
@@ -100,7 +105,9 @@ class DynamoRoutes:
         from dynamo.runtime import DistributedRuntime
 
         s = self.settings
-        self.runtime = DistributedRuntime(asyncio.get_running_loop(), "file", "tcp")
+        self.runtime = DistributedRuntime(
+            asyncio.get_running_loop(), self.discovery.backend, "tcp"
+        )
         components = {"prefill": s.prefill_component, "decode": s.decode_component}
         for role, component in components.items():
             endpoint = self.runtime.endpoint(f"{s.namespace}.{component}.{s.endpoint}")

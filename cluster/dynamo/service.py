@@ -13,8 +13,10 @@ it is given for Dynamo (``cluster.engines.engines_for`` picks it when ``backend`
   :class:`cluster.dynamo.backend.DynamoBackend`, which routes with Dynamo's
   ``KvRouter`` and the controller's override.
 
-The Dynamo processes of one service share a fresh file-discovery folder (removed at stop: a stale
-entry would name a dead worker) and keep their logs under ``<ledger folder>/dynamo-logs``.
+The Dynamo processes of one service share its discovery (``cluster/dynamo/discovery.py``): a
+fresh file-discovery folder (removed at stop: a stale entry would name a dead worker), or etcd
+at ``dynamo.etcd_endpoints``, or an etcd the engines start themselves (``cluster/etcd_server.py``,
+stopped at stop). They keep their logs under ``<ledger folder>/dynamo-logs`` on their nodes.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ from typing import Any
 
 import ray
 
+from cluster.dynamo.discovery import Discovery, listen_host
 from cluster.dynamo.install import require_dynamo
 from cluster.dynamo.shadow import ShadowRouterActor
+from cluster.etcd_server import EtcdServer
 from cluster.ray.worker_factory import DynamoWorkerSpec, WorkerSpec
 from cluster.serve.config import ServeConfig
 from cluster.serve.deployment import PathFactory
@@ -47,19 +51,32 @@ class DynamoEngines:
             raise ValueError("DynamoEngines serve backend 'dynamo' only")
         require_dynamo()  # before anything starts: a clear error naming the install command
         self.config = config
-        self.discovery_dir: str | None = None
-        self.log_dir = str(Path(config.ledger_path).parent.resolve() / "dynamo-logs")
+        self.discovery: Discovery | None = None
+        self.etcd: EtcdServer | None = None  # the one the engines started, if they did
+        self.log_dir = config.dynamo.log_dir or str(
+            Path(config.ledger_path).parent.resolve() / "dynamo-logs"
+        )
         self.instances: dict[str, dict[int, int]] = {"prefill": {}, "decode": {}}
 
     def worker_spec(self, base: WorkerSpec) -> WorkerSpec:
-        if self.discovery_dir is None:
-            self.discovery_dir = tempfile.mkdtemp(prefix="disagg-dyn-")
         Path(self.log_dir).mkdir(parents=True, exist_ok=True)
         dynamo = DynamoWorkerSpec(
-            settings=self.config.dynamo.model_dump(),
-            discovery_dir=self.discovery_dir, log_dir=self.log_dir,
+            settings=self.config.dynamo.model_dump(), discovery=self._discovery(),
+            log_dir=self.log_dir,
         )  # fmt: skip
         return base.model_copy(update={"dynamo": dynamo})
+
+    def _discovery(self) -> Discovery:
+        if self.discovery is None:
+            d = self.config.dynamo
+            if d.discovery == "file":
+                self.discovery = Discovery.folder(tempfile.mkdtemp(prefix="disagg-dyn-"))
+            elif d.etcd_endpoints is not None:
+                self.discovery = Discovery.etcd(d.etcd_endpoints)
+            else:  # on the driver's node, where every node of the Ray cluster can reach it
+                self.etcd = EtcdServer(listen_host(d.bind)).start()
+                self.discovery = Discovery.etcd(self.etcd.url)
+        return self.discovery
 
     def started_workers(self, handles: ServiceHandles) -> None:
         for role, pool in (("prefill", handles.prefill), ("decode", handles.decode)):
@@ -90,16 +107,19 @@ class DynamoEngines:
         from cluster.dynamo.backend import make_dynamo_path
 
         cfg = self.config
-        assert service.nats_url is not None and self.discovery_dir is not None  # set at start
+        assert service.nats_url is not None and self.discovery is not None  # set at start
         return functools.partial(
             make_dynamo_path, handles=service.handle_map(), profile=cfg.profile,
             nats_url=service.nats_url, namespace=cfg.namespace,
-            settings=cfg.dynamo.model_dump(), discovery_dir=self.discovery_dir,
+            settings=cfg.dynamo.model_dump(), discovery=self.discovery,
             model_name=cfg.dynamo.model_name, exchange_period_s=cfg.admission.exchange_period_s,
             chunk_interval_s=cfg.stream_chunk_s,
         )  # fmt: skip
 
     def stop(self) -> None:
-        if self.discovery_dir is not None:
-            shutil.rmtree(self.discovery_dir, ignore_errors=True)
-            self.discovery_dir = None
+        if self.discovery is not None and self.discovery.backend == "file":
+            shutil.rmtree(self.discovery.location, ignore_errors=True)
+        self.discovery = None
+        if self.etcd is not None:
+            self.etcd.close()
+            self.etcd = None

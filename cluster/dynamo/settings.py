@@ -21,9 +21,10 @@ import socket
 import sys
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from cluster.bus import redact_url
+from cluster.dynamo.discovery import ETCD_URLS_PATTERN, LOOPBACK, Discovery
 from cluster.models import StrictModel
 from cluster.nats_auth import dynamo_auth_env
 
@@ -44,7 +45,6 @@ DEFAULT_COMPONENTS: dict[str, str] = {"prefill": "prefill", "decode": "backend"}
 DEFAULT_ENDPOINT = "generate"
 MAX_VLLM_ARGS = 64
 MAX_VLLM_ARG_CHARS = 512
-LOOPBACK = "127.0.0.1"
 # Dynamo 1.6.1 reads DYN_SYSTEM_PORT as a signed 16-bit integer and exits on a larger one, so
 # system ports come from below the kernel's ephemeral range (free_system_port).
 MAX_SYSTEM_PORT = 32767
@@ -79,6 +79,16 @@ class DynamoSettings(StrictModel):
     # checks in a row (one per health_period_s) is hung, and is killed and restarted.
     health_period_s: float = Field(default=5.0, gt=0.0, le=3600.0)
     health_failures: int = Field(default=3, ge=1, le=1000)
+    # Where the processes find each other (cluster/dynamo/discovery.py): "file", a folder on one
+    # host; "etcd", across hosts, at etcd_endpoints (None: the service starts an etcd itself).
+    discovery: Literal["file", "etcd"] = "file"
+    etcd_endpoints: str | None = Field(default=None, max_length=1024, pattern=ETCD_URLS_PATTERN)
+    # The address the processes listen on and announce: loopback, or the Ray node's IP address
+    # (workers and ingress replicas on several hosts).
+    bind: Literal["loopback", "node"] = "loopback"
+    # Where each worker writes its process's log, on its own node (None: the folder of the
+    # service's ledger_path, dynamo-logs/). On Kubernetes a writable scratch volume (/tmp).
+    log_dir: str | None = Field(default=None, min_length=1, max_length=4096)
 
     @field_validator("vllm_args")
     @classmethod
@@ -89,6 +99,12 @@ class DynamoSettings(StrictModel):
                     f"item {i} must be at most {MAX_VLLM_ARG_CHARS} characters without NUL"
                 )
         return value
+
+    @model_validator(mode="after")
+    def _endpoints_need_etcd(self) -> DynamoSettings:
+        if self.etcd_endpoints is not None and self.discovery != "etcd":
+            raise ValueError("etcd_endpoints: set only with discovery: etcd")
+        return self
 
     def component(self, role: Role) -> str:
         """The Dynamo component a worker of ``role`` registers under."""
@@ -186,25 +202,26 @@ def frontend_command(
 
 
 def dynamo_env(
-    settings: DynamoSettings, *, nats_url: str, discovery_dir: str, system_port: int | None
-) -> dict[str, str]:
-    """The variables a Dynamo process needs besides the inherited environment: file discovery
-    (no etcd), NATS for events (as the ``dynamo`` role when the bus has credentials), TCP
-    requests, offline Hugging Face, everything on loopback."""
+    settings: DynamoSettings, *, nats_url: str, discovery: Discovery, system_port: int | None,
+    host: str = LOOPBACK,
+) -> dict[str, str]:  # fmt: skip
+    """The variables a Dynamo process needs besides the inherited environment: its
+    ``discovery``, NATS for events (as the ``dynamo`` role when the bus has credentials), TCP
+    requests on ``host`` (cluster/dynamo/discovery.py: loopback or the node's address), the
+    system port on loopback, offline Hugging Face."""
     if not nats_url.startswith(("nats://", "tls://")):
         raise ValueError(f"nats_url must be a nats:// URL, got {redact_url(nats_url)!r}")
     env = {
         "DYN_NAMESPACE": settings.namespace,
-        "DYN_DISCOVERY_BACKEND": "file",
-        "DYN_FILE_KV": discovery_dir,
+        **discovery.env(),
         "DYN_EVENT_PLANE": "nats",
         "DYN_REQUEST_PLANE": "tcp",
         **dynamo_auth_env(nats_url),  # NATS_SERVER, and the dynamo role's credentials
         "HF_HUB_OFFLINE": "1",
-        "DYN_TCP_RPC_HOST": LOOPBACK,
-        "DYN_TCP_RESPONSE_STREAM_HOST": LOOPBACK,
-        "DYN_EVENT_PLANE_HOST": LOOPBACK,
-        "DYN_SYSTEM_HOST": LOOPBACK,
+        "DYN_TCP_RPC_HOST": host,
+        "DYN_TCP_RESPONSE_STREAM_HOST": host,
+        "DYN_EVENT_PLANE_HOST": host,
+        "DYN_SYSTEM_HOST": LOOPBACK,  # read only by the owning actor, on this host
     }
     if system_port is not None:
         if not 1 <= system_port <= MAX_SYSTEM_PORT:

@@ -25,11 +25,14 @@ import contextlib
 import dataclasses
 import inspect
 import logging
+import shutil
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cluster.dynamo.discovery import Discovery, listen_host
 from cluster.dynamo.install import require_dynamo
 from cluster.dynamo.process import DynamoProcess, DynamoStartError, parse_metrics
 from cluster.dynamo.settings import (
@@ -39,6 +42,7 @@ from cluster.dynamo.settings import (
     free_system_port,
     worker_command,
 )
+from cluster.ray.actor_support import restore_after_restart
 
 __all__ = ["DynamoWorkerActor", "EngineProcess", "EngineProcessState", "dynamo_worker_name"]
 
@@ -104,9 +108,10 @@ class DynamoWorkerActor:
         settings: dict[str, Any],
         *,
         nats_url: str,
-        discovery_dir: str,
+        discovery: Discovery,
         log_dir: str,
         model_path: str | None = None,
+        router_name: str | None = None,
     ) -> None:
         if role not in ("prefill", "decode"):
             raise ValueError(f"role must be 'prefill' or 'decode', got {role!r}")
@@ -116,9 +121,12 @@ class DynamoWorkerActor:
         self.role: Role = role  # type: ignore[assignment]
         self.slot = slot
         self.nats_url = nats_url
-        self.discovery_dir = discovery_dir
+        self.discovery = Discovery.model_validate(discovery)
         name = dynamo_worker_name(self.settings.namespace, role, slot)
         self.log_path = Path(log_dir) / f"{name}.log"
+        # The process's own working directory, made on its node at the first start and removed
+        # at shutdown: no two workers share one, as on hosts of their own.
+        self.work_dir: Path | None = None
         self.model_path = model_path or self.settings.model_path
         self.component = self.settings.component(self.role)
         self.process: DynamoProcess | None = None
@@ -130,12 +138,32 @@ class DynamoWorkerActor:
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
         self._lock = asyncio.Lock()
+        # The router actor's name (in cluster.ray.worker_factory.RAY_NAMESPACE): what a restarted
+        # actor attaches to again, having lost the handle the composer gave its predecessor.
+        self.router_name = router_name
+        restore_after_restart("restore")
 
     def attach(self, router_handle: Any) -> None:
         """The router to tell each new instance id (``bind_instance.remote(role, slot, id)``)."""
         self._router = router_handle
 
     # -- lifecycle ---------------------------------------------------------------------------
+
+    async def restore(self) -> EngineProcess:
+        """After Ray restarted this actor (its node was lost, say, and its placement group
+        re-placed elsewhere): attach to the router again and start a process, which registers
+        a new instance id and is bound at the router. The composer's ``attach`` and ``start``
+        did this for the first actor; the old process died with its owner (the watchdog)."""
+        if self.router_name is not None and self._router is None:
+            import ray
+
+            from cluster.ray.worker_factory import RAY_NAMESPACE
+
+            try:
+                self._router = ray.get_actor(self.router_name, namespace=RAY_NAMESPACE)
+            except ValueError:
+                log.warning("%s: no router %r to attach to yet", self._name, self.router_name)
+        return await self.start()
 
     async def start(self) -> EngineProcess:
         """Start the process, wait until it serves, tell the router; idempotent."""
@@ -158,12 +186,15 @@ class DynamoWorkerActor:
     async def _launch(self) -> None:
         """One process up and ready (retrying a taken system port), then bound at the router."""
         argv = worker_command(self.settings, self.role, await self._model_path())
+        if self.work_dir is None:
+            self.work_dir = Path(tempfile.mkdtemp(prefix=f"{self._name}-"))
+        host = listen_host(self.settings.bind)
         for attempt in range(PORT_ATTEMPTS):
             port = free_system_port()
-            env = dynamo_env(self.settings, nats_url=self.nats_url,
-                             discovery_dir=self.discovery_dir, system_port=port)
-            process = DynamoProcess(argv, env, self.log_path, port,
-                                    component=self.component, endpoint=self.settings.endpoint)
+            env = dynamo_env(self.settings, nats_url=self.nats_url, discovery=self.discovery,
+                             system_port=port, host=host)
+            process = DynamoProcess(argv, env, self.log_path, port, component=self.component,
+                                    endpoint=self.settings.endpoint, cwd=self.work_dir)
             self.process = process
             await asyncio.to_thread(process.start)
             try:
@@ -257,6 +288,9 @@ class DynamoWorkerActor:
         async with self._lock:
             if self.process is not None:
                 await asyncio.to_thread(self.process.stop, STOP_GRACE_S)
+            if self.work_dir is not None:
+                shutil.rmtree(self.work_dir, ignore_errors=True)
+                self.work_dir = None
 
     async def kill_engine(self) -> int:
         """SIGKILL the Dynamo process (tests, chaos drills); the watch restarts it. Its pid."""

@@ -324,6 +324,25 @@ def wake_after_restart() -> None:
     me.ready.remote()
 
 
+def restore_after_restart(method: str) -> None:
+    """From an actor's ``__init__``: when Ray is restarting this actor (after its process or
+    its node died), queue a call of its own ``method``, which puts back what the composer set
+    up the first time (a fresh actor gets that from the composer). Outside Ray, or on a first
+    start, this does nothing."""
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return
+        context = ray.get_runtime_context()
+        if not context.was_current_actor_reconstructed:
+            return
+        me = context.current_actor
+    except Exception:  # not inside an actor
+        return
+    getattr(me, method).remote()
+
+
 async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
     """Cancel background tasks and wait until each has stopped (whatever it raised)."""
     for task in tasks:

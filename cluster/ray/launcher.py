@@ -10,6 +10,7 @@ from typing import Any
 from cluster.ray.worker_factory import (
     RAY_NAMESPACE,
     WorkerSpec,
+    control_actor_name,
     new_placement,
     start_worker,
     worker_name,
@@ -45,7 +46,8 @@ class RayLauncher:
             # id, now and after every restart of the process (cluster/dynamo/shadow.py).
             import ray
 
-            router = ray.get_actor(f"{self.spec.namespace}-router", namespace=RAY_NAMESPACE)
+            router_name = control_actor_name(self.spec.namespace, "router")
+            router = ray.get_actor(router_name, namespace=RAY_NAMESPACE)
             await asyncio.wait_for(handle.attach.remote(router), READY_TIMEOUT_S)
             await asyncio.wait_for(handle.start.remote(), READY_TIMEOUT_S)
         return handle

@@ -16,12 +16,14 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from cluster.dynamo.discovery import Discovery
 from cluster.models import StrictModel
 from cluster.ray.workers import DecodeWorkerActor, PrefillWorkerActor
 
 __all__ = [
     "RAY_NAMESPACE",
     "WorkerSpec",
+    "control_actor_name",
     "dynamo_worker_settings",
     "new_placement",
     "start_worker",
@@ -40,6 +42,12 @@ def worker_name(namespace: str, role: str, worker_id: int) -> str:
     return f"{namespace}-{role}-{worker_id}"
 
 
+def control_actor_name(namespace: str, role: str) -> str:
+    """A control-plane actor's name (``router``, ``auction``, ``poa``, ``controller``,
+    ``metrics``), in the same Ray namespace as the workers."""
+    return f"{namespace}-{role}"
+
+
 def worker_seed(seed: int, worker_id: int) -> int:
     # Per worker id, not per role: a worker keeps its seed across a re-split.
     return seed * 7919 + worker_id
@@ -55,11 +63,11 @@ def worker_class(role: str) -> type:
 
 class DynamoWorkerSpec(StrictModel):
     """Where a service's Dynamo workers run: their settings (``DynamoSettings`` as a dict), the
-    file-discovery folder every Dynamo process of the service shares and the folder of their
-    logs (one file per worker)."""
+    discovery every Dynamo process of the service shares (``cluster.dynamo.discovery``) and the
+    folder of their logs (one file per worker, on each worker's node)."""
 
     settings: dict[str, Any]
-    discovery_dir: str = Field(min_length=1, max_length=4096)
+    discovery: Discovery
     log_dir: str = Field(min_length=1, max_length=4096)
 
 
@@ -143,13 +151,14 @@ def start_worker(
     if lifetime is not None:
         options["lifetime"] = lifetime
     if spec.dynamo is not None:
-        # The actor's own restart would start a second process beside a live one; the actor
-        # restarts its process itself (its watch loop).
-        options["max_restarts"] = 0
+        # The actor restarts its process itself (its watch loop); Ray restarts the actor when
+        # its own process or node dies, and the restarted actor starts a process again
+        # (``restore``). Never two at once: a dead actor's process dies with it (the watchdog).
         d = spec.dynamo
         return ray.remote(cls).options(**options).remote(
             role, worker_id, dynamo_worker_settings(spec), nats_url=spec.nats_url,
-            discovery_dir=d.discovery_dir, log_dir=d.log_dir, model_path=spec.model_dir,
+            discovery=d.discovery, log_dir=d.log_dir, model_path=spec.model_dir,
+            router_name=control_actor_name(spec.namespace, "router"),
         )  # fmt: skip
     kwargs: dict[str, Any] = {
         "speedup": spec.speedup,

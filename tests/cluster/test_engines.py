@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from cluster.dynamo.discovery import Discovery
 from cluster.dynamo.service import DynamoEngines
 from cluster.dynamo.shadow import ShadowRouterActor
 from cluster.engines import SimEngines, engines_for
@@ -58,7 +59,8 @@ def test_dynamos_engines_add_their_processes_and_their_router_and_clean_up(
     engines = DynamoEngines(config)
     spec = engines.worker_spec(BASE_SPEC)
     assert spec.dynamo is not None and spec.model_copy(update={"dynamo": None}) == BASE_SPEC
-    discovery = Path(spec.dynamo.discovery_dir)
+    assert spec.dynamo.discovery.backend == "file"
+    discovery = Path(spec.dynamo.discovery.location)
     assert discovery.is_dir() and Path(spec.dynamo.log_dir).is_dir()
     assert engines.worker_spec(BASE_SPEC).dynamo == spec.dynamo  # one folder per service
     cls, kwargs = engines.router_actor(BASE_ROUTER)
@@ -69,5 +71,29 @@ def test_dynamos_engines_add_their_processes_and_their_router_and_clean_up(
     }  # fmt: skip
     assert kwargs["instances"] is engines.instances  # filled in as the processes start
     engines.stop()
-    assert not discovery.exists() and engines.discovery_dir is None
+    assert not discovery.exists() and engines.discovery is None
     engines.stop()  # twice is fine
+
+
+def test_dynamos_engines_start_an_etcd_for_discovery_across_hosts_unless_given_one(
+    tmp_path: Path,
+) -> None:
+    fields = {"backend": "dynamo", "topology": "1P/2D", "ledger_path": str(tmp_path / "l.sqlite")}
+    own = DynamoEngines(ServeConfig.model_validate(
+        {**fields, "dynamo": {"discovery": "etcd", "log_dir": str(tmp_path / "engine-logs")}}
+    ))  # fmt: skip
+    spec = own.worker_spec(BASE_SPEC)
+    assert spec.dynamo is not None and spec.dynamo.discovery.backend == "etcd"
+    assert own.etcd is not None and spec.dynamo.discovery.location == own.etcd.url
+    assert spec.dynamo.log_dir == str(tmp_path / "engine-logs")  # on each worker's node
+    process = own.etcd.process
+    assert process is not None and process.alive
+    own.stop()
+    assert own.etcd is None and not process.alive and own.discovery is None
+    given = DynamoEngines(ServeConfig.model_validate(
+        {**fields, "dynamo": {"discovery": "etcd", "etcd_endpoints": "http://etcd.ops:2379"}}
+    ))  # fmt: skip
+    spec = given.worker_spec(BASE_SPEC)
+    assert spec.dynamo is not None and given.etcd is None
+    assert spec.dynamo.discovery == Discovery.etcd("http://etcd.ops:2379")
+    given.stop()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster.dynamo.discovery import Discovery
 from cluster.dynamo.install import require_dynamo
 from cluster.dynamo.settings import DynamoSettings, dynamo_env
 from cluster.dynamo.worker_actor import DynamoWorkerActor
@@ -89,15 +90,16 @@ def dynamo_worker(
     """``make(settings, role, slot)``: an unstarted worker actor, run here as a local object, on
     this test's NATS, discovery directory and model. This process joins the deployment too
     (the variables are restored after the test: ``DynamoRoutes`` sets them as well)."""
-    env = dynamo_env(DynamoSettings(), nats_url=dynamo_nats_url, discovery_dir=discovery_dir,
-                     system_port=None)  # fmt: skip
+    env = dynamo_env(DynamoSettings(), nats_url=dynamo_nats_url,
+                     discovery=Discovery.folder(discovery_dir), system_port=None)  # fmt: skip
     for key, value in env.items():
         monkeypatch.setenv(key, value)
 
     def make(settings: DynamoSettings, role: str, slot: int) -> DynamoWorkerActor:
         return DynamoWorkerActor(
             role, slot, settings.model_dump(), nats_url=dynamo_nats_url,
-            discovery_dir=discovery_dir, log_dir=str(tmp_path / "logs"), model_path=model_path,
+            discovery=Discovery.folder(discovery_dir), log_dir=str(tmp_path / "logs"),
+            model_path=model_path,
         )  # fmt: skip
 
     return make

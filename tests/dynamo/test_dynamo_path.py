@@ -15,6 +15,7 @@ from auction.admission import Release
 from cluster.dataplane.exchange import ExchangeIn, ExchangeOut, Settled
 from cluster.dataplane.routing import PoolRouting
 from cluster.dynamo.backend import DynamoBackend
+from cluster.dynamo.discovery import Discovery
 from cluster.dynamo.routing import DynamoRoutes, DynamoWorkerFailed
 from cluster.dynamo.settings import DynamoSettings
 from cluster.dynamo.shadow import ShadowRouterActor
@@ -109,8 +110,10 @@ def test_requests_stream_and_dead_workers_are_routed_around(
         assert await view.sync_view()
         assert view.slot("decode", ids[1]) == 1 and view.slot("prefill", ids[0]) == 0
         backend = DynamoBackend(
-            view=view, dynamo=DynamoRoutes(SETTINGS, nats_url=dynamo_nats_url,
-                                           discovery_dir=discovery_dir, model_name=MODEL),
+            view=view, dynamo=DynamoRoutes(
+                SETTINGS, nats_url=dynamo_nats_url, discovery=Discovery.folder(discovery_dir),
+                model_name=MODEL,
+            ),
         )  # fmt: skip
         path = ActorRequestPath(
             auction=Handle(auction), backend=backend, replica=view.replica_id,

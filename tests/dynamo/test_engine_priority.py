@@ -19,6 +19,7 @@ import time
 import pytest
 
 from auction.priority import NON_PAYING, PAYING
+from cluster.dynamo.discovery import Discovery
 from cluster.dynamo.routing import DynamoRoutes
 from cluster.dynamo.settings import DynamoSettings
 from tests.dynamo.conftest import WorkerFactory
@@ -38,7 +39,7 @@ def test_the_mocker_serves_its_waiting_requests_first_come_whatever_their_priori
         infos = await asyncio.gather(*(w.start() for w in pool))
         prefill_id, decode_id = (info.instance_id for info in infos)
         routes = await DynamoRoutes(
-            SETTINGS, nats_url=dynamo_nats_url, discovery_dir=discovery_dir,
+            SETTINGS, nats_url=dynamo_nats_url, discovery=Discovery.folder(discovery_dir),
             model_name=SETTINGS.model_name,
         ).start()  # fmt: skip
         started: dict[str, float] = {}

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from cluster.dynamo.discovery import Discovery
 from cluster.dynamo.process import DynamoProcess, DynamoStartError
 from cluster.dynamo.settings import (
     DynamoSettings,
@@ -56,7 +57,8 @@ class FakeRouter:
 def worker(role: str, slot: int, nats: str, discovery: str, tmp: Path, model: str,
            **extra: Any) -> DynamoWorkerActor:
     return DynamoWorkerActor(role, slot, {**SETTINGS, **extra}, nats_url=nats,
-                             discovery_dir=discovery, log_dir=str(tmp / "logs"), model_path=model)
+                             discovery=Discovery.folder(discovery), log_dir=str(tmp / "logs"),
+                             model_path=model)
 
 
 def test_a_mocker_becomes_ready_with_the_instance_id_discovery_holds(
@@ -64,7 +66,7 @@ def test_a_mocker_becomes_ready_with_the_instance_id_discovery_holds(
 ) -> None:
     settings = DynamoSettings.model_validate(SETTINGS)
     port = free_system_port()
-    env = dynamo_env(settings, nats_url=dynamo_nats_url, discovery_dir=discovery_dir,
+    env = dynamo_env(settings, nats_url=dynamo_nats_url, discovery=Discovery.folder(discovery_dir),
                      system_port=port)
     process = DynamoProcess(worker_command(settings, "prefill", model_path), env,
                             tmp_path / "prefill.log", port, component="prefill")
@@ -169,7 +171,7 @@ def test_the_ray_actor_rebinds_a_real_router_actor_after_a_kill(
 
     router = ray.remote(num_cpus=0)(Router).remote()
     actor = ray.remote(num_cpus=0)(DynamoWorkerActor).remote(
-        "decode", 1, SETTINGS, nats_url=dynamo_nats_url, discovery_dir=discovery_dir,
+        "decode", 1, SETTINGS, nats_url=dynamo_nats_url, discovery=Discovery.folder(discovery_dir),
         log_dir=str(tmp_path / "logs"), model_path=model_path)
     try:
         ray.get(actor.attach.remote(router))
@@ -204,8 +206,8 @@ def test_a_sigkilled_owner_takes_its_dynamo_process_along(
     settings = DynamoSettings.model_validate(SETTINGS)
     port = free_system_port()
     spec = {"argv": worker_command(settings, "prefill", model_path), "port": port,
-            "env": dynamo_env(settings, nats_url=dynamo_nats_url, discovery_dir=discovery_dir,
-                              system_port=port),
+            "env": dynamo_env(settings, nats_url=dynamo_nats_url,
+                              discovery=Discovery.folder(discovery_dir), system_port=port),
             "log": str(tmp_path / "orphan.log")}
     owner = subprocess.Popen([sys.executable, "-c", OWNER, json.dumps(spec)],
                              stdout=subprocess.PIPE, text=True)
@@ -235,7 +237,8 @@ def test_dynamos_own_frontend_serves_a_chat_through_the_workers(
     settings = DynamoSettings.model_validate(SETTINGS)
     workers = [worker(role, 0, dynamo_nats_url, discovery_dir, tmp_path, model_path)
                for role in ("prefill", "decode")]
-    frontend = DynamoFrontend(settings, nats_url=dynamo_nats_url, discovery_dir=discovery_dir,
+    frontend = DynamoFrontend(settings, nats_url=dynamo_nats_url,
+                              discovery=Discovery.folder(discovery_dir),
                               log_path=tmp_path / "frontend.log")
 
     async def scenario() -> dict[str, Any]:
@@ -276,8 +279,8 @@ def test_a_taken_system_port_fails_fast_instead_of_trusting_a_stranger(
         holder.bind(("127.0.0.1", free_system_port()))
         holder.listen()
         port = holder.getsockname()[1]
-        env = dynamo_env(settings, nats_url=dynamo_nats_url, discovery_dir=discovery_dir,
-                         system_port=port)
+        env = dynamo_env(settings, nats_url=dynamo_nats_url,
+                         discovery=Discovery.folder(discovery_dir), system_port=port)
         process = DynamoProcess(worker_command(settings, "decode", model_path), env,
                                 tmp_path / "taken.log", port, component="backend")
         process.start()

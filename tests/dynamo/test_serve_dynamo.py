@@ -121,7 +121,7 @@ def test_requests_are_answered_and_overlaps_equal_dynamos(service: Service) -> N
     async def compare() -> tuple[list[dict[int, int]], list[dict[int, int]]]:
         routes = DynamoRoutes(
             service.config.dynamo, nats_url=service.nats_url or "",
-            discovery_dir=service.engines.discovery_dir or "", model_name=MODEL,
+            discovery=service.engines.discovery, model_name=MODEL,
         )  # fmt: skip
         await routes.start()
         try:

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from auction.priority import NON_PAYING, PAYING
 from cluster.dynamo import install
+from cluster.dynamo.discovery import Discovery, listen_host
 from cluster.dynamo.install import DynamoMissingError, dynamo_available, require_dynamo
 from cluster.dynamo.process import (
     LOG_TAIL_BYTES,
@@ -39,6 +40,8 @@ source_8d93e76bdaa1e",dynamo_namespace="dynamo",worker_id="9c5d66d8a46083ca"} 0
 dynamo_uptime_seconds 12.5
 broken line without a value {
 """
+
+FOLDER = Discovery.folder("/d")
 
 
 def test_the_mocker_command_is_exactly_what_design_lists() -> None:
@@ -93,7 +96,7 @@ def test_the_environment_is_file_discovery_nats_events_tcp_requests_on_loopback(
 ) -> None:
     monkeypatch.delenv(CREDENTIALS_ENV)  # a bus without credentials: tests/cluster has the rest
     env = dynamo_env(DynamoSettings(namespace="n2"), nats_url="nats://127.0.0.1:4222",
-                     discovery_dir="/d", system_port=9090)
+                     discovery=FOLDER, system_port=9090)
     assert env == {
         "DYN_NAMESPACE": "n2", "DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": "/d",
         "DYN_EVENT_PLANE": "nats", "DYN_REQUEST_PLANE": "tcp",
@@ -102,13 +105,44 @@ def test_the_environment_is_file_discovery_nats_events_tcp_requests_on_loopback(
         "DYN_EVENT_PLANE_HOST": "127.0.0.1", "DYN_SYSTEM_HOST": "127.0.0.1",
         "DYN_SYSTEM_PORT": "9090",
     }
-    no_port = dynamo_env(DynamoSettings(), nats_url="nats://h:1", discovery_dir="/d",
+    no_port = dynamo_env(DynamoSettings(), nats_url="nats://h:1", discovery=FOLDER,
                          system_port=None)
     assert "DYN_SYSTEM_PORT" not in no_port
     with pytest.raises(ValueError, match="nats_url"):
-        dynamo_env(DynamoSettings(), nats_url="http://x", discovery_dir="/d", system_port=None)
+        dynamo_env(DynamoSettings(), nats_url="http://x", discovery=FOLDER, system_port=None)
     with pytest.raises(ValueError, match="system_port"):
-        dynamo_env(DynamoSettings(), nats_url="nats://h:1", discovery_dir="/d", system_port=40000)
+        dynamo_env(DynamoSettings(), nats_url="nats://h:1", discovery=FOLDER, system_port=40000)
+
+
+def test_etcd_discovery_and_the_nodes_address_for_workers_on_several_hosts() -> None:
+    settings = DynamoSettings(discovery="etcd", etcd_endpoints="http://10.0.0.5:2379", bind="node")
+    etcd = Discovery.etcd(settings.etcd_endpoints or "")
+    env = dynamo_env(settings, nats_url="nats://h:1", discovery=etcd, system_port=None,
+                     host="10.0.0.7")  # fmt: skip
+    assert env["DYN_DISCOVERY_BACKEND"] == "etcd" and "DYN_FILE_KV" not in env
+    assert env["ETCD_ENDPOINTS"] == "http://10.0.0.5:2379"
+    assert env["DYN_TCP_RPC_HOST"] == env["DYN_TCP_RESPONSE_STREAM_HOST"] == "10.0.0.7"
+    assert env["DYN_SYSTEM_HOST"] == "127.0.0.1"  # only the owning actor reads it, here
+    assert listen_host("loopback") == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"etcd_endpoints": "http://e:2379"}, "etcd_endpoints"),  # needs discovery: etcd
+        ({"discovery": "etcd", "etcd_endpoints": "e:2379"}, "etcd_endpoints"),
+        ({"discovery": "etcd", "etcd_endpoints": "http://e:2379;rm"}, "etcd_endpoints"),
+        ({"discovery": "consul"}, "discovery"),
+        ({"bind": "0.0.0.0"}, "bind"),
+    ],
+)
+def test_discovery_settings_are_refused_naming_the_field(
+    fields: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ValueError, match=field):
+        DynamoSettings.model_validate(fields)
+    with pytest.raises(ValueError, match="location"):
+        Discovery.etcd("/not/a/url")
 
 
 @pytest.mark.parametrize(
@@ -179,7 +213,7 @@ def test_a_missing_install_names_make_dynamo(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_the_worker_actor_validates_and_starts_nothing(tmp_path: Path) -> None:
-    common: dict[str, Any] = {"nats_url": "nats://127.0.0.1:1", "discovery_dir": str(tmp_path),
+    common: dict[str, Any] = {"nats_url": "nats://127.0.0.1:1", "discovery": FOLDER,
                               "log_dir": str(tmp_path)}
     actor = DynamoWorkerActor("decode", 2, {"namespace": "ns"}, **common)
     assert actor.process is None and actor.log_path == tmp_path / "ns-dynamo-decode-2.log"
@@ -208,7 +242,7 @@ def test_a_vllm_worker_gets_its_placements_tp_unless_the_config_sets_it() -> Non
         return WorkerSpec(
             profile="b200-llama70b-fp8-tp4", tp=4, speedup=1.0, epoch_wall=1.0, seed=0,
             nats_url="nats://127.0.0.1:4222", namespace="n",
-            dynamo=DynamoWorkerSpec(settings=settings, discovery_dir="/d", log_dir="/l"),
+            dynamo=DynamoWorkerSpec(settings=settings, discovery=FOLDER, log_dir="/l"),
         )
 
     vllm = dynamo_worker_settings(spec(DynamoSettings(engine="vllm").model_dump()))
@@ -226,7 +260,8 @@ def test_a_vllm_worker_gets_its_placements_tp_unless_the_config_sets_it() -> Non
 
 def test_a_request_carries_its_priority_for_the_engine_and_the_router_queue() -> None:
     routes = DynamoRoutes(DynamoSettings(), nats_url="nats://127.0.0.1:4222",
-                          discovery_dir="/nonexistent", model_name="disagg-tiny")  # fmt: skip
+                          discovery=Discovery.folder("/nonexistent"),
+                          model_name="disagg-tiny")  # fmt: skip
     paying = routes._request([1, 2], 7, {"router_temperature": 0.5}, PAYING, {"max_tokens": 1})
     free = routes._request([1, 2], 7, {}, NON_PAYING, {"max_tokens": 1})
     # vLLM serves the larger hint first (dynamo.vllm negates it); the router queue's tier is

@@ -1,8 +1,9 @@
 """The Helm chart (helm/disaggctl), checked offline (docs/design.md §7): ``helm lint --strict``;
 ``helm template`` with the defaults and each example; built-in kinds (and the Ray pod templates)
-against Kubernetes 1.30's schemas with kubernetes-validate; the RayService against KubeRay's CRD
-schema; the rendered manifests against the project itself (ServeConfig, the builder, the metric
-registry, the profiles' TP); and bad values refused with the schema's message."""
+against Kubernetes 1.30 to 1.33's schemas (kubernetes-validate); the RayService against KubeRay's
+CRD schema; the rendered manifests against the project itself (ServeConfig, the builder, the
+metric registry, the profiles' TP, the Dynamo engines' commands); what an upgrade does; and bad
+values refused with the schema's message."""
 
 from __future__ import annotations
 
@@ -21,21 +22,25 @@ import pytest
 import yaml
 
 from cluster.dataplane.settings import AdmissionSettings, RoutingSettings
+from cluster.dynamo.discovery import Discovery
+from cluster.dynamo.install import DYNAMO_VERSION
+from cluster.dynamo.settings import DynamoSettings, worker_command
 from cluster.models import validate_model
 from cluster.nats_auth import ROLES, chart_authorization, chart_password_env
 from cluster.ray.auction_settings import AuctionSettingsModel
 from cluster.ray.controller_pools import ResplitSection
 from cluster.ray.controller_settings import ControllerSettings
+from cluster.ray.worker_factory import DynamoWorkerSpec, WorkerSpec, dynamo_worker_settings
 from cluster.serve import app_builder
 from cluster.serve.config import ServeConfig
 from cluster.serve.limits import LimitSettings
 from cluster.serve.users import UsersFile
 from cluster.sim.profile import available_profiles, load_profile
 from telemetry.metrics import REGISTRY
-from tests.helm.chart import CHART, EXAMPLES, NAMESPACE, RELEASE, run_helm
+from tests.helm.chart import CHART, EXAMPLES, NAMESPACE, RELEASE, ROOT, run_helm
 
 CRDS = Path(__file__).resolve().parents[3] / "shared" / "kuberay-crds"
-K8S_VERSION = "1.30.0"
+K8S_VERSIONS = ("1.30.0", "1.31.0", "1.32.0", "1.33.0")
 FULLNAME = f"{RELEASE}-disaggctl"
 B200_EXAMPLES = [e for e in EXAMPLES if e.name.startswith("b200-")]
 # Every rendering checked below: the defaults, each example, and the other branches.
@@ -123,9 +128,9 @@ def test_helm_lint_strict(helm: str, values: Path | None) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_there_are_the_three_examples() -> None:
+def test_there_are_the_four_examples() -> None:
     assert {e.stem for e in EXAMPLES} == {
-        "sim-laptop", "b200-llama70b-1p5d", "b200-nemotron340b-1p2d"
+        "sim-laptop", "b200-llama70b-1p5d", "b200-nemotron340b-1p2d", "dynamo-mocker-cpu"
     }  # fmt: skip
 
 
@@ -147,8 +152,9 @@ def test_template_renders_every_part(render: Any, case: str) -> None:
 # ---- Kubernetes and KubeRay schemas ---------------------------------------------------------
 
 
+@pytest.mark.parametrize("k8s", K8S_VERSIONS)
 @pytest.mark.parametrize("case", list(CASES))
-def test_builtin_kinds_pass_kubernetes_validate_strict(render: Any, case: str) -> None:
+def test_builtin_kinds_pass_kubernetes_validate_strict(render: Any, case: str, k8s: str) -> None:
     docs = render(*CASES[case])
     builtin = [d for d in docs if d["apiVersion"] in ("v1", "apps/v1", "networking.k8s.io/v1")]
     assert builtin
@@ -161,7 +167,7 @@ def test_builtin_kinds_pass_kubernetes_validate_strict(render: Any, case: str) -
     ]  # fmt: skip
     for d in builtin + pods:
         try:
-            kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+            kubernetes_validate.validate(d, k8s, strict=True)
         except kubernetes_validate.ValidationError as e:
             pytest.fail(f"{d['kind']}/{d['metadata']['name']}: {e.message} at {list(e.path)}")
     other = {d["kind"] for d in docs} - {d["kind"] for d in builtin}
@@ -253,11 +259,10 @@ def test_b200_gpu_counts_are_topology_times_tp(render: Any, example: Path) -> No
         assert per_pod == tp, group
         assert spec["nodeSelector"] and spec["tolerations"], group
         total += replicas * per_pod
-        # dynamo: the engine container holds the GPUs, so Ray hands none out (placement is by
-        # the B200 custom resource)
-        engine = [c for c in spec["containers"] if c["name"] == f"dynamo-{group}"]
-        assert len(engine) == 1 and gpus(engine[0]) == tp
-        assert params["num-gpus"] == "0"
+        # dynamo: the worker actor starts the engine in the Ray container, so Ray hands that
+        # container's GPUs to the actor (CUDA_VISIBLE_DEVICES), TP of them
+        (ray,) = spec["containers"]
+        assert gpus(ray) == tp and params["num-gpus"] == str(tp), group
     assert total == (p + d) * tp
     assert {"b200-llama70b-1p5d": 24, "b200-nemotron340b-1p2d": 24}[example.stem] == total
     # The ledger: the chart's PostgreSQL on its own block storage, its password on the head only.
@@ -277,26 +282,67 @@ def test_sim_on_gpus_gives_the_ray_containers_the_gpus(render: Any) -> None:
         assert gpus(ray) == want and params.get("num-gpus", "0") == str(want), group
 
 
-@pytest.mark.parametrize("example", B200_EXAMPLES, ids=lambda e: e.stem)
-def test_dynamo_engine_commands(render: Any, example: Path) -> None:
+DYNAMO_EXAMPLES = [e for e in EXAMPLES if "backend: dynamo" in e.read_text(encoding="utf-8")]
+
+
+@pytest.mark.parametrize("example", DYNAMO_EXAMPLES, ids=lambda e: e.stem)
+def test_the_worker_actors_start_dynamos_engines_found_through_the_charts_etcd(
+    render: Any, example: Path
+) -> None:
     docs = render((str(example),))
-    tp = load_profile(service_config(docs)["profile"]).tp
+    cfg = validate_model(ServeConfig, service_config(docs), example.name)
+    assert cfg.backend == "dynamo" and cfg.dynamo.model_name == cfg.model_name
+    d = cfg.dynamo
+    assert (d.discovery, d.bind) == ("etcd", "node")  # across pods, on the pods' addresses
+    assert d.etcd_endpoints == f"http://{FULLNAME}-etcd.{NAMESPACE}.svc:2379"
+    etcd = one(docs, "Service", f"{FULLNAME}-etcd")["spec"]
+    assert etcd["ports"] == [{"name": "client", "port": 2379, "targetPort": "client"}]
+    (server,) = one(docs, "StatefulSet", f"{FULLNAME}-etcd")["spec"]["template"]["spec"][
+        "containers"]  # fmt: skip
+    assert f"--advertise-client-urls={d.etcd_endpoints}" in server["command"]
+    # What each worker actor runs: cluster/ray/worker_factory.py and cluster/dynamo/settings.py
+    # turn the rendered config into the engine's command, TP from the profile.
+    tp = load_profile(cfg.profile).tp
+    spec = WorkerSpec(profile=cfg.profile, tp=tp, speedup=1.0, epoch_wall=1.0, seed=0,
+                      nats_url=cfg.nats_url, namespace=cfg.namespace,
+                      dynamo=DynamoWorkerSpec(settings=d.model_dump(),
+                                              discovery=Discovery.etcd(d.etcd_endpoints or ""),
+                                              log_dir="/tmp/logs"))  # fmt: skip
+    settings = DynamoSettings.model_validate(dynamo_worker_settings(spec))
+    for role in ("prefill", "decode"):
+        argv = worker_command(settings, role, d.model_path or "/tmp/tiny")
+        assert argv[argv.index("--disaggregation-mode") + 1] == role
+        if d.engine == "vllm":
+            assert argv[1:3] == ["-m", "dynamo.vllm"] and cfg.request_gpus
+            assert argv[argv.index("--tensor-parallel-size") + 1] == str(tp)
+            assert argv[argv.index("--model") + 1].startswith("/models/")
+        else:
+            assert argv[1:3] == ["-m", "dynamo.mocker"] and not cfg.request_gpus
     for group, _, template, _ in ray_groups(docs):
-        engines = [c for c in template["spec"]["containers"] if c["name"].startswith("dynamo-")]
-        if group == "head":
-            assert not engines
-            continue
-        (engine,) = engines
-        assert engine["command"] == ["python", "-m", "dynamo.vllm"]
-        args = engine["args"]
-        assert args[args.index("--disaggregation-mode") + 1] == group
-        assert args[args.index("--tensor-parallel-size") + 1] == str(tp)
-        env = {e["name"]: e for e in engine["env"]}
-        # the engine is the dynamo role; its password comes from the Secret, never inline
-        assert env["NATS_SERVER"]["value"].startswith("nats://") and "@" not in str(env)
-        assert env["NATS_AUTH_USERNAME"]["value"] == "dynamo"
-        assert env["NATS_AUTH_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
-            "name": f"{FULLNAME}-nats-credentials", "key": "dynamo-password"}  # fmt: skip
+        (ray,) = template["spec"]["containers"]  # no engine container: the actor runs it
+        mounts = {m["name"] for m in ray["volumeMounts"]}
+        assert ("model-cache" in mounts) == (group != "head"), group
+
+
+def test_a_vllm_model_outside_the_cache_is_refused(helm: str) -> None:
+    out = run_helm(helm, "template", RELEASE, str(CHART), "--set", "backend=dynamo",
+                   "--set", "dynamo.model=/weights/llama")  # fmt: skip
+    assert out.returncode != 0 and "dynamo.model" in out.stderr, out.stderr
+
+
+def test_etcd_is_reached_by_the_ray_pods_only(render: Any) -> None:
+    docs = render((str(CHART / "examples" / "dynamo-mocker-cpu.yaml"),))
+    etcd = one(docs, "NetworkPolicy", f"{FULLNAME}-etcd")["spec"]
+    (rule,) = etcd["ingress"]
+    (peer,) = rule["from"]
+    assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "ray"
+    assert rule["ports"] == [{"port": 2379, "protocol": "TCP"}] and etcd["egress"] == []
+    ray = one(docs, "NetworkPolicy", f"{FULLNAME}-ray")["spec"]
+    to_etcd = [r for r in ray["egress"] if {"port": 2379, "protocol": "TCP"} in r.get("ports", [])]
+    (rule,) = to_etcd
+    assert rule["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "etcd"
+    sim = {(d["kind"], d["metadata"]["name"]) for d in render()}
+    assert ("StatefulSet", f"{FULLNAME}-etcd") not in sim  # backend: sim runs no etcd
 
 
 def test_the_chart_knows_every_profiles_tp(render: Any) -> None:
@@ -416,8 +462,12 @@ def test_every_container_runs_non_root_without_privileges(render: Any, case: str
             assert sc.get("allowPrivilegeEscalation") is False, name
             assert sc.get("capabilities", {}).get("drop") == ["ALL"], name
             assert not sc.get("privileged"), name
-            # vLLM (dynamo) writes under its install; every other root filesystem is read-only
-            assert sc.get("readOnlyRootFilesystem") is (not c["name"].startswith("dynamo-")), name
+            # vLLM writes under its install (the Ray workers that run it, backend: dynamo with
+            # engine: vllm); every other root filesystem is read-only
+            vllm = where not in ("RayService/head",) and where.startswith("RayService/") and (
+                service_config(docs).get("dynamo", {}).get("engine") == "vllm"
+            )
+            assert sc.get("readOnlyRootFilesystem") is (not vllm), name
             assert c.get("resources", {}).get("limits") and c["resources"].get("requests"), name
 
 
@@ -463,7 +513,7 @@ def test_default_deny_then_the_listed_flows(render: Any, case: str) -> None:
         assert api == []
     egress_ports = {p["port"] for r in ray["egress"] for p in r.get("ports", [])}
     assert {4222, 53} <= egress_ports
-    assert (443 in egress_ports) == (case == "nats-tls")  # backend: dynamo, its discovery
+    assert (2379 in egress_ports) == (case == "nats-tls")  # backend: dynamo, its etcd
     assert all(r.get("from") for r in ray["ingress"]), "an ingress rule open to anyone"
 
 
@@ -604,9 +654,9 @@ def test_the_nats_servers_permissions_are_the_projects(render: Any) -> None:
 
 
 @pytest.mark.parametrize("case", ["defaults", "nats-tls"])
-def test_ray_pods_hold_the_ray_roles_passwords_and_not_dynamos(render: Any, case: str) -> None:
+def test_ray_pods_hold_their_roles_passwords(render: Any, case: str) -> None:
     docs = render(*CASES[case])
-    tls = case == "nats-tls"
+    tls = case == "nats-tls"  # and backend: dynamo, whose engines run in the Ray pods
     for group, _, template, _ in ray_groups(docs):
         spec = template["spec"]
         (ray,) = [c for c in spec["containers"] if c["name"].startswith("ray-")]
@@ -617,12 +667,9 @@ def test_ray_pods_hold_the_ray_roles_passwords_and_not_dynamos(render: Any, case
         volume = {v["name"]: v for v in spec["volumes"]}["nats-credentials"]
         paths = {i["path"] for src in volume["projected"]["sources"]
                  for i in src["secret"]["items"]}  # fmt: skip
-        ray_roles = {f"{r}/password" for r in ROLES if r != "dynamo"}
+        # The dynamo role's password only where Dynamo's processes run (backend: dynamo).
+        ray_roles = {f"{r}/password" for r in ROLES if r != "dynamo" or tls}
         assert paths == ray_roles | ({"ca.crt"} if tls else set()), group
-        for engine in (c for c in spec["containers"] if c["name"].startswith("dynamo-")):
-            engine_env = {e["name"]: e.get("value") for e in engine["env"]}
-            assert engine_env["NATS_SERVER"].startswith("tls://" if tls else "nats://")
-            assert ("NATS_TLS_CA_CERT_PATH" in engine_env) == tls
 
 
 def test_an_external_nats_needs_the_roles_secret(helm: str) -> None:
@@ -641,13 +688,12 @@ def _schema() -> dict[str, Any]:
 def test_schema_mirrors_the_projects_config_models() -> None:
     props = _schema()["properties"]
     config = props["config"]["properties"]
+    # backend and dynamo come from the chart's own top-level values (templates/_helpers.tpl).
     chart_set = {"nats_url", "ledger_path", "ledger_url", "ledger_schema", "accelerator_resource",
-                 "request_gpus", "metrics_host", "metrics_port"}  # fmt: skip
-    # The serve side's Dynamo backend is not wired into the chart yet (docs/design.md §7): the
-    # chart's own top-level `backend`/`dynamo` values describe its engine containers instead.
+                 "request_gpus", "metrics_host", "metrics_port", "backend", "dynamo"}  # fmt: skip
     # direct_port turns on a flag of the Serve controller, which KubeRay starts: serve deploy
     # refuses it (cluster/serve/app_builder.py), so the chart does not offer it.
-    not_in_chart = {"backend", "dynamo", "direct_port"}
+    not_in_chart = {"direct_port"}
     assert set(config) == set(ServeConfig.model_fields) - chart_set - not_in_chart
     assert set(config["auction"]["properties"]) == set(AuctionSettingsModel.model_fields)
     assert set(config["routing"]["properties"]) == set(RoutingSettings.model_fields)
@@ -692,3 +738,96 @@ def test_bad_values_are_refused_with_the_schemas_message(helm: str, case: str) -
     out = run_helm(helm, *args)
     assert out.returncode != 0, f"{case}: accepted"
     assert message in out.stderr, out.stderr
+
+
+# ---- upgrades (README "Upgrades") -----------------------------------------------------------
+
+
+def kuberay_upgrade(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> str:
+    """What KubeRay's RayService controller does between two renders: a new Ray cluster when
+    ``rayClusterConfig`` changes (it compares the spec's hash), the Serve application updated
+    in place when only ``serveConfigV2`` does, nothing otherwise."""
+    old, new = one(before, "RayService")["spec"], one(after, "RayService")["spec"]
+    if old["rayClusterConfig"] != new["rayClusterConfig"]:
+        return "new cluster"
+    return "in place" if old["serveConfigV2"] != new["serveConfigV2"] else "nothing"
+
+
+# What only the ingress reads, so a redeploy over the running actors takes it up.
+IN_PLACE = {
+    "ingress_replicas": "config.ingress_replicas=3",
+    "max_ongoing_requests": "config.max_ongoing_requests=500",
+    "limits": "config.limits.user_rate=20",
+    "allow_anonymous": "config.allow_anonymous=true",
+}
+def _user(name: str) -> tuple[str, ...]:
+    return (f"users.list[0].name={name}", "users.list[0].key_sha256=" + "b" * 64,
+            "users.list[0].budget=5")  # fmt: skip
+
+
+# What the actors are started with, or the pods run: (values before, values after).
+NEW_CLUSTER: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "auction": ((), ("config.auction.batch_size=16",)),
+    "controller": ((), ("config.controller.theta1_s=2",)),
+    "topology": ((), ("config.topology=2P/4D",)),
+    "users": (_user("alice"), _user("bob")),
+    "image": ((), ("image.tag=0.2.1",)),
+    "dynamo engine": ((), ("dynamo.engine=vllm", "dynamo.model=/models/m")),
+    "ray head": ((), ("ray.head.numCpus=8",)),
+}
+
+
+@pytest.mark.parametrize("key", list(NEW_CLUSTER))
+def test_what_the_actors_start_with_makes_a_new_cluster(render: Any, key: str) -> None:
+    example = (str(CHART / "examples" / "dynamo-mocker-cpu.yaml"),)
+    before, after = NEW_CLUSTER[key]
+    assert kuberay_upgrade(render(example, before), render(example, after)) == "new cluster"
+
+
+def test_a_new_chart_version_alone_changes_nothing(helm: str, tmp_path: Path) -> None:
+    # The chart's version is in the resources' labels, never in the Ray pods' templates: an
+    # upgrade to the next chart version with the same values leaves the cluster running.
+    import shutil
+
+    previous = tmp_path / "disaggctl"
+    shutil.copytree(CHART, previous)
+    chart_yaml = previous / "Chart.yaml"
+    chart_yaml.write_text(re.sub(r"(?m)^version: .*$", "version: 0.0.9",
+                                 chart_yaml.read_text(encoding="utf-8")), encoding="utf-8")
+
+    def docs(chart: Path) -> list[dict[str, Any]]:
+        out = run_helm(helm, "template", RELEASE, str(chart), "--namespace", NAMESPACE)
+        assert out.returncode == 0, out.stderr
+        return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+    before, after = docs(previous), docs(CHART)
+    assert one(before, "RayService")["metadata"] != one(after, "RayService")["metadata"]
+    assert kuberay_upgrade(before, after) == "nothing"
+
+
+def test_the_builder_waits_for_the_config_the_deployment_names(
+    render: Any, tmp_path: Path
+) -> None:
+    docs = render()
+    builder = _builder(docs, tmp_path)
+    args = dict(serve_app(docs)["args"])
+    new = one(docs, "ConfigMap", f"{FULLNAME}-config")["data"]["service.yaml"]
+    config_file = tmp_path / "service.yaml"
+    config_file.write_text("profile: an-older-config\n")  # the kubelet has not synced yet
+    args["config_file"] = str(config_file)
+    with pytest.raises(ValueError, match="still not the config"):
+        builder.service_args(dict(args), wait_s=0.0)
+    config_file.write_text(new)
+    fields = builder.service_args(dict(args), wait_s=0.0)
+    assert fields["profile"] == service_config(docs)["profile"]
+
+
+def test_the_image_pins_the_projects_versions() -> None:
+    dockerfile = (CHART.parent / "Dockerfile").read_text(encoding="utf-8")
+    pins = dict(re.findall(r"(?m)^ARG ([A-Z_]+)=(\S+)$", dockerfile))
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    ray = re.search(r'"ray\[[a-z,]+\]==([0-9.]+)"', pyproject)
+    assert ray is not None and pins["RAY_VERSION"] == ray.group(1)
+    assert pins["DYNAMO_VERSION"] == DYNAMO_VERSION
+    assert pins["RAY_IMAGE"].startswith(f"rayproject/ray:{ray.group(1)}-py311")
+    assert "VLLM_VERSION" in pins

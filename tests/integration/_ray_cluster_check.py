@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-NODE_B200 = 8
+from tests.integration import cluster_check
+from tests.integration.cluster_check import ClusterCheck
+
 NODES = 3
 TOPOLOGY = "1P/2D"
 PROFILE = "b200-llama70b-fp8-tp4"
@@ -106,229 +105,172 @@ def _actor_nodes(ray: Any) -> list[dict[str, Any]]:
         return [{"error": repr(exc)[:200]}]
 
 
-def main() -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("--tmpdir", required=True)
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--ledger", required=True)
-    args = p.parse_args()
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    # Cluster writes <RAY_TMPDIR>/ray/ray_current_cluster: keep it in our folder, never in the
-    # machine's /tmp/ray (where other sessions' ``address="auto"`` would find it).
-    os.environ["RAY_TMPDIR"] = args.tmpdir
-    os.makedirs(os.path.join(args.tmpdir, "ray"), exist_ok=True)
-
+def rehearse(c: ClusterCheck, args: argparse.Namespace) -> None:
     import httpx
     import ray
-    from ray.cluster_utils import Cluster
 
     from cluster.serve.config import ServeConfig
     from cluster.service import Service
 
-    result: dict[str, Any] = {"ok": False, "timings": {}}
-    t0 = time.monotonic()
+    result, mark = c.result, c.mark
+    nodes = c.start_cluster(NODES)
+    node_ids = [n.node_id for n in nodes]
+    cluster = c.cluster
 
-    def mark(what: str) -> None:
-        result["timings"][what] = round(time.monotonic() - t0, 1)
+    config = ServeConfig(
+        profile=PROFILE, topology=TOPOLOGY, speedup=2.0, namespace="rc",
+        ledger_path=args.ledger, worker_max_restarts=3, metrics_port=0,
+    )  # fmt: skip
+    c.service = service = Service(config)
+    service.start(address=cluster.address, port=args.port)
+    mark("service")
+    h = service.handles
+    result["driver_node"] = ray.get_runtime_context().get_node_id()
+    pgs = {pg_name: pg for pg_name, pg in
+           zip([*(f"rc-prefill-{w}" for w in h.prefill), *(f"rc-decode-{w}" for w in h.decode)],
+               h.placement_groups, strict=True)}  # fmt: skip
+    names = {**{w: f"rc-prefill-{w}" for w in h.prefill},
+             **{w: f"rc-decode-{w}" for w in h.decode}}  # fmt: skip
+    workers = {**h.prefill, **h.decode}
+    result["tp"] = service.profile.tp
+    result["before"] = _placement(ray, workers, pgs, names)
+    control = {}
+    for role in ("router", "auction", "poa", "controller"):
+        info = ray.get(getattr(h, role).ready.remote(), timeout=30)
+        control[role] = info.node_id
+    result["control_nodes"] = control
+    result["actors_before"] = _actor_nodes(ray)
+    result["node_resources"] = {
+        n["NodeID"]: n["Resources"].get("B200") for n in ray.nodes() if n["Alive"]
+    }
 
-    node_args = {"num_cpus": 1, "resources": {"B200": NODE_B200},
-                 "object_store_memory": 80 * 2**20}  # fmt: skip
-    cluster = None
-    service = None
-    try:
-        cluster = Cluster(
-            initialize_head=True,
-            head_node_args={**node_args, "temp_dir": args.tmpdir, "include_dashboard": False},
-        )
-        nodes = [cluster.head_node]
-        for _ in range(NODES - 1):
-            nodes.append(cluster.add_node(**node_args, temp_dir=args.tmpdir))
-        cluster.wait_for_nodes()
-        node_ids = [n.node_id for n in nodes]
-        result["nodes"] = node_ids
-        result["head"] = cluster.head_node.node_id
-        mark("cluster")
+    url = service.url
+    client = httpx.Client(timeout=httpx.Timeout(20.0), limits=httpx.Limits(max_connections=32))
+    pool = ThreadPoolExecutor(8)
+    first = _batch(pool, client, url, range(8))
+    result["requests_before"] = [s for s, _ in first]
+    result["decode_used_before"] = _workers_of(first)
+    mark("requests_before")
 
-        config = ServeConfig(
-            profile=PROFILE, topology=TOPOLOGY, speedup=2.0, namespace="rc",
-            ledger_path=args.ledger, worker_max_restarts=3, metrics_port=0,
+    # The victim: a decode worker's node that is neither the head nor the driver's; among
+    # those, the one sharing its node with the fewest other actors (the ingress replica,
+    # the Serve proxy, the control plane), so the loss is above all a decode worker's.
+    def others_on(node: str, wid: int) -> list[str]:
+        return sorted(
+            [f"worker-{w}" for w, v in result["before"].items()
+             if v["actor_node"] == node and int(w) != wid]
+            + [role for role, n in control.items() if n == node]
+            + [a["class"] for a in result["actors_before"] if a.get("node") == node
+               and a.get("state") == "ALIVE"
+               and str(a.get("class", "")).startswith(("Serve", "Proxy"))]
         )  # fmt: skip
-        service = Service(config).start(address=cluster.address, port=args.port)
-        mark("service")
-        h = service.handles
-        result["driver_node"] = ray.get_runtime_context().get_node_id()
-        pgs = {pg_name: pg for pg_name, pg in
-               zip([*(f"rc-prefill-{w}" for w in h.prefill), *(f"rc-decode-{w}" for w in h.decode)],
-                   h.placement_groups, strict=True)}  # fmt: skip
-        names = {**{w: f"rc-prefill-{w}" for w in h.prefill},
-                 **{w: f"rc-decode-{w}" for w in h.decode}}  # fmt: skip
-        workers = {**h.prefill, **h.decode}
-        result["tp"] = service.profile.tp
-        result["before"] = _placement(ray, workers, pgs, names)
-        control = {}
-        for role in ("router", "auction", "poa", "controller"):
-            info = ray.get(getattr(h, role).ready.remote(), timeout=30)
-            control[role] = info.node_id
-        result["control_nodes"] = control
-        result["actors_before"] = _actor_nodes(ray)
-        result["node_resources"] = {
-            n["NodeID"]: n["Resources"].get("B200") for n in ray.nodes() if n["Alive"]
-        }
 
-        url = service.url
-        client = httpx.Client(timeout=httpx.Timeout(20.0), limits=httpx.Limits(max_connections=32))
-        pool = ThreadPoolExecutor(8)
-        first = _batch(pool, client, url, range(8))
-        result["requests_before"] = [s for s, _ in first]
-        result["decode_used_before"] = _workers_of(first)
-        mark("requests_before")
+    candidates = [
+        (len(others_on(node, wid)), wid, node)
+        for wid in h.decode
+        if (node := result["before"][str(wid)]["actor_node"])
+        not in (result["head"], result["driver_node"])
+    ]
+    if not candidates:
+        result["victim"] = {"worker": None, "node": None}
+        result["error"] = "no decode worker on a removable node"
+        return
+    _, victim_wid, victim_node = min(candidates)
+    result["victim"] = {
+        "worker": victim_wid,
+        "node": victim_node,
+        "also_on_it": others_on(victim_node, victim_wid),
+    }
+    node_obj = nodes[node_ids.index(victim_node)]
 
-        # The victim: a decode worker's node that is neither the head nor the driver's; among
-        # those, the one sharing its node with the fewest other actors (the ingress replica,
-        # the Serve proxy, the control plane), so the loss is above all a decode worker's.
-        def others_on(node: str, wid: int) -> list[str]:
-            return sorted(
-                [f"worker-{w}" for w, v in result["before"].items()
-                 if v["actor_node"] == node and int(w) != wid]
-                + [role for role, n in control.items() if n == node]
-                + [a["class"] for a in result["actors_before"] if a.get("node") == node
-                   and a.get("state") == "ALIVE"
-                   and str(a.get("class", "")).startswith(("Serve", "Proxy"))]
-            )  # fmt: skip
+    # Long requests in flight on both decode workers when the node goes.
+    in_flight = pool.submit(_batch, pool, client, url, range(50, 56), IN_FLIGHT_TOKENS)
+    time.sleep(0.4)
+    t_remove = time.monotonic()
+    cluster.remove_node(node_obj)
+    result["remove_s"] = round(time.monotonic() - t_remove, 2)
+    cut = in_flight.result(timeout=60)
+    result["in_flight_at_removal"] = [
+        {"status": s, **({"decode_worker": d["decode_worker"]} if isinstance(d, dict)
+                         else {"detail": d})}
+        for s, d in cut
+    ]  # fmt: skip
 
-        candidates = [
-            (len(others_on(node, wid)), wid, node)
-            for wid in h.decode
-            if (node := result["before"][str(wid)]["actor_node"])
-            not in (result["head"], result["driver_node"])
-        ]
-        if not candidates:
-            result["victim"] = {"worker": None, "node": None}
-            result["error"] = "no decode worker on a removable node"
-            return 0
-        _, victim_wid, victim_node = min(candidates)
-        result["victim"] = {
-            "worker": victim_wid,
-            "node": victim_node,
-            "also_on_it": others_on(victim_node, victim_wid),
-        }
-        node_obj = nodes[node_ids.index(victim_node)]
+    # Requests after the loss, in batches of 4 at once, until RUN_OF_SUCCESSES batches in a
+    # row all succeed, within the bound.
+    log: list[dict[str, Any]] = []
+    run = 0
+    k = 100
+    while time.monotonic() - t_remove < RECOVERY_BOUND_S and run < RUN_OF_SUCCESSES:
+        t_req = time.monotonic()
+        batch = _batch(pool, client, url, range(k, k + 4))
+        k += 4
+        statuses = [s for s, _ in batch]
+        entry: dict[str, Any] = {"t": round(t_req - t_remove, 2), "statuses": statuses,
+                                 "took_s": round(time.monotonic() - t_req, 2),
+                                 "decode_workers": _workers_of(batch)}  # fmt: skip
+        if all(s == 200 for s in statuses):
+            run += 1
+        else:
+            entry["details"] = [d for s, d in batch if s != 200][:2]
+            run = 0
+            time.sleep(0.5)
+        log.append(entry)
+    result["after_removal"] = log
+    result["recovered"] = run >= RUN_OF_SUCCESSES
+    result["recovered_at_s"] = (
+        round(time.monotonic() - t_remove, 2) if result["recovered"] else None
+    )
+    mark("recovery")
 
-        # Long requests in flight on both decode workers when the node goes.
-        in_flight = pool.submit(_batch, pool, client, url, range(50, 56), IN_FLIGHT_TOKENS)
-        time.sleep(0.4)
-        t_remove = time.monotonic()
-        cluster.remove_node(node_obj)
-        result["remove_s"] = round(time.monotonic() - t_remove, 2)
-        cut = in_flight.result(timeout=60)
-        result["in_flight_at_removal"] = [
-            {"status": s, **({"decode_worker": d["decode_worker"]} if isinstance(d, dict)
-                             else {"detail": d})}
-            for s, d in cut
-        ]  # fmt: skip
-
-        # Requests after the loss, in batches of 4 at once, until RUN_OF_SUCCESSES batches in a
-        # row all succeed, within the bound.
-        log: list[dict[str, Any]] = []
-        run = 0
-        k = 100
-        while time.monotonic() - t_remove < RECOVERY_BOUND_S and run < RUN_OF_SUCCESSES:
-            t_req = time.monotonic()
-            batch = _batch(pool, client, url, range(k, k + 4))
-            k += 4
-            statuses = [s for s, _ in batch]
-            entry: dict[str, Any] = {"t": round(t_req - t_remove, 2), "statuses": statuses,
-                                     "took_s": round(time.monotonic() - t_req, 2),
-                                     "decode_workers": _workers_of(batch)}  # fmt: skip
-            if all(s == 200 for s in statuses):
-                run += 1
-            else:
-                entry["details"] = [d for s, d in batch if s != 200][:2]
-                run = 0
-                time.sleep(0.5)
-            log.append(entry)
-        result["after_removal"] = log
-        result["recovered"] = run >= RUN_OF_SUCCESSES
-        result["recovered_at_s"] = (
-            round(time.monotonic() - t_remove, 2) if result["recovered"] else None
-        )
-        mark("recovery")
-
-        # What became of the lost worker: restarted elsewhere (its placement group re-placed)?
-        deadline = time.monotonic() + 30.0
-        fate: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            try:
-                fate = _placement(ray, {victim_wid: h.decode[victim_wid]}, pgs, names,
-                                  timeout=5.0)[str(victim_wid)]  # fmt: skip
-                break
-            except Exception as exc:
-                fate = {"error": repr(exc)[:300]}
-                time.sleep(1.0)
-        result["victim_after"] = fate
-        mark("victim_after")
-        # Once the worker is back, do requests reach it again?
-        again = _batch(pool, client, url, range(1000, 1008), IN_FLIGHT_TOKENS)
-        again += _batch(pool, client, url, range(1010, 1018), IN_FLIGHT_TOKENS)
-        result["requests_after_restart"] = [s for s, _ in again]
-        result["decode_used_after"] = _workers_of(again)
-        with_stats = ray.get(h.router.stats.remote(), timeout=10)
-        result["router_stats"] = {"workers": dict(with_stats.workers),
-                                  "policy": dataclasses.asdict(with_stats.policy)}  # fmt: skip
-        result["after"] = _placement(
-            ray, {w: x for w, x in workers.items() if w != victim_wid}, pgs, names, timeout=10
-        )
-        result["actors_after"] = _actor_nodes(ray)
-        # The router actor restarting under requests (a lost node can take it down with it, as
-        # it can any control actor): requests that meet it restarting should get 503, not 500.
-        racing = pool.submit(_batch, pool, client, url, range(2000, 2006), 16)
-        time.sleep(0.02)
-        ray.kill(h.router, no_restart=False)
-        raced = racing.result(timeout=60)
-        result["router_restart"] = [
-            {"status": s, **({} if isinstance(d, dict) else {"detail": d})} for s, d in raced
-        ]
-        deadline = time.monotonic() + 30.0
-        while time.monotonic() < deadline:
-            try:
-                ray.get(h.router.ready.remote(), timeout=5)
-                break
-            except Exception:
-                time.sleep(0.5)
-        result["after_router_restart"] = [
-            s for s, _ in _batch(pool, client, url, range(2100, 2104))
-        ]
-        mark("router_restart")
-        client.close()
-        pool.shutdown()
-        result["ok"] = True
-        return 0
-    except Exception as exc:
-        import traceback
-
-        result["error"] = f"{exc!r}"[:500]
-        result["traceback"] = traceback.format_exc()[-3000:]
-        return 0
-    finally:
-        t_stop = time.monotonic()
-        if service is not None:
-            try:
-                service.stop()
-            except Exception as exc:
-                result["stop_error"] = repr(exc)[:300]
+    # What became of the lost worker: restarted elsewhere (its placement group re-placed)?
+    deadline = time.monotonic() + 30.0
+    fate: dict[str, Any] = {}
+    while time.monotonic() < deadline:
         try:
-            if ray.is_initialized():
-                ray.shutdown()
-            if cluster is not None:
-                cluster.shutdown()
+            fate = _placement(ray, {victim_wid: h.decode[victim_wid]}, pgs, names,
+                              timeout=5.0)[str(victim_wid)]  # fmt: skip
+            break
         except Exception as exc:
-            result["shutdown_error"] = repr(exc)[:300]
-        result["stop_s"] = round(time.monotonic() - t_stop, 1)
-        mark("total")
-        sys.stdout.write("\nRESULT " + json.dumps(result, default=str) + "\n")
-        sys.stdout.flush()
+            fate = {"error": repr(exc)[:300]}
+            time.sleep(1.0)
+    result["victim_after"] = fate
+    mark("victim_after")
+    # Once the worker is back, do requests reach it again?
+    again = _batch(pool, client, url, range(1000, 1008), IN_FLIGHT_TOKENS)
+    again += _batch(pool, client, url, range(1010, 1018), IN_FLIGHT_TOKENS)
+    result["requests_after_restart"] = [s for s, _ in again]
+    result["decode_used_after"] = _workers_of(again)
+    with_stats = ray.get(h.router.stats.remote(), timeout=10)
+    result["router_stats"] = {"workers": dict(with_stats.workers),
+                              "policy": dataclasses.asdict(with_stats.policy)}  # fmt: skip
+    result["after"] = _placement(
+        ray, {w: x for w, x in workers.items() if w != victim_wid}, pgs, names, timeout=10
+    )
+    result["actors_after"] = _actor_nodes(ray)
+    # The router actor restarting under requests (a lost node can take it down with it, as
+    # it can any control actor): requests that meet it restarting should get 503, not 500.
+    racing = pool.submit(_batch, pool, client, url, range(2000, 2006), 16)
+    time.sleep(0.02)
+    ray.kill(h.router, no_restart=False)
+    raced = racing.result(timeout=60)
+    result["router_restart"] = [
+        {"status": s, **({} if isinstance(d, dict) else {"detail": d})} for s, d in raced
+    ]
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
+        try:
+            ray.get(h.router.ready.remote(), timeout=5)
+            break
+        except Exception:
+            time.sleep(0.5)
+    result["after_router_restart"] = [
+        s for s, _ in _batch(pool, client, url, range(2100, 2104))
+    ]
+    mark("router_restart")
+    client.close()
+    pool.shutdown()
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cluster_check.main(rehearse))

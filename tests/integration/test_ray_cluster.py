@@ -81,7 +81,12 @@ def _kind(x: dict[str, Any]) -> str:
     return f"other-{status}"
 
 
-def _run_helper(tmp_path: Path) -> dict[str, Any]:
+def run_cluster_helper(
+    tmp_path: Path, helper: Path = HELPER, timeout_s: float = HELPER_TIMEOUT_S,
+    extra: tuple[str, ...] = (),
+) -> dict[str, Any]:  # fmt: skip
+    """Run a cluster check (``helper``) in a Ray session of its own; its RESULT, with what
+    outlived it (``left_behind``, then killed) and its exit status."""
     ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")  # short: Ray's socket paths < 108 bytes
     env = {
         **{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},  # never join another Ray
@@ -90,15 +95,15 @@ def _run_helper(tmp_path: Path) -> dict[str, Any]:
         "RAY_TMPDIR": ray_tmp,
         "PYTHONPATH": str(REPO),
     }
-    cmd = [sys.executable, str(HELPER), "--tmpdir", ray_tmp, "--port", str(free_port()),
-           "--ledger", str(tmp_path / "ledger.sqlite")]  # fmt: skip
+    cmd = [sys.executable, str(helper), "--tmpdir", ray_tmp, "--port", str(free_port()),
+           "--ledger", str(tmp_path / "ledger.sqlite"), *extra]  # fmt: skip
     out_path, err_path = tmp_path / "helper.out", tmp_path / "helper.err"
     left: list[tuple[int, str]] = []
     with out_path.open("wb") as out, err_path.open("wb") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                 env=env, cwd=str(REPO), start_new_session=True)  # fmt: skip
     try:
-        proc.wait(timeout=HELPER_TIMEOUT_S)
+        proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         pass
     finally:
@@ -128,7 +133,7 @@ def _run_helper(tmp_path: Path) -> dict[str, Any]:
 
 def test_tp_groups_stay_on_one_node_and_a_lost_node_is_survived(tmp_path: Path) -> None:
     t0 = time.monotonic()
-    r = _run_helper(tmp_path)
+    r = run_cluster_helper(tmp_path)
     r["test_s"] = round(time.monotonic() - t0, 1)
     print(json.dumps({k: v for k, v in r.items() if k not in ("actors_before",)}, indent=1))
     # Nothing left behind (checked first: it must hold whatever else fails).

@@ -8,17 +8,37 @@ directory that ``DISAGG_NATS_CREDENTIALS`` names in every Ray container (cluster
 
 from __future__ import annotations
 
+import hashlib
+import time
 from typing import Any
 
 import yaml
 
+# The kubelet refreshes a mounted ConfigMap within its sync period (a minute by default) plus
+# its cache's TTL: after an upgrade the new serveConfigV2 can arrive before the new file.
+CONFIG_WAIT_S = 180.0
 
-def service_args(args: dict[str, Any]) -> dict[str, Any]:
+
+def read_config(path: str, sha256: str | None, wait_s: float = CONFIG_WAIT_S) -> bytes:
+    """The config file's bytes, once they are the ones ``sha256`` names (None: as they are)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        with open(path, "rb") as f:
+            data = f.read()
+        found = hashlib.sha256(data).hexdigest()
+        if sha256 is None or found == sha256:
+            return data
+        if time.monotonic() >= deadline:
+            raise ValueError(f"{path}: still not the config this deployment names after "
+                             f"{wait_s:g} s (sha256 {found}, expected {sha256})")
+        time.sleep(2.0)
+
+
+def service_args(args: dict[str, Any], wait_s: float = CONFIG_WAIT_S) -> dict[str, Any]:
     """The project builder's args: the config file's fields and ``users_file``."""
     args = dict(args or {})
     path = args.pop("config_file")
-    with open(path, encoding="utf-8") as f:
-        fields = yaml.safe_load(f) or {}
+    fields = yaml.safe_load(read_config(path, args.pop("config_sha256", None), wait_s)) or {}
     if not isinstance(fields, dict):
         raise ValueError(f"{path}: must be a YAML mapping")
     fields.update(args)  # users_file

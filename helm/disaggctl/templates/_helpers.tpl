@@ -84,9 +84,16 @@ app.kubernetes.io/component: ray
 {{- end -}}
 {{- end -}}
 
-{{/* The roles the Ray pods play (every actor and replica may land on any Ray pod). */}}
-{{- define "disaggctl.natsRayRoles" -}}worker ingress controller poa auction router observer{{- end -}}
-{{- define "disaggctl.natsRoles" -}}{{ include "disaggctl.natsRayRoles" . }} dynamo{{- end -}}
+{{/* The roles the Ray pods play (every actor and replica may land on any Ray pod); with
+     backend: dynamo also Dynamo's, whose engines the worker actors run in those pods and whose
+     routers run in the ingress replicas. */}}
+{{- define "disaggctl.natsRayRoles" -}}worker ingress controller poa auction router observer{{ if eq .Values.backend "dynamo" }} dynamo{{ end }}{{- end -}}
+{{- define "disaggctl.natsRoles" -}}worker ingress controller poa auction router observer dynamo{{- end -}}
+
+{{/* Dynamo's discovery: the chart's etcd (templates/etcd.yaml). */}}
+{{- define "disaggctl.etcdUrl" -}}
+{{- printf "http://%s-etcd.%s.svc:2379" (include "disaggctl.fullname" .) .Release.Namespace -}}
+{{- end -}}
 
 {{- define "disaggctl.natsTlsSecretName" -}}
 {{- if not .Values.nats.tls.secretName -}}
@@ -147,7 +154,23 @@ app.kubernetes.io/component: ray
 {{- $_ := set $cfg "accelerator_resource" .Values.accelerator.resource -}}
 {{- $_ := set $cfg "metrics_host" "0.0.0.0" -}}
 {{- $_ := set $cfg "metrics_port" (int .Values.monitoring.metricsPort) -}}
-{{- $_ := set $cfg "request_gpus" (and .Values.accelerator.gpu (eq .Values.backend "sim")) -}}
+{{- $_ := set $cfg "request_gpus" .Values.accelerator.gpu -}}
+{{- $_ := set $cfg "backend" .Values.backend -}}
+{{- if eq .Values.backend "dynamo" -}}
+{{- $d := .Values.dynamo -}}
+{{- $dyn := dict "engine" $d.engine "model_name" .Values.config.model_name "discovery" "etcd" "etcd_endpoints" (include "disaggctl.etcdUrl" .) "bind" "node" "log_dir" "/tmp/dynamo-logs" -}}
+{{- if eq $d.engine "vllm" -}}
+{{- if not (hasPrefix (printf "%s/" $d.modelCache.mountPath) $d.model) -}}
+{{- fail (printf "dynamo.model: with engine vllm, a directory in the model cache (under %s/), got %q: the pods run offline (HF_HUB_OFFLINE)" $d.modelCache.mountPath $d.model) -}}
+{{- end -}}
+{{- $_ := set $dyn "model_path" $d.model -}}
+{{- $_ := set $dyn "vllm_args" $d.extraArgs -}}
+{{- else -}}
+{{- $_ := set $dyn "num_gpu_blocks" (int $d.mocker.numGpuBlocks) -}}
+{{- $_ := set $dyn "speedup_ratio" $d.mocker.speedupRatio -}}
+{{- end -}}
+{{- $_ := set $cfg "dynamo" $dyn -}}
+{{- end -}}
 {{- toYaml $cfg -}}
 {{- end -}}
 

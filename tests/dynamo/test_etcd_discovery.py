@@ -1,0 +1,140 @@
+"""Dynamo's discovery over etcd (cluster/dynamo/discovery.py, cluster/etcd_server.py): what lets
+workers and routers on several hosts find each other (the multi-host rehearsal,
+tests/integration/test_dynamo_cluster.py, runs it on three Ray nodes).
+
+With a real etcd (Debian's ``etcd-server``, ``make etcd``):
+
+- the etcd the service starts answers, and leaves no process or data behind when closed;
+- a worker actor's mocker registers its instance in etcd, runs in a working directory of its
+  own (removed at shutdown), and our in-process routers (``DynamoRoutes``) find it there; a
+  SIGTERM deregisters it at once;
+- a worker actor that Ray restarted (``restore``) starts a new process, registered under a new
+  instance id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from cluster.dynamo.discovery import Discovery
+from cluster.dynamo.routing import DynamoRoutes
+from cluster.dynamo.settings import DynamoSettings
+from cluster.dynamo.worker_actor import DynamoWorkerActor
+from cluster.etcd_server import EtcdServer
+from tests.dynamo.conftest import pid_gone
+
+pytestmark = pytest.mark.integration
+
+SETTINGS: dict[str, Any] = {"num_gpu_blocks": 256, "discovery": "etcd"}
+
+
+@pytest.fixture
+def etcd() -> Iterator[EtcdServer]:
+    with EtcdServer() as server:
+        yield server
+
+
+def etcd_keys(url: str) -> list[str]:
+    everything = {"key": base64.b64encode(b"\0").decode(),
+                  "range_end": base64.b64encode(b"\0").decode(), "keys_only": True}  # fmt: skip
+    body = httpx.post(f"{url}/v3/kv/range", json=everything, timeout=5.0).json()
+    return sorted(base64.b64decode(kv["key"]).decode() for kv in body.get("kvs", []))
+
+
+def instances(url: str, component: str) -> set[int]:
+    prefix = f"v1/instances/dynamo/{component}/generate/"
+    return {int(k[len(prefix):], 16) for k in etcd_keys(url) if k.startswith(prefix)}
+
+
+def test_the_services_etcd_answers_and_leaves_nothing_behind() -> None:
+    server = EtcdServer().start()
+    process, data = server.process, server.data_dir
+    assert process is not None and data is not None and process.pid is not None
+    pid = process.pid
+    assert httpx.get(f"{server.url}/health", timeout=5.0).json()["health"] == "true"
+    assert etcd_keys(server.url) == []
+    server.close()
+    assert pid_gone(pid) and not data.exists()
+    server.close()  # twice is fine
+
+
+def test_a_worker_registers_in_etcd_in_its_own_directory_and_the_routers_find_it(
+    etcd: EtcdServer, dynamo_nats_url: str, model_path: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    discovery = Discovery.etcd(etcd.url)
+    settings = DynamoSettings.model_validate({**SETTINGS, "etcd_endpoints": etcd.url})
+
+    def make(role: str, slot: int) -> DynamoWorkerActor:
+        return DynamoWorkerActor(role, slot, settings.model_dump(), nats_url=dynamo_nats_url,
+                                 discovery=discovery, log_dir=str(tmp_path / "logs"),
+                                 model_path=model_path)  # fmt: skip
+
+    prefill, decode = make("prefill", 0), make("decode", 1)
+    routes = DynamoRoutes(settings, nats_url=dynamo_nats_url, discovery=discovery,
+                          model_name=settings.model_name)  # fmt: skip
+    for key in routes._env:  # DynamoRoutes sets them for this process: restored after the test
+        monkeypatch.setenv(key, routes._env[key])
+
+    async def scenario() -> tuple[Any, Any, list[int], list[int]]:
+        first, second = await prefill.start(), await decode.start()
+        await routes.start()
+        try:
+            probe = list(range(1, 17))
+            return first, second, await routes.workers("prefill", probe), await routes.workers(
+                "decode", probe
+            )
+        finally:
+            routes.close()
+
+    try:
+        first, second, seen_prefill, seen_decode = asyncio.run(scenario())
+        assert instances(etcd.url, "prefill") == {first.instance_id} == set(seen_prefill)
+        assert instances(etcd.url, "backend") == {second.instance_id} == set(seen_decode)
+        # Each process in a working directory of its own, as on a host of its own.
+        dirs = {w.work_dir for w in (prefill, decode)}
+        assert None not in dirs and len(dirs) == 2
+        for w in (prefill, decode):
+            assert w.process is not None and w.process.pid is not None
+            assert Path(f"/proc/{w.process.pid}/cwd").resolve() == w.work_dir
+        work = [w.work_dir for w in (prefill, decode)]
+    finally:
+        asyncio.run(prefill.shutdown())
+        asyncio.run(decode.shutdown())
+    assert instances(etcd.url, "prefill") == instances(etcd.url, "backend") == set()  # SIGTERM
+    assert not any(d is not None and d.exists() for d in work)
+
+
+def test_a_restarted_worker_actor_serves_again_under_a_new_instance_id(
+    etcd: EtcdServer, dynamo_nats_url: str, model_path: str, tmp_path: Path
+) -> None:
+    discovery = Discovery.etcd(etcd.url)
+    settings = {**SETTINGS, "etcd_endpoints": etcd.url}
+
+    def make() -> DynamoWorkerActor:
+        return DynamoWorkerActor("decode", 2, settings, nats_url=dynamo_nats_url,
+                                 discovery=discovery, log_dir=str(tmp_path / "logs"),
+                                 model_path=model_path)  # fmt: skip
+
+    first = make()
+    before = asyncio.run(first.start())
+    pid = first.process.pid if first.process else None
+    # The actor's process dies (its node went): the watchdog takes the engine with it.
+    assert first.process is not None
+    first.process.kill()
+    assert pid is not None and pid_gone(pid)
+    second = make()  # what Ray constructs again; it queues restore() on itself
+    try:
+        after = asyncio.run(second.restore())
+        assert after.instance_id is not None and after.instance_id != before.instance_id
+        assert after.instance_id in instances(etcd.url, "backend")
+    finally:
+        asyncio.run(second.shutdown())
+        asyncio.run(first.shutdown())

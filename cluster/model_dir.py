@@ -11,6 +11,10 @@ character and 256 byte-fallback pieces, so every string encodes and ``decode(enc
 text`` (except a leading space). Scores make a listed word one token: a word piece scores above
 −20, two pieces below it.
 Nothing is downloaded and nothing is trained: the build is a pure function of the word list.
+
+With real weights (``dynamo.vllm`` on GPUs) the service's ``model_dir`` is the model's own
+directory instead (:func:`prepare_model_dir`): the ingress then tokenizes with the model's own
+tokenizer and chat template, as vLLM and Dynamo's frontend do, and nothing there is written.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import re
 import shutil
 import string
 import tempfile
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -37,6 +42,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 FORMAT_VERSION = 1  # bump when the generated files change for the same inputs
 WORDS_FILE = Path(__file__).parent / "data" / "words.txt"
 STAMP_FILE = "disaggctl-build.json"
+MAX_CONTEXT = 1 << 20  # tokens: a model's context beyond this is taken as this
 MAX_TEXT_CHARS = 1 << 20  # encode() refuses longer text: bounds the work one request can cause
 MAX_MESSAGES = 512  # apply_chat_template() refuses longer chats
 BOS, EOT_TEXT, HEADER_START, HEADER_END, EOT, UNK = (
@@ -181,7 +187,7 @@ def build_model_dir(path: Path, *, name: str = "disagg-tiny", context_tokens: in
     builders, which produce identical bytes, cannot clash; a stale build is swapped out."""
     if not _NAME.fullmatch(name):
         raise ValueError(f"name must match {_NAME.pattern}, got {name!r}")
-    if not 256 <= context_tokens <= 1 << 20:
+    if not 256 <= context_tokens <= MAX_CONTEXT:
         raise ValueError(f"context_tokens must lie in [256, 2^20], got {context_tokens}")
     path = Path(path)
     stamp = _stamp(name, context_tokens, WORDS_FILE)
@@ -212,6 +218,39 @@ def build_model_dir(path: Path, *, name: str = "disagg-tiny", context_tokens: in
         shutil.rmtree(tmp, ignore_errors=True)  # a no-op once renamed
 
 
+def is_models_own_dir(path: Path) -> bool:
+    """Whether ``path`` holds a model's own tokenizer files (``tokenizer.json`` and
+    ``tokenizer_config.json``, as Hugging Face writes them) and no build of ours."""
+    path = Path(path)
+    return all((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")) and not (
+        path / STAMP_FILE
+    ).exists()
+
+
+def prepare_model_dir(path: Path) -> Path:
+    """The service's ``model_dir``: a model's own directory (the weights an engine such as vLLM
+    loads, with their tokenizer) is used as it is and never written; any other path gets the
+    project's tiny model, built there (``build_model_dir``)."""
+    path = Path(path)
+    return path if is_models_own_dir(path) else build_model_dir(path)
+
+
+def _token_text(token: object) -> str:
+    if isinstance(token, Mapping):
+        token = token.get("content")
+    if not isinstance(token, str):
+        raise ValueError(f"a special token must be a string or {{content: ...}}, got {token!r}")
+    return token
+
+
+def _raise_template_error(message: str) -> None:
+    raise ValueError(f"chat template: {message}")
+
+
+def _strftime_now(fmt: str) -> str:
+    return time.strftime(fmt)
+
+
 def default_model_dir() -> Path:
     """``$DISAGG_MODEL_DIR``, else ``$XDG_CACHE_HOME`` (or ``~/.cache``)
     ``/disaggctl/models/disagg-tiny``; built on first use."""
@@ -240,9 +279,11 @@ class ChatTokenizer:
     def __init__(self, tokenizer: Tokenizer, config: Mapping[str, Any]) -> None:
         self._tok = tokenizer
         self.chat_template: str = config["chat_template"]
-        self.bos_token: str = config["bos_token"]
-        self.eos_token: str = config["eos_token"]
-        self.context_tokens: int = int(config["model_max_length"])
+        # A model's own tokenizer_config.json may write a token as an AddedToken ({"content":
+        # ...}), leave BOS out, and state a "no limit" context of 1e30.
+        self.bos_token: str = _token_text(config.get("bos_token")) or ""
+        self.eos_token: str = _token_text(config["eos_token"])
+        self.context_tokens: int = int(min(float(config["model_max_length"]), MAX_CONTEXT))
         self.vocab_size: int = tokenizer.get_vocab_size(with_added_tokens=True)
         eos = tokenizer.token_to_id(self.eos_token)
         if eos is None:
@@ -256,6 +297,8 @@ class ChatTokenizer:
                 raise RuntimeError("jinja2 is needed to render a custom chat template") from None
         else:  # transformers' settings, so both render the stored template identically
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            # The functions transformers gives chat templates (Llama 3.1's calls both).
+            env.globals.update(raise_exception=_raise_template_error, strftime_now=_strftime_now)
             self._template = env.from_string(self.chat_template)
         # Sampling pool: "▁word" pieces in id order, which is frequency rank (see _pieces).
         vocab = tokenizer.get_vocab(with_added_tokens=False)
@@ -263,13 +306,14 @@ class ChatTokenizer:
         self._lower = [i for i, _ in pool]
         self._upper = [vocab.get(SPACE + p[1:].capitalize(), i) for i, p in pool]
         self._cum = list(accumulate(1.0 / (r + 10) for r in range(len(pool))))  # Zipf-like
-        self._punct = {c: vocab[c] for c in ".,?"}
+        self._punct = {c: vocab[c] for c in ".,?" if c in vocab}
         if (i_piece := vocab.get(SPACE + "i")) in self._lower:  # the pronoun is always "I"
             self._lower[self._lower.index(i_piece)] = vocab.get(SPACE + "I", i_piece)
 
     @classmethod
     def from_dir(cls, path: Path) -> ChatTokenizer:
-        """Load the tokenizer files of a directory written by ``build_model_dir``."""
+        """Load the tokenizer files of a model directory (``build_model_dir``'s, or a model's
+        own: :func:`prepare_model_dir`)."""
         path = Path(path)
         config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
         return cls(Tokenizer.from_file(str(path / "tokenizer.json")), config)

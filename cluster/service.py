@@ -27,7 +27,7 @@ from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from cluster.engines import Engines, engines_for
-from cluster.model_dir import build_model_dir, default_model_dir
+from cluster.model_dir import default_model_dir, prepare_model_dir
 from cluster.nats_auth import exported_env
 from cluster.nats_server import NatsServer
 from cluster.ray.auction_actor import AuctionActor
@@ -127,7 +127,7 @@ class Service:
         resources = ray.cluster_resources()  # type: ignore[no-untyped-call]  # Ray leaves it untyped
         check_ingress_cpus(cfg.ingress_replicas, float(resources.get("CPU", 0.0)))
         model_dir = str(
-            build_model_dir(Path(cfg.model_dir)) if cfg.model_dir else default_model_dir()
+            prepare_model_dir(Path(cfg.model_dir)) if cfg.model_dir else default_model_dir()
         )
         self.model_dir = model_dir
         # The default directory is per node (a cache under $HOME): on a cluster the actors and

@@ -79,7 +79,7 @@ def build(args: dict[str, Any]) -> Application:
     config, users_file = parse_args(args)  # before Ray: a bad config starts nothing
     import ray
 
-    from cluster.model_dir import build_model_dir
+    from cluster.model_dir import prepare_model_dir
     from cluster.ray.runtime import init_ray
     from cluster.serve.users import Users
     from cluster.service import Service
@@ -92,7 +92,7 @@ def build(args: dict[str, Any]) -> Application:
         init_ray("auto")
     # None: every node (worker or ingress replica) builds the tiny default model directory
     # itself; a configured one must be at that path on every node (a shared file system).
-    model_dir = str(build_model_dir(Path(config.model_dir))) if config.model_dir else None
+    model_dir = str(prepare_model_dir(Path(config.model_dir))) if config.model_dir else None
     service = Service(config, users=users)
     service.start_actors(model_dir, lifetime="detached")
     return service.ingress_application(model_dir)

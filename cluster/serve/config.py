@@ -51,7 +51,8 @@ class ServeConfig(StrictModel):
     # None: start an embedded nats-server (loopback, free port, dies with the service).
     nats_url: str | None = Field(default=None, max_length=512)
     model_name: str = Field(default="disagg-tiny", pattern=r"^[A-Za-z0-9._/-]{1,128}$")
-    # None: the project's tiny offline model directory (cluster.model_dir.default_model_dir).
+    # None: the project's tiny offline model directory (cluster.model_dir.default_model_dir). A
+    # model's own directory (its tokenizer files; the weights vLLM loads) is used as it is.
     model_dir: str | None = Field(default=None, max_length=4096)
     # The auction's ledger: a SQLite file by default (one host: the auction runs on Ray's
     # head); on a cluster a PostgreSQL URL without a password (libpq reads PGPASSWORD or

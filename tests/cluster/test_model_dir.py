@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from cluster.model_dir import (
     CHAT_TEMPLATE,
+    MAX_CONTEXT,
     MAX_MESSAGES,
     MAX_TEXT_CHARS,
     SPECIAL_TOKENS,
@@ -20,7 +21,9 @@ from cluster.model_dir import (
     _render_builtin,
     build_model_dir,
     default_model_dir,
+    is_models_own_dir,
     load_words,
+    prepare_model_dir,
 )
 
 FILES = (
@@ -241,3 +244,61 @@ def test_transformers_loads_the_directory(model_dir: Path, tok: ChatTokenizer) -
     assert hf.eos_token_id == tok.eos_id
     config = transformers.AutoConfig.from_pretrained(os.fspath(model_dir))
     assert config.vocab_size == tok.vocab_size
+
+
+# A chat template in the manner of Llama 3.1's: transformers' functions, AddedToken specials.
+FOREIGN_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] != 'system' and messages[0]['role'] != 'user' %}"
+    "{{ raise_exception('the first message must be the system or the user') }}{% endif %}"
+    "<date>{{ strftime_now('%Y') }}</date>"
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|eot|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def _models_own_dir(path: Path) -> Path:
+    """A model directory as Hugging Face writes one: a byte-level BPE tokenizer (trained here on
+    a few sentences), its specials as AddedTokens, a context of 1e30 ("no limit")."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    specials = ["<|begin|>", "<|eot|>", "<|system|>", "<|user|>", "<|assistant|>"]
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(["The harbour is calm tonight.", "When is the next tide?",
+                                   "Lighthouses guide ships, as they always did."] * 20, trainer)
+    path.mkdir(parents=True)
+    tokenizer.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": {"content": "<|begin|>", "special": True}, "eos_token": "<|eot|>",
+        "model_max_length": 1e30, "chat_template": FOREIGN_TEMPLATE,
+    }))  # fmt: skip
+    (path / "config.json").write_text("{}")
+    return path
+
+
+def test_a_models_own_directory_is_used_as_it_is_with_its_tokenizer(tmp_path: Path) -> None:
+    own = _models_own_dir(tmp_path / "Llama-like")
+    before = sorted((p.name, p.read_bytes()) for p in own.iterdir())
+    assert is_models_own_dir(own) and prepare_model_dir(own) == own
+    assert sorted((p.name, p.read_bytes()) for p in own.iterdir()) == before  # nothing written
+    tok = ChatTokenizer.from_dir(own)
+    assert (tok.bos_token, tok.eos_token) == ("<|begin|>", "<|eot|>")
+    assert tok.context_tokens == MAX_CONTEXT  # "no limit", bounded
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tide?"}]
+    text = tok.apply_chat_template(chat)
+    assert text.startswith("<|begin|><date>2") and text.endswith("<|eot|><|assistant|>")
+    ids = tok.encode_chat(chat)
+    assert tok.decode(tok.encode("When is the next tide?")) == "When is the next tide?"
+    assert ids[0] == tok.encode("<|begin|>")[0]
+    with pytest.raises(ValueError, match="chat template: the first message"):
+        tok.apply_chat_template([{"role": "assistant", "content": "hi"}])
+    # Ours is rebuilt in place; an empty or a half directory gets ours too.
+    ours = tmp_path / "ours"
+    assert not is_models_own_dir(prepare_model_dir(ours))
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "tokenizer.json").write_text("{}")
+    assert not is_models_own_dir(half)

@@ -318,10 +318,15 @@ def test_the_worker_actors_start_dynamos_engines_found_through_the_charts_etcd(
             assert argv[argv.index("--model") + 1].startswith("/models/")
         else:
             assert argv[1:3] == ["-m", "dynamo.mocker"] and not cfg.request_gpus
+    if d.engine == "vllm":  # the ingress tokenizes with the model's own tokenizer
+        assert cfg.model_dir == d.model_path
     for group, _, template, _ in ray_groups(docs):
         (ray,) = template["spec"]["containers"]  # no engine container: the actor runs it
-        mounts = {m["name"] for m in ray["volumeMounts"]}
-        assert ("model-cache" in mounts) == (group != "head"), group
+        mounts = {m["name"]: m for m in ray["volumeMounts"]}
+        # The workers' engines load the model; the head's ingress and builder its tokenizer.
+        assert ("model-cache" in mounts) == (group != "head" or d.engine == "vllm"), group
+        if group == "head" and d.engine == "vllm":
+            assert mounts["model-cache"]["readOnly"] is True
 
 
 def test_a_vllm_model_outside_the_cache_is_refused(helm: str) -> None:

@@ -138,6 +138,11 @@ def rehearse(c: ClusterCheck, args: argparse.Namespace) -> None:
     c.service = service = Service(config, users=users)
     service.start(address=cluster.address, port=args.port)
     mark("service")
+    nats = service.nats
+    assert nats is not None  # the embedded server: a user per role, passwords in files ([15])
+    result["nats_roles"] = sorted(p.name for p in nats.credentials_dir.iterdir()
+                                  if (p / "password").is_file())  # fmt: skip
+    result["nats_url_has_secret"] = "@" in (service.nats_url or "")
     engines = service.engines
     etcd_url = engines.discovery.location  # type: ignore[attr-defined]
     result["discovery"] = engines.discovery.model_dump()  # type: ignore[attr-defined]

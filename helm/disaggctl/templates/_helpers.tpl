@@ -164,6 +164,7 @@ app.kubernetes.io/component: ray
 {{- fail (printf "dynamo.model: with engine vllm, a directory in the model cache (under %s/), got %q: the pods run offline (HF_HUB_OFFLINE)" $d.modelCache.mountPath $d.model) -}}
 {{- end -}}
 {{- $_ := set $dyn "model_path" $d.model -}}
+{{- $_ := set $cfg "model_dir" $d.model -}}
 {{- $_ := set $dyn "vllm_args" $d.extraArgs -}}
 {{- else -}}
 {{- $_ := set $dyn "num_gpu_blocks" (int $d.mocker.numGpuBlocks) -}}

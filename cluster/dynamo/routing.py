@@ -94,10 +94,15 @@ class DynamoRoutes:
                 await asyncio.sleep(0.05)
 
     async def _known(self, role: str, probe: list[int]) -> bool:
+        """Whether ``role``'s router can choose a worker now: the call a request makes (its
+        potential loads can list workers before its endpoint client has them; measured: the
+        first requests then met "no endpoints available"). Without a request id it reserves
+        nothing."""
         try:
-            return bool(await self.workers(role, probe))
+            await self.routers[role].best_worker(probe, {}, request_id=None)
         except Exception:
             return False
+        return True
 
     def _start(self) -> None:
         os.environ.update(self._env)  # the runtime reads its transports from the environment

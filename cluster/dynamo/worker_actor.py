@@ -141,7 +141,9 @@ class DynamoWorkerActor:
         # The router actor's name (in cluster.ray.worker_factory.RAY_NAMESPACE): what a restarted
         # actor attaches to again, having lost the handle the composer gave its predecessor.
         self.router_name = router_name
-        restore_after_restart("restore")
+        self._restored = False  # set by restore(): the router is then found by name
+        self._restoring: asyncio.Task[EngineProcess] | None = None
+        self._restarted = restore_after_restart("restore")
 
     def attach(self, router_handle: Any) -> None:
         """The router to tell each new instance id (``bind_instance.remote(role, slot, id)``)."""
@@ -154,16 +156,31 @@ class DynamoWorkerActor:
         re-placed elsewhere): attach to the router again and start a process, which registers
         a new instance id and is bound at the router. The composer's ``attach`` and ``start``
         did this for the first actor; the old process died with its owner (the watchdog)."""
-        if self.router_name is not None and self._router is None:
-            import ray
+        self._restored = True
+        try:
+            return await self.start()
+        except Exception:  # the first start after a loss may meet a loaded cluster
+            log.exception("%s: restore: the first start failed; the watch retries", self._name)
+            async with self._lock:
+                if self._watch is None or self._watch.done():
+                    self._watch = asyncio.create_task(self._watch_loop())
+            return self._summary()
 
-            from cluster.ray.worker_factory import RAY_NAMESPACE
+    async def _find_router(self) -> None:
+        """A restarted actor's router, by name (the composer's handle died with its
+        predecessor); looked up again at every bind until found."""
+        if not self._restored or self.router_name is None or self._router is not None:
+            return
+        import ray
 
-            try:
-                self._router = ray.get_actor(self.router_name, namespace=RAY_NAMESPACE)
-            except ValueError:
-                log.warning("%s: no router %r to attach to yet", self._name, self.router_name)
-        return await self.start()
+        from cluster.ray.worker_factory import RAY_NAMESPACE
+
+        try:
+            self._router = await asyncio.to_thread(
+                ray.get_actor, self.router_name, namespace=RAY_NAMESPACE
+            )
+        except Exception as exc:  # not there yet, or the GCS slow to answer
+            log.warning("%s: router %r not found yet: %s", self._name, self.router_name, exc)
 
     async def start(self) -> EngineProcess:
         """Start the process, wait until it serves, tell the router; idempotent."""
@@ -207,6 +224,7 @@ class DynamoWorkerActor:
         await self._bind()
 
     async def _bind(self) -> None:
+        await self._find_router()
         if self._router is None or self.instance_id is None:
             return
         try:
@@ -320,13 +338,23 @@ class DynamoWorkerActor:
             hung_kills=self.hung_kills,
         )
 
+    def _restore_if_forgotten(self) -> None:
+        """A restarted actor whose queued ``restore`` has not run (yet) restores on the first
+        call that reaches it (a readiness or metrics poll)."""
+        if self._restarted and not self._restored:
+            self._restored = True  # one restore, however many polls arrive before it runs
+            # Held, or the loop's weak reference would let it be collected mid-way.
+            self._restoring = asyncio.get_running_loop().create_task(self.restore())
+
     async def ready(self) -> EngineProcess:
         """What :meth:`start` returned, for the composer's readiness wait."""
+        self._restore_if_forgotten()
         return self._summary()
 
     async def info(self) -> EngineProcessState:
         """The summary with whether the process is alive, its /health JSON and why the watch
         gave up (if it has)."""
+        self._restore_if_forgotten()
         process = self.process
         alive = process is not None and process.alive
         health = await process.health() if process is not None and alive else {}
@@ -347,6 +375,7 @@ class DynamoWorkerActor:
         ingress merges it into the service's one ``/metrics`` as it does every worker actor's
         (``cluster.ray.metrics_export.merge_metrics_texts``): Dynamo's ``dynamo_component_*``
         families, one series per worker by their ``worker_id`` label."""
+        self._restore_if_forgotten()
         process = self.process
         if process is None or not process.alive:
             return ""

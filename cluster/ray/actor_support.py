@@ -324,23 +324,24 @@ def wake_after_restart() -> None:
     me.ready.remote()
 
 
-def restore_after_restart(method: str) -> None:
+def restore_after_restart(method: str) -> bool:
     """From an actor's ``__init__``: when Ray is restarting this actor (after its process or
     its node died), queue a call of its own ``method``, which puts back what the composer set
-    up the first time (a fresh actor gets that from the composer). Outside Ray, or on a first
-    start, this does nothing."""
+    up the first time (a fresh actor gets that from the composer); whether it is restarting.
+    Outside Ray, or on a first start, this does nothing (False)."""
     try:
         import ray
 
         if not ray.is_initialized():
-            return
+            return False
         context = ray.get_runtime_context()
         if not context.was_current_actor_reconstructed:
-            return
+            return False
         me = context.current_actor
     except Exception:  # not inside an actor
-        return
+        return False
     getattr(me, method).remote()
+    return True
 
 
 async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:

@@ -9,7 +9,8 @@ With a real etcd (Debian's ``etcd-server``, ``make etcd``):
   own (removed at shutdown), and our in-process routers (``DynamoRoutes``) find it there; a
   SIGTERM deregisters it at once;
 - a worker actor that Ray restarted (``restore``) starts a new process, registered under a new
-  instance id.
+  instance id; if its queued restore has not run, the first call that reaches it restores, and
+  a first start that fails is retried by the watch.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import httpx
 import pytest
 
 from cluster.dynamo.discovery import Discovery
+from cluster.dynamo.process import DynamoStartError
 from cluster.dynamo.routing import DynamoRoutes
 from cluster.dynamo.settings import DynamoSettings
 from cluster.dynamo.worker_actor import DynamoWorkerActor
@@ -138,3 +140,39 @@ def test_a_restarted_worker_actor_serves_again_under_a_new_instance_id(
     finally:
         asyncio.run(second.shutdown())
         asyncio.run(first.shutdown())
+
+
+def test_a_restored_actor_whose_first_start_fails_keeps_trying(
+    etcd: EtcdServer, dynamo_nats_url: str, model_path: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    settings = {**SETTINGS, "etcd_endpoints": etcd.url, "restart_backoff_s": 0.05}
+    actor = DynamoWorkerActor("decode", 3, settings, nats_url=dynamo_nats_url,
+                              discovery=Discovery.etcd(etcd.url),
+                              log_dir=str(tmp_path / "logs"), model_path=model_path)  # fmt: skip
+    # Ray restarted it, and the restore it queued itself has not run: the first poll restores.
+    actor._restarted = True
+    real, launches = actor._launch, []
+
+    async def slow_cluster() -> None:  # the first start after a loss meets a loaded cluster
+        launches.append(1)
+        if len(launches) == 1:
+            raise DynamoStartError("not ready within 60 s")
+        await real()
+
+    monkeypatch.setattr(actor, "_launch", slow_cluster)
+
+    async def scenario() -> int | None:
+        polled = await actor.info()
+        assert not polled.alive and actor._restored
+        for _ in range(600):  # a bound on hanging: the watch relaunches within a second
+            if actor.process is not None and actor.process.alive and actor.instance_id:
+                break
+            await asyncio.sleep(0.1)
+        return actor.instance_id
+
+    try:
+        instance = asyncio.run(scenario())
+        assert len(launches) == 2 and instance in instances(etcd.url, "backend")
+    finally:
+        asyncio.run(actor.shutdown())

@@ -9,8 +9,10 @@ one the service starts), not a shared folder; NATS has a user per role ([15]); t
 against each other with every request auctioned, so money moves. Then:
 
 - requests are answered, and every worker's instance is registered in etcd;
-- a non-head node hosting a decode worker is removed (``cluster.remove_node``) with long
-  requests in flight; the requests that follow are watched until a run of batches succeeds;
+- a non-head node hosting a decode worker is lost with long requests in flight: every process
+  it started is SIGKILLed at once, as when a host goes (:func:`lose_host`), and the node is
+  removed (``cluster.remove_node``); the requests that follow are watched until a run of
+  batches succeeds;
 - the lost worker's actor is restarted by Ray on a surviving node, starts a new mocker
   (``DynamoWorkerActor.restore``), which registers in etcd with a new instance id and serves
   requests again;
@@ -26,6 +28,9 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
+import os
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -38,7 +43,7 @@ TOPOLOGY = "1P/2D"
 RECOVERY_BOUND_S = 60.0
 RESTART_BOUND_S = 90.0
 RUN_OF_SUCCESSES = 3
-LONG_TOKENS = 150  # decode of a long request: about a second on the mocker at speed-up 1
+LONG_TOKENS = 600  # decode of a long request: about 6 s on the mocker at speed-up 1 (10 ms a token)
 LEASE_TTL_S = 1.0
 KEYS = {"alice": "sk-rehearsal-alice-0123456789", "bob": "sk-rehearsal-bob-0123456789"}
 BUDGET = 1000.0
@@ -97,6 +102,38 @@ def _actor_node(ray: Any, name: str) -> dict[str, Any]:
         return {"state": "MISSING"}
     a = max(rows, key=lambda a: a["NumRestarts"])
     return {"state": a["State"], "node": a["Address"]["NodeID"], "restarts": a["NumRestarts"]}
+
+
+def _children(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (Linux /proc)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
+    found, frontier = [], [pid]
+    while frontier:
+        frontier = [child for child, parent in parents.items() if parent in frontier]
+        found += frontier
+    return found
+
+
+def lose_host(cluster: Any, node: Any) -> int:
+    """A host lost: the node's raylet and everything it started (its workers, hence our actors,
+    hence their watchdogs' engines) SIGKILLed together, then the node removed from the fake
+    cluster. ``remove_node`` alone stops the raylet and leaves its workers to notice, which takes
+    seconds in which a Dynamo engine keeps streaming. How many processes were killed."""
+    raylet = node.all_processes["raylet"][0].process.pid
+    pids = _children(raylet)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    cluster.remove_node(node, allow_graceful=False)
+    return len(pids)
 
 
 def _serve_replica_nodes() -> list[str]:
@@ -169,6 +206,7 @@ def rehearse(c: ClusterCheck, args: argparse.Namespace) -> None:
     first = _batch(pool, client, url, range(8))
     told += first
     result["requests_before"] = [r["status"] for r in first]
+    result["refused_before"] = [r.get("detail") for r in first if r["status"] != 200][:3]
     mark("requests_before")
 
     # The victim: a decode worker's node that is neither the head nor the driver's.
@@ -189,7 +227,7 @@ def rehearse(c: ClusterCheck, args: argparse.Namespace) -> None:
     in_flight = pool.submit(_batch, pool, client, url, range(50, 56), LONG_TOKENS)
     time.sleep(0.5)
     t_remove = time.monotonic()
-    cluster.remove_node(nodes[node_ids.index(victim_node)])
+    result["killed_with_node"] = lose_host(cluster, nodes[node_ids.index(victim_node)])
     cut = in_flight.result(timeout=120)
     told += cut
     result["in_flight_at_removal"] = cut
@@ -220,7 +258,7 @@ def rehearse(c: ClusterCheck, args: argparse.Namespace) -> None:
         try:
             info = ray.get(victim.info.remote(), timeout=5.0)
             fate = {"alive": info.alive, "pid": info.pid, "instance": info.instance_id,
-                    **_actor_node(ray, names[int(victim_wid)])}  # fmt: skip
+                    "failed": info.failed, **_actor_node(ray, names[int(victim_wid)])}  # fmt: skip
             if info.alive and info.instance_id is not None:
                 break
         except Exception as exc:

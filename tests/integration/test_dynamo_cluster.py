@@ -67,7 +67,7 @@ def test_dynamo_engines_on_three_nodes_survive_a_lost_node(tmp_path: Path) -> No
     registered = {int(key.rsplit("/", 1)[1], 16) for key in r["etcd_before"]}
     assert before <= registered, (before, r["etcd_before"])
     assert len({w["node"] for w in r["before"].values()}) >= 2, r["before"]  # 12 B200 > 8
-    assert r["requests_before"] == [200] * len(r["requests_before"])
+    assert r["requests_before"] == [200] * len(r["requests_before"]), r["refused_before"]
     # NATS with a user per role ([15]): the engines connect as "dynamo"; no secret in the URL.
     assert {"dynamo", "ingress", "worker", "auction"} <= set(r["nats_roles"])
     assert not r["nats_url_has_secret"]

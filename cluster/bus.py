@@ -192,9 +192,17 @@ class EventBus:
         return len(self._outbox)
 
     async def flush(self, timeout_s: float = 2.0) -> None:
-        """Send what is buffered, then wait for the server to have it all."""
+        """Send what is buffered, then wait for the server to have it all (a subscription
+        made before this call is in effect at the server when it returns)."""
         await self._drain()
-        await self._client().flush(timeout=timeout_s)  # type: ignore[arg-type]
+        nc = self._client()
+        # Twice: nats-py (2.15, 2.16) writes flush's PING straight to the socket, ahead of the
+        # commands still in its own pending buffer (a SUB or PUB just made), so the first PONG
+        # can come back before the server has them (seen: a SUB arriving after the PUB it was
+        # meant to receive). The client's flusher writes that buffer while the first PING is
+        # out, so the second PING follows it on the wire.
+        for _ in range(2):
+            await nc.flush(timeout=timeout_s)  # type: ignore[arg-type]
 
     async def close(self, drain_timeout_s: float = 2.0) -> None:
         """Close the connection; what is still buffered gets ``drain_timeout_s`` to go out, and

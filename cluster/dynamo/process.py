@@ -26,6 +26,7 @@ import contextlib
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -119,6 +120,10 @@ class DynamoProcess:
     process as ``DYN_SYSTEM_PORT`` (None for the frontend, which serves HTTP instead);
     ``component`` and ``endpoint`` name what a worker serves, for :meth:`instance_id`; ``cwd``
     is its working directory (None: the owner's).
+
+    Dynamo writes a temporary file at every start (its logging configuration) and never
+    removes it. Its ``TMPDIR`` is therefore ``cwd`` when given, else a folder beside the log
+    (``<log>.tmp``) made at start and removed at stop, so no run leaves files in ``/tmp``.
     """
 
     def __init__(
@@ -141,6 +146,8 @@ class DynamoProcess:
         self.component = component
         self.endpoint = endpoint
         self.cwd = None if cwd is None else Path(cwd)
+        self._own_tmp = "TMPDIR" not in self.env and self.cwd is None
+        self.tmp_dir = Path(self.env.get("TMPDIR") or self.cwd or self.log_path.with_suffix(".tmp"))
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._pid: int | None = None
         self._log_offset = 0  # where this start's lines begin in the (appended) log
@@ -162,7 +169,8 @@ class DynamoProcess:
             if threading.current_thread() is threading.main_thread():
                 command.append("--arm-pdeathsig")  # see nats_watchdog: the main-thread caveat
             command += ["--log", str(self.log_path), "--", *self.argv]
-            env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+            self.tmp_dir.mkdir(parents=True, exist_ok=True)
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env, "TMPDIR": str(self.tmp_dir)}
             watchdog = subprocess.Popen(
                 command,
                 stdin=subprocess.PIPE,
@@ -259,6 +267,8 @@ class DynamoProcess:
         with self._lock:
             if self._watchdog is not None:
                 self._halt(self._watchdog, max(grace_s, 0.0))
+            if self._own_tmp:
+                shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
     def terminate(self) -> None:
         """SIGTERM without waiting: Dynamo deregisters at once and finishes in-flight work."""

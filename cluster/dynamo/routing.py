@@ -38,6 +38,12 @@ from cluster.serve.backend import WorkerFailed
 __all__ = ["DynamoRoutes", "DynamoWorkerFailed"]
 
 DISCOVERY_WAIT_S = 10.0
+# Dynamo's scheduler answers "no endpoints available" while its worker set is briefly empty
+# (a watch update between discovery and its endpoint client; Dynamo's own frontend treats the
+# error as transient). Seen once in a CI run with both decode workers registered in etcd. A
+# choice waits this long for the set to refill before the pool is reported empty.
+NO_ENDPOINTS_GRACE_S = 2.0
+NO_ENDPOINTS = "no endpoints available"
 
 
 class DynamoWorkerFailed(WorkerFailed):
@@ -149,10 +155,7 @@ class DynamoRoutes:
         all see the same loads and herd onto one worker (measured: bench.dynamo)."""
         banned = set(exclude)
         router = self.routers[role]
-        try:
-            worker, _, _ = await router.best_worker(tokens, dict(override), request_id=request_id)
-        except Exception as exc:
-            raise DynamoWorkerFailed(role, None, f"no worker to route to ({_why(exc)})") from None
+        worker = await self._best_worker(role, tokens, override, request_id)
         if int(worker) not in banned:
             return int(worker)
         await self.release(role, request_id)  # reserved on an excluded worker
@@ -168,6 +171,26 @@ class DynamoRoutes:
                            int(r["worker_id"])),
         )  # fmt: skip
         return int(best["worker_id"])
+
+    async def _best_worker(
+        self, role: str, tokens: list[int], override: Mapping[str, float],
+        request_id: str | None,
+    ) -> int:  # fmt: skip
+        """``KvRouter.best_worker``, waiting out a transiently empty worker set (at most
+        ``NO_ENDPOINTS_GRACE_S``); any other refusal is reported at once."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + NO_ENDPOINTS_GRACE_S
+        while True:
+            try:
+                worker, _, _ = await self.routers[role].best_worker(
+                    tokens, dict(override), request_id=request_id
+                )
+                return int(worker)
+            except Exception as exc:
+                if NO_ENDPOINTS not in str(exc) or loop.time() >= deadline:
+                    why = f"no worker to route to ({_why(exc)})"
+                    raise DynamoWorkerFailed(role, None, why) from None
+            await asyncio.sleep(0.05)
 
     async def release(self, role: str, request_id: str | None) -> None:
         """Drop ``choose``'s reservation of ``request_id`` in ``role``'s router (idempotent)."""

@@ -26,7 +26,6 @@ import dataclasses
 import inspect
 import logging
 import shutil
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,8 +123,10 @@ class DynamoWorkerActor:
         self.discovery = Discovery.model_validate(discovery)
         name = dynamo_worker_name(self.settings.namespace, role, slot)
         self.log_path = Path(log_dir) / f"{name}.log"
-        # The process's own working directory, made on its node at the first start and removed
-        # at shutdown: no two workers share one, as on hosts of their own.
+        # The process's own working directory, beside its log on its node: no two workers share
+        # one, as on hosts of their own. Made fresh at the first start and removed at shutdown;
+        # an actor killed outright leaves it in the deployment's log folder, never in /tmp.
+        self._work_path = Path(log_dir) / f"{name}.work"
         self.work_dir: Path | None = None
         self.model_path = model_path or self.settings.model_path
         self.component = self.settings.component(self.role)
@@ -204,7 +205,8 @@ class DynamoWorkerActor:
         """One process up and ready (retrying a taken system port), then bound at the router."""
         argv = worker_command(self.settings, self.role, await self._model_path())
         if self.work_dir is None:
-            self.work_dir = Path(tempfile.mkdtemp(prefix=f"{self._name}-"))
+            await asyncio.to_thread(_fresh_dir, self._work_path)
+            self.work_dir = self._work_path
         host = listen_host(self.settings.bind)
         for attempt in range(PORT_ATTEMPTS):
             port = free_system_port()
@@ -380,3 +382,9 @@ class DynamoWorkerActor:
         if process is None or not process.alive:
             return ""
         return await process.metrics_text()
+
+
+def _fresh_dir(path: Path) -> None:
+    """``path`` as an empty directory (what a killed predecessor left in it removed)."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True, mode=0o700)

@@ -103,6 +103,8 @@ def test_a_worker_registers_in_etcd_in_its_own_directory_and_the_routers_find_it
         # Each process in a working directory of its own, as on a host of its own.
         dirs = {w.work_dir for w in (prefill, decode)}
         assert None not in dirs and len(dirs) == 2
+        # Beside the logs, so an actor killed outright leaves nothing in /tmp.
+        assert {d.parent for d in dirs if d is not None} == {tmp_path / "logs"}
         for w in (prefill, decode):
             assert w.process is not None and w.process.pid is not None
             assert Path(f"/proc/{w.process.pid}/cwd").resolve() == w.work_dir

@@ -83,10 +83,14 @@ def test_a_mocker_becomes_ready_with_the_instance_id_discovery_holds(
         assert asyncio.run(process.instance_id("prefill")) == iid
         assert process.alive and process.pid is not None and process.returncode is None
         assert "dynamo" in Path(f"/proc/{process.pid}/cmdline").read_text()
+        # Its temporary files beside its log, not in /tmp; removed with it.
+        environ = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
+        assert f"TMPDIR={tmp_path / 'prefill.tmp'}".encode() in environ
         pid = process.pid
     finally:
         process.stop()
     assert pid_gone(pid) and not process.alive and process.exited
+    assert not (tmp_path / "prefill.tmp").exists()
     assert instances(discovery_dir, "prefill") == set()  # SIGTERM: deregistered at once
     assert (tmp_path / "prefill.log").stat().st_size > 0
     process.stop()  # idempotent

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from cluster.dynamo.process import (
     parse_metrics,
     read_log_tail,
 )
-from cluster.dynamo.routing import DynamoRoutes
+from cluster.dynamo.routing import DynamoRoutes, DynamoWorkerFailed
 from cluster.dynamo.settings import (
     DynamoSettings,
     dynamo_env,
@@ -269,3 +270,43 @@ def test_a_request_carries_its_priority_for_the_engine_and_the_router_queue() ->
     assert paying["routing"] == {"backend_instance_id": 7, "priority": 0, "strict_priority": 1}
     assert free["routing"] == {"backend_instance_id": 7, "priority": -1, "strict_priority": 0}
     assert paying["router_config_override"] == {"router_temperature": 0.5}
+
+
+class _FlakyRouter:
+    """A ``KvRouter`` whose worker set is empty for its first ``empty`` calls."""
+
+    def __init__(self, empty: int, error: str = "no endpoints available to route work") -> None:
+        self.empty, self.error, self.calls = empty, error, 0
+
+    async def best_worker(self, tokens: list[int], override: dict[str, float],
+                          request_id: str | None) -> tuple[int, int, int]:  # fmt: skip
+        self.calls += 1
+        if self.calls <= self.empty:
+            raise RuntimeError(self.error)
+        return 7, 0, 0
+
+
+def _routes_over(router: _FlakyRouter) -> DynamoRoutes:
+    routes = DynamoRoutes(DynamoSettings(), nats_url="nats://127.0.0.1:4222",
+                          discovery=Discovery.folder("/nonexistent"),
+                          model_name="disagg-tiny")  # fmt: skip
+    routes.routers = {"decode": router}
+    return routes
+
+
+def test_a_choice_waits_out_a_briefly_empty_worker_set() -> None:
+    router = _FlakyRouter(empty=3)
+    worker = asyncio.run(_routes_over(router).choose("decode", [1, 2], {}, request_id="r"))
+    assert (worker, router.calls) == (7, 4)
+
+
+def test_a_pool_that_stays_empty_or_refuses_otherwise_is_reported_with_dynamos_words() -> None:
+    empty = _FlakyRouter(empty=10**6)
+    with pytest.raises(DynamoWorkerFailed, match="decode pool: no worker to route to "
+                       r"\(no endpoints available"):  # fmt: skip
+        asyncio.run(_routes_over(empty).choose("decode", [1, 2], {}))
+    assert empty.calls > 1  # it waited NO_ENDPOINTS_GRACE_S before saying so
+    other = _FlakyRouter(empty=1, error="all workers busy")
+    with pytest.raises(DynamoWorkerFailed, match="all workers busy"):
+        asyncio.run(_routes_over(other).choose("decode", [1, 2], {}))
+    assert other.calls == 1  # not a transient emptiness: reported at once

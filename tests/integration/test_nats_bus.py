@@ -248,3 +248,32 @@ def test_dynamo_kv_events_over_nats_feed_the_index() -> None:
 
     asyncio.run(main())
     assert index.overlap_hashes([1, 2, 3]) == {7: 3}
+
+
+def test_a_subscription_is_in_effect_at_the_server_once_flush_returns() -> None:
+    """nats-py's own flush can answer before a SUB just made reaches the server (its PING
+    jumps the client's pending buffer); EventBus.flush must not. Each round is a fresh
+    subscriber whose first message comes right after its flush: a round with the SUB late
+    would never see it. (Before the fix about one round in ten lost its message here.)"""
+    event = FirstTokenEvent(request_id="r1", t=1.0, worker_id=3, ttft_s=0.2)
+
+    async def main() -> list[int]:
+        got: list[int] = []
+        with NatsServer() as server:
+            pub = EventBus(server.url, "fl", role="ingress")
+            await pub.connect()
+            for round_ in range(30):
+                sub = EventBus(server.url, "fl", role="observer")
+                await sub.connect()
+                received: list[object] = []
+                await sub.subscribe(received.append, kinds=("first_token",))
+                await sub.flush()
+                await pub.publish(event)
+                await pub.flush()
+                await _wait_for(lambda seen=received: bool(seen), timeout_s=10.0)
+                got.append(round_)
+                await sub.close()
+            await pub.close()
+        return got
+
+    assert asyncio.run(main()) == list(range(30))

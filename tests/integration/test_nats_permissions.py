@@ -191,7 +191,7 @@ def test_with_a_ca_in_the_credentials_the_bus_speaks_tls_and_plain_clients_are_r
     monkeypatch.setenv(CREDENTIALS_ENV, str(creds))
     route = FirstTokenEvent(request_id="r1", t=1.0, worker_id=3, ttft_s=0.2)
 
-    async def main() -> list[object]:
+    async def main() -> tuple[list[object], list[dict[str, object]]]:
         with NatsServer(tls=(cert, key)) as server:
             # A client that does not trust the deployment's CA cannot even finish the handshake.
             with pytest.raises(ssl.SSLCertVerificationError):
@@ -212,8 +212,13 @@ def test_with_a_ca_in_the_credentials_the_bus_speaks_tls_and_plain_clients_are_r
                 if received:
                     break
                 await asyncio.sleep(0.02)
+            # What each side saw, for the message if the event is missing.
+            seen = [{"published": dict(b.published), "send_dropped": dict(b.send_dropped),
+                     "received": dict(b.received), "dropped": dict(b.dropped),
+                     "errors": b.errors, "disconnects": b.disconnects} for b in (sub, pub)]
             for bus in (sub, pub):
                 await bus.close()
-            return received
+            return received, seen
 
-    assert asyncio.run(main()) == [route]
+    received, seen = asyncio.run(main())
+    assert received == [route], seen

@@ -24,7 +24,10 @@ saturated-hold ratios ``over_static`` of the compared arm (judged), and, reporte
 ``late_hold_over_static``: TTFT P99 over the requests arriving in the hold's second half, the
 same window for every arm. A re-split needs the regime's dwell, its own dwell, a drain and the
 profile's role switch (30 s on 70B) before a new prefill worker serves; the requests that
-arrive meanwhile are in the whole hold's P99, and the second half shows the split it reached.
+arrive meanwhile are in the whole hold's P99, and the second half shows the split it reached;
+``before_new_prefill`` (re-split arms) says how many: when the first added prefill worker served
+(seconds into the hold), the share of the hold's arrivals before then and their TTFT P99 over
+static's whole-hold P99.
 ``met`` says whether every target holds; the exit status is 1 when one does not.
 
     .venv/bin/python -m bench.adaptive [--seeds 3] [--reduced] [--progress] [--quiet]
@@ -143,6 +146,7 @@ def arm_figures(result: ScenarioResult) -> dict[str, Any]:
     return {
         "phases": result.phases,
         "late_hold_ttft_p99_s": late.ttft_p99_s,
+        "before_new_prefill": _before_new_prefill(result, hold["start_s"], hold["end_s"]),
         "regime_switches": [(round(c.t, 1), c.regime.label) for c in result.changes[1:]],
         "resplits": [
             {"t": round(d.t, 1), "to": d.to_role, "from": str(d.before), "goal": str(d.goal)}
@@ -152,6 +156,25 @@ def arm_figures(result: ScenarioResult) -> dict[str, Any]:
             (round(p.t, 1), p.action, p.worker, f"{p.prefill}P/{p.decode}D")
             for p in result.pool_changes
         ],
+    }
+
+
+def _before_new_prefill(result: ScenarioResult, start: float, end: float) -> dict[str, Any] | None:
+    """The hold's requests that arrived before the first prefill worker a re-split added was
+    serving: when it served (seconds into the hold), their share of the hold's arrivals and
+    their TTFT P99. They are served by the split the hold began with, whatever the lever does
+    later; once they are more than 1% of the hold, the hold's P99 is theirs. None: no move up."""
+    ups = [d.t for d in result.resplits if d.to_role == "prefill"]
+    warm = [p.t for p in result.pool_changes if ups and p.action == "warm" and p.t >= ups[0]]
+    if not warm:
+        return None
+    serving = min(max(warm[0], start), end)
+    arrived = [r for r in result.records if start <= r.arrival < end]
+    before = summarize(result.records, start, serving, "arrival") if serving > start else None
+    return {
+        "serving_at_hold_s": round(serving - start, 1),
+        "share_of_hold": round(sum(r.arrival < serving for r in arrived) / max(len(arrived), 1), 4),
+        "ttft_p99_s": None if before is None else before.ttft_p99_s,
     }
 
 
@@ -189,6 +212,16 @@ def summarize_cases(cases: dict[str, Any]) -> dict[str, Any]:
             },
             "resplits": sum(len(r) for r in entry[entry["compare"]].get("resplits", [])),
         }
+        befores = [b for b in entry[entry["compare"]].get("before_new_prefill", []) if b]
+        if befores:  # why a whole-hold ratio can stay near 1 while the late hold's falls
+            p99s = [b["ttft_p99_s"] for b in befores if b["ttft_p99_s"] is not None]
+            summary[name]["before_new_prefill"] = {
+                "serving_at_hold_s": round(float(np.mean([b["serving_at_hold_s"]
+                                                          for b in befores])), 1),
+                "share_of_hold": round(float(np.mean([b["share_of_hold"] for b in befores])), 4),
+                "ttft_p99_over_static": ratio(float(np.mean(p99s)) if p99s else None,
+                                              static["ttft_p99_s"]),
+            }  # fmt: skip
     return summary
 
 
@@ -282,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
                 "regime_switches": [r["regime_switches"] for r in arm_runs],
                 "resplits": [r["resplits"] for r in arm_runs],
                 "pool_steps": [r["pool_steps"] for r in arm_runs],
+                "before_new_prefill": [r["before_new_prefill"] for r in arm_runs],
             }
         cases[case.name] = entry
     report: dict[str, Any] = {

@@ -54,3 +54,23 @@ def test_the_resplit_arm_moves_a_worker_to_prefill(report: dict[str, Any]) -> No
     # Static and routing-only arms never touch the pools.
     static = report["cases"]["resplit-1P/5D"]["static"]
     assert static["resplits"] == [[]] and static["pool_steps"] == [[]]
+
+
+def test_the_hold_before_the_new_prefill_worker_serves_is_accounted(
+    report: dict[str, Any],
+) -> None:
+    """The requests the move cannot help: those of the hold that arrived before the added
+    prefill worker served (its ``warm`` step), none of them after it."""
+    arm = report["cases"]["resplit-1P/5D"]["resplit"]
+    ((*_, warm),) = [[s for s in steps if s[1] == "warm"][:1] for steps in arm["pool_steps"]]
+    (before,) = arm["before_new_prefill"]
+    hold_start = sum(p.phase.duration for p in adaptive.REDUCED_PHASES[:2])
+    hold_s = adaptive.REDUCED_PHASES[2].phase.duration
+    served = min(max(warm[0] - hold_start, 0.0), hold_s)  # a hold that ends first: all of it
+    assert before["serving_at_hold_s"] == pytest.approx(served, abs=0.1)
+    assert 0.0 <= before["share_of_hold"] <= 1.0
+    summary = report["summary"]["resplit-1P/5D"]["before_new_prefill"]
+    assert summary["share_of_hold"] == before["share_of_hold"]
+    if before["serving_at_hold_s"] > 0:
+        assert before["share_of_hold"] > 0 and before["ttft_p99_s"] > 0
+    assert report["cases"]["resplit-1P/5D"]["static"]["before_new_prefill"] == [None]

@@ -38,10 +38,10 @@ from cluster.serve.backend import WorkerFailed
 __all__ = ["DynamoRoutes", "DynamoWorkerFailed"]
 
 DISCOVERY_WAIT_S = 10.0
-# Dynamo's scheduler answers "no endpoints available" while its worker set is briefly empty
-# (a watch update between discovery and its endpoint client; Dynamo's own frontend treats the
-# error as transient). Seen once in a CI run with both decode workers registered in etcd. A
-# choice waits this long for the set to refill before the pool is reported empty.
+# Dynamo's scheduler answers "no endpoints available" whenever its worker set is empty at that
+# instant, and a set being rebuilt can be (Dynamo's own frontend treats the error as transient).
+# Seen once in a CI run, with both decode workers registered in etcd. A choice waits this long
+# for the set to refill before the pool is reported empty.
 NO_ENDPOINTS_GRACE_S = 2.0
 NO_ENDPOINTS = "no endpoints available"
 

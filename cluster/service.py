@@ -45,7 +45,13 @@ from cluster.ray.worker_factory import (
 )
 from cluster.serve.config import ServeConfig
 from cluster.serve.deployment import INGRESS_REPLICA_CPUS, check_ingress_cpus
-from cluster.serve.direct_ingress import REPLICA_ENV, direct_urls, start_serve, wait_answering
+from cluster.serve.direct_ingress import (
+    REPLICA_ENV,
+    direct_urls,
+    serve_proxies,
+    start_serve,
+    wait_answering,
+)
 from cluster.serve.users import Users
 from cluster.service_handles import (
     ServiceHandles,
@@ -66,6 +72,12 @@ __all__ = ["RAY_NAMESPACE", "Service", "ServiceHandles"]
 # worker can be placed while its predecessor's bundle is being released.
 SPARE_TP_GROUPS = 1
 READY_TIMEOUT_S = 120.0
+# Serve's proxies learn the route table by long poll after ``serve.run`` returns and answer 404
+# until then. Proxies on one host (the fake nodes of a test cluster) share the API port through
+# SO_REUSEPORT and each new connection lands on any of them, so the service waits for this many
+# answers in a row per proxy: one not yet routing escapes n proxies' 10·n draws with probability
+# ((n - 1)/n)^(10·n) < e^-10.
+PROXY_STREAK = 10
 
 
 class Service:
@@ -136,6 +148,7 @@ class Service:
         self.start_actors(shared)
         self._deploy_ingress(host, port, shared)
         self.url = f"http://{host}:{port}"
+        wait_answering([self.url], READY_TIMEOUT_S, streak=PROXY_STREAK * serve_proxies())
         if cfg.direct_port is not None:
             self.direct_urls = direct_urls(host, cfg.direct_port, cfg.ingress_replicas)
             wait_answering(self.direct_urls, READY_TIMEOUT_S)

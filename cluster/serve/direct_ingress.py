@@ -28,6 +28,7 @@ __all__ = [
     "REPLICA_ENV",
     "controller_env",
     "direct_urls",
+    "serve_proxies",
     "start_serve",
     "wait_answering",
 ]
@@ -66,28 +67,39 @@ def start_serve(host: str, port: int, direct_port: int | None, replicas: int) ->
     )
 
 
+def serve_proxies() -> int:
+    """How many HTTP proxies Serve runs (one per node with Serve's default location)."""
+    from ray import serve
+
+    return max(1, len(serve.status().proxies))
+
+
 def direct_urls(host: str, first_port: int, replicas: int) -> list[str]:
     """Each replica's own base URL (one node: Serve hands the lowest free port out first)."""
     return [f"http://{host}:{first_port + i}" for i in range(replicas)]
 
 
-def wait_answering(urls: list[str], timeout_s: float) -> None:
+def wait_answering(urls: list[str], timeout_s: float, streak: int = 1) -> None:
     """Block until every URL answers ``GET /v1/models`` with 200 or 401 (a replica that asks
-    for a key answers too); a timeout names the silent ones and the likely cause."""
+    for a key answers too) ``streak`` times in a row, each on a new connection; a timeout names
+    the silent ones and the likely cause."""
     deadline = time.monotonic() + timeout_s
-    silent = list(urls)
-    while silent:
-        silent = [u for u in silent if not _answers(u)]
+    answered = dict.fromkeys(urls, 0)
+    while True:
+        for u in urls:
+            answered[u] = answered[u] + 1 if _answers(u) else 0
+        silent = [u for u, n in answered.items() if n < streak]
         if not silent:
             return
         if time.monotonic() > deadline:
             raise RuntimeError(
-                f"direct ingress: no answer on {', '.join(silent)} after {timeout_s:.0f} s "
-                "(the port taken by another process, or Serve already running in this Ray "
-                "session without direct ingress: its controller options apply only when Serve "
-                "starts)"
+                f"no answer on {', '.join(silent)} after {timeout_s:.0f} s (the port taken by "
+                "another process, or, for a replica's own port, Serve already running in this "
+                "Ray session without direct ingress: its controller options apply only when "
+                "Serve starts)"
             )
-        time.sleep(0.2)
+        if any(answered[u] == 0 for u in silent):
+            time.sleep(0.2)
 
 
 def _answers(url: str) -> bool:

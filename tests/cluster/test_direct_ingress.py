@@ -59,14 +59,59 @@ class _Models(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.parametrize("status", [200, 401])
-def test_a_replica_that_answers_models_is_up_even_asking_for_a_key(status: int) -> None:
-    handler = type("Handler", (_Models,), {"status": status})
+def _serving(handler: type[BaseHTTPRequestHandler]) -> tuple[HTTPServer, threading.Thread]:
     server = HTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
+    return server, thread
+
+
+@pytest.mark.parametrize("status", [200, 401])
+def test_a_replica_that_answers_models_is_up_even_asking_for_a_key(status: int) -> None:
+    server, thread = _serving(type("Handler", (_Models,), {"status": status}))
     try:
         wait_answering([f"http://127.0.0.1:{server.server_port}"], timeout_s=5.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+class _Unrouted(_Models):
+    """Serve's proxies sharing one port: every ``every``-th connection lands on one that has no
+    route table yet (404); ``first`` 404s while none has one."""
+
+    every = 0
+    first = 0
+    seen: list[int]
+
+    def do_GET(self) -> None:
+        self.seen.append(1)
+        n = len(self.seen)
+        unrouted = n <= self.first or (self.every > 0 and n % self.every == 0)
+        self.send_response(404 if unrouted else 200)
+        self.end_headers()
+
+
+def test_a_streak_waits_for_answers_in_a_row_and_a_404_starts_it_again() -> None:
+    seen: list[int] = []
+    handler = type("Late", (_Unrouted,), {"first": 2, "seen": seen})
+    server, thread = _serving(handler)
+    try:
+        wait_answering([f"http://127.0.0.1:{server.server_port}"], timeout_s=10.0, streak=4)
+        assert len(seen) == 2 + 4  # two 404s, then the streak
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+    seen = []
+    handler = type("OneOfThree", (_Unrouted,), {"every": 3, "seen": seen})
+    server, thread = _serving(handler)
+    try:
+        with pytest.raises(RuntimeError, match="no answer"):
+            wait_answering([f"http://127.0.0.1:{server.server_port}"], timeout_s=0.5, streak=3)
+        assert len(seen) >= 3  # it asked again and again; never three answers in a row
     finally:
         server.shutdown()
         server.server_close()

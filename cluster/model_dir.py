@@ -43,6 +43,9 @@ FORMAT_VERSION = 1  # bump when the generated files change for the same inputs
 WORDS_FILE = Path(__file__).parent / "data" / "words.txt"
 STAMP_FILE = "disaggctl-build.json"
 MAX_CONTEXT = 1 << 20  # tokens: a model's context beyond this is taken as this
+# The embedded default serves Llama-3.1-70B's context (its config's max_position_embeddings), so
+# production prompts (Mooncake's reach 126k tokens) are taken as the model would take them.
+DEFAULT_CONTEXT_TOKENS = 131_072
 MAX_TEXT_CHARS = 1 << 20  # encode() refuses longer text: bounds the work one request can cause
 MAX_MESSAGES = 512  # apply_chat_template() refuses longer chats
 BOS, EOT_TEXT, HEADER_START, HEADER_END, EOT, UNK = (
@@ -87,6 +90,15 @@ def load_words(path: Path = WORDS_FILE) -> list[str]:
     if bad or len(set(words)) != len(words):
         raise ValueError(f"{path}: words must be unique lowercase a-z, got {bad[:5]}")
     return words
+
+
+def word_token_ids(words: Sequence[str] | None = None) -> range:
+    """The ids of the word pieces (``▁word``, ``▁Word``, ``word``, ``Word`` of every listed
+    word), which follow the special tokens and the 256 byte pieces: plain tokens of the tiny
+    model, and ids every served model's vocabulary holds (trace prompts are drawn from them,
+    ``cluster.traces.prompts``)."""
+    first = len(SPECIAL_TOKENS) + 256
+    return range(first, first + 4 * len(words if words is not None else load_words()))
 
 
 def _pieces(words: Sequence[str]) -> list[tuple[str, float]]:
@@ -179,7 +191,9 @@ def _has_stamp(path: Path, stamp: BuildStamp) -> bool:
     return bool(found == asdict(stamp))
 
 
-def build_model_dir(path: Path, *, name: str = "disagg-tiny", context_tokens: int = 8192) -> Path:
+def build_model_dir(
+    path: Path, *, name: str = "disagg-tiny", context_tokens: int = DEFAULT_CONTEXT_TOKENS
+) -> Path:
     """Write the model directory at ``path`` (docs/design.md §6) and return ``path``.
 
     Idempotent: a directory whose stamp equals this build's is left alone. Atomic: files go to a
@@ -251,14 +265,18 @@ def _strftime_now(fmt: str) -> str:
     return time.strftime(fmt)
 
 
-def default_model_dir() -> Path:
+def default_model_dir(context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> Path:
     """``$DISAGG_MODEL_DIR``, else ``$XDG_CACHE_HOME`` (or ``~/.cache``)
-    ``/disaggctl/models/disagg-tiny``; built on first use."""
+    ``/disaggctl/models/disagg-tiny`` (``disagg-tiny-ctx<N>`` for another context than the
+    default's, so services of different models never rebuild each other's); built on first
+    use, with ``context_tokens`` of context (the served profile's model's)."""
     env = os.environ.get("DISAGG_MODEL_DIR")
     if env:
-        return build_model_dir(Path(env))
+        return build_model_dir(Path(env), context_tokens=context_tokens)
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return build_model_dir(cache / "disaggctl" / "models" / "disagg-tiny")
+    suffix = "" if context_tokens == DEFAULT_CONTEXT_TOKENS else f"-ctx{context_tokens}"
+    name = "disagg-tiny" + suffix
+    return build_model_dir(cache / "disaggctl" / "models" / name, context_tokens=context_tokens)
 
 
 def _render_builtin(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> str:

@@ -139,7 +139,9 @@ class Service:
         resources = ray.cluster_resources()  # type: ignore[no-untyped-call]  # Ray leaves it untyped
         check_ingress_cpus(cfg.ingress_replicas, float(resources.get("CPU", 0.0)))
         model_dir = str(
-            prepare_model_dir(Path(cfg.model_dir)) if cfg.model_dir else default_model_dir()
+            prepare_model_dir(Path(cfg.model_dir))
+            if cfg.model_dir
+            else default_model_dir(self.profile.context_tokens)
         )
         self.model_dir = model_dir
         # The default directory is per node (a cache under $HOME): on a cluster the actors and
@@ -357,6 +359,7 @@ class Service:
             self.engines.path_factory(self),
             model_name=cfg.model_name,
             model_dir=model_dir,
+            context_tokens=self.profile.context_tokens,
             users=self.users,
             num_replicas=cfg.ingress_replicas,
             max_ongoing_requests=cfg.max_ongoing_requests,

@@ -233,6 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_experiment(sub, HelpFormatter, add_output_flags)
 
+    from disaggctl.replay.cli import add_parser as add_replay
+
+    add_replay(sub, HelpFormatter, add_output_flags)
+
     from disaggctl.serve_cli import add_parser as add_serve
 
     add_serve(sub, HelpFormatter)

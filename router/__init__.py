@@ -40,6 +40,7 @@ from router.events import (
 from router.hashing import (
     DEFAULT_BLOCK_SIZE,
     XXH3_SEED,
+    PromptHashes,
     block_hashes,
     next_sequence_hash,
     sequence_hashes,
@@ -47,10 +48,11 @@ from router.hashing import (
 )
 from router.kv_index import KvIndex
 from router.load import LoadTracker, LoadView, Reservation
-from router.router import Decision, Override, Policy, Router
+from router.router import SELECTIONS, Decision, Override, Policy, Router, Selection
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
+    "SELECTIONS",
     "XXH3_SEED",
     "CandidateCost",
     "Cleared",
@@ -62,9 +64,11 @@ __all__ = [
     "MalformedEventError",
     "Override",
     "Policy",
+    "PromptHashes",
     "Removed",
     "Reservation",
     "Router",
+    "Selection",
     "Stored",
     "block_hashes",
     "lowest_cost_index",

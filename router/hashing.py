@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
@@ -91,3 +92,21 @@ def sequence_hashes(local_hashes: Sequence[int], seed: int = XXH3_SEED) -> list[
         parent = _xxh3(_pack_pair(parent, local), seed)
         out.append(parent)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class PromptHashes:
+    """A prompt's hashes at ``block_size``, made once by whoever made the prompt: ``local`` =
+    ``block_hashes(tokens, block_size)``, ``seq`` = ``sequence_hashes(local)`` (a trace replay
+    caches them per shared block instead of hashing each prompt whole)."""
+
+    block_size: int
+    local: list[int]
+    seq: list[int]
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or len(self.local) != len(self.seq):
+            raise ValueError(
+                f"PromptHashes: block_size must be > 0 and local and seq equally long, got "
+                f"{self.block_size}, {len(self.local)}, {len(self.seq)}"
+            )

@@ -21,8 +21,8 @@ Semantics, which the property tests check against a brute-force model:
   dropped (``malformed``). No event raises into the caller.
 
 A worker may bind several block hashes to one prefix (engines can re-store a block under a new
-hash); the node keeps a count per worker so that removing one of them does not forget the
-other.
+hash); the node counts the extra ones per worker so that removing one of them does not forget
+the other.
 """
 
 from __future__ import annotations
@@ -35,16 +35,24 @@ from router.hashing import DEFAULT_BLOCK_SIZE, U64_MASK, Tokens, block_hashes
 
 
 class _Node:
-    __slots__ = ("children", "counts", "key", "parent", "workers")
+    __slots__ = ("children", "extra", "key", "parent", "workers")
 
     def __init__(self, parent: _Node | None, key: int, workers: frozenset[int]) -> None:
-        self.children: dict[int, _Node] = {}
-        self.counts: dict[int, int] = {}  # worker -> how many of its block hashes name us
-        # Interned (shared) frozenset of counts' keys: the overlap walk compares these by
-        # identity, so a run of blocks held by the same workers costs no set operation.
+        # A leaf shares the one empty dict _LEAF until its first child arrives: an index of a
+        # few million blocks would otherwise spend a dict on every leaf.
+        self.children: dict[int, _Node] = _LEAF
+        # Interned (shared) frozenset of the workers holding this prefix: the overlap walk
+        # compares these by identity, so a run of blocks held by the same workers costs no
+        # set operation.
         self.workers = workers
+        # worker -> how many more of its block hashes name this prefix beyond the first
+        # (engines can re-store a block under a new hash); None, the usual case, when none do.
+        self.extra: dict[int, int] | None = None
         self.parent = parent
         self.key = key
+
+
+_LEAF: dict[int, _Node] = {}  # never written: _store swaps in a dict of its own first
 
 
 class KvIndex:
@@ -55,6 +63,10 @@ class KvIndex:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_size = block_size
         self._interned: dict[frozenset[int], frozenset[int]] = {}
+        # Interned set -> worker -> the interned set with (without) that worker: binding a
+        # block then costs two dict lookups, not a new frozenset.
+        self._plus: dict[frozenset[int], dict[int, frozenset[int]]] = {}
+        self._minus: dict[frozenset[int], dict[int, frozenset[int]]] = {}
         self._root = _Node(None, 0, self._intern(frozenset()))
         self._lookup: dict[int, dict[int, _Node]] = {}
         self._workers: tuple[int, ...] = ()  # ascending; overlap columns follow this order
@@ -90,6 +102,7 @@ class KvIndex:
         self._set_workers()
         # No node refers to a set holding the worker any more: let those sets go.
         self._interned = {s: s for s in self._interned if worker not in s}
+        self._plus, self._minus = {}, {}
 
     def cached_blocks(self, worker: int) -> int:
         """Blocks ``worker`` holds (Dynamo's tree size, used to break cost ties)."""
@@ -156,17 +169,24 @@ class KvIndex:
                 return False
             node = found
         worker = event.worker
+        empty = self._root.workers
+        alone = self._with(empty, worker)  # a new prefix's holders: the usual case, hoisted
         for block_hash, tokens_hash in event.blocks:
-            child = node.children.get(tokens_hash)
+            children = node.children
+            child = children.get(tokens_hash)
             if child is None:
-                child = _Node(node, tokens_hash, self._root.workers)
-                node.children[tokens_hash] = child
+                if children is _LEAF:
+                    children = node.children = {}
+                child = children[tokens_hash] = _Node(node, tokens_hash, empty)
             old = lookup.get(block_hash)
             if old is not child:
                 # Bind first: the new child then holds the path, so unbinding the old node
                 # can never prune a node we are standing on.
                 lookup[block_hash] = child
-                self._bind(child, worker)
+                if child.workers is empty:
+                    child.workers = alone
+                else:
+                    self._bind(child, worker)
                 if old is not None:
                     self._unbind(old, worker)
             node = child
@@ -179,22 +199,46 @@ class KvIndex:
         lookup.clear()
 
     def _bind(self, node: _Node, worker: int) -> None:
-        count = node.counts.get(worker, 0)
-        node.counts[worker] = count + 1
-        if count == 0:
-            node.workers = self._intern(node.workers | {worker})
+        if worker not in node.workers:
+            node.workers = self._with(node.workers, worker)
+        elif node.extra is None:
+            node.extra = {worker: 1}
+        else:
+            node.extra[worker] = node.extra.get(worker, 0) + 1
 
     def _unbind(self, node: _Node, worker: int) -> None:
-        count = node.counts[worker] - 1
-        if count:
-            node.counts[worker] = count
+        extra = node.extra
+        if extra is not None and worker in extra:
+            if extra[worker] > 1:
+                extra[worker] -= 1
+            else:
+                del extra[worker]
+                if not extra:
+                    node.extra = None
             return
-        del node.counts[worker]
-        node.workers = self._intern(node.workers - {worker})
+        node.workers = self._without(node.workers, worker)
         # Drop prefixes nobody holds and nothing hangs under.
-        while node.parent is not None and not node.counts and not node.children:
+        while node.parent is not None and not node.workers and not node.children:
             del node.parent.children[node.key]
             node = node.parent
+
+    def _with(self, workers: frozenset[int], worker: int) -> frozenset[int]:
+        step = self._plus.get(workers)
+        if step is None:
+            step = self._plus[workers] = {}
+        found = step.get(worker)
+        if found is None:
+            found = step[worker] = self._intern(workers | {worker})
+        return found
+
+    def _without(self, workers: frozenset[int], worker: int) -> frozenset[int]:
+        step = self._minus.get(workers)
+        if step is None:
+            step = self._minus[workers] = {}
+        found = step.get(worker)
+        if found is None:
+            found = step[worker] = self._intern(workers - {worker})
+        return found
 
     def _intern(self, workers: frozenset[int]) -> frozenset[int]:
         return self._interned.setdefault(workers, workers)

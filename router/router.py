@@ -21,7 +21,7 @@ import functools
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal, get_args
 
 import numpy as np
 
@@ -40,6 +40,12 @@ from router.kv_index import KvIndex
 from router.load import LoadTracker
 
 _DRAW_BATCH: Final = 1024
+
+# How a decision picks its worker: by the cost (the policy's τ, ω), or in turn regardless of it
+# (Dynamo's ``round_robin`` router mode, the baseline a KV-aware router is compared against;
+# the breakdown is still computed, so the PoA estimator sees what each worker would have cost).
+Selection = Literal["cost", "round_robin"]
+SELECTIONS: Final[tuple[str, ...]] = get_args(Selection)
 
 # Dynamo's names for the override fields, accepted next to ours.
 _OVERRIDE_KEYS: Final = {
@@ -222,7 +228,10 @@ class Router:
         block_size: int = DEFAULT_BLOCK_SIZE,
         policy: Policy | None = None,
         seed: int | None = 0,
+        selection: Selection = "cost",
     ) -> None:
+        if selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
         if type(block_size) is not int or block_size < 1:
             raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
         if policy is not None and not isinstance(policy, Policy):
@@ -239,6 +248,8 @@ class Router:
         self._rng = np.random.default_rng(seed)
         self._draws: list[float] = []
         self._workers: tuple[int, ...] = ()
+        self.selection: Selection = selection
+        self._turn = 0  # round robin: the next turn
 
     # -- workers and events ------------------------------------------------------------------
 
@@ -322,7 +333,10 @@ class Router:
             prompt_tokens, overlaps, prefill_now, decode_now, policy.omega, block_size
         )
         softmax = None
-        if policy.tau == 0:
+        if self.selection == "round_robin":
+            best = self._turn % len(workers)
+            self._turn += 1
+        elif policy.tau == 0:
             cached = self.index.cached_blocks
             best = lowest_cost_index(costs, lambda i: (cached(workers[i]), workers[i]))
         else:

@@ -252,7 +252,11 @@ class DecodeWorkerActor(_WorkerActor):
             worker_id, profile, speedup=speedup, epoch_wall=epoch_wall, seed=seed,
             nats_url=nats_url, namespace=namespace,
         )  # fmt: skip
-        path = Path(model_dir) if model_dir is not None else default_model_dir()
+        path = (
+            Path(model_dir)
+            if model_dir is not None
+            else default_model_dir(self.profile.context_tokens)
+        )
         self.tokenizer = ChatTokenizer.from_dir(path)
         self.engine: DecodeEngine = DecodeEngine(
             self.worker_id, self.profile, clock=self.clock, seed=self.seed, kv_sink=self._sink,

@@ -77,11 +77,18 @@ from cluster.serve.streaming import (
 )
 from cluster.serve.users import ANONYMOUS, Users
 
-__all__ = ["MAX_BODY_BYTES", "PAYMENT_HEADER", "POSITION_HEADER", "build_app"]
+__all__ = ["MAX_BODY_BYTES", "PAYMENT_HEADER", "POSITION_HEADER", "body_limit", "build_app"]
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1 << 20
+BODY_BYTES_PER_TOKEN = 16  # a token id as JSON ("131071," is 7 bytes) or as text, with room
+
+
+def body_limit(context_tokens: int) -> int:
+    """The body limit for a model of ``context_tokens``: a prompt of the whole context fits, as
+    token ids or as text, and never less than ``MAX_BODY_BYTES`` (2 MiB at 131,072 tokens)."""
+    return max(MAX_BODY_BYTES, BODY_BYTES_PER_TOKEN * context_tokens)
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 METRICS_TIMEOUT_S = 5.0  # a hung actor must not hang the scrape
 

@@ -37,11 +37,11 @@ from fastapi import FastAPI
 from ray import serve
 from ray.serve import Application
 
-from cluster.model_dir import ChatTokenizer, default_model_dir
+from cluster.model_dir import DEFAULT_CONTEXT_TOKENS, ChatTokenizer, default_model_dir
 from cluster.models import ConfigError, validate_model
 from cluster.ray.metrics_export import merge_metrics_texts
 from cluster.ray.metrics_server import PUSH_PERIOD_S
-from cluster.serve.app import MAX_BODY_BYTES, build_app
+from cluster.serve.app import body_limit, build_app
 from cluster.serve.limits import Limiter, LimitSettings
 from cluster.serve.path_types import RequestPath
 from cluster.serve.users import Users
@@ -66,9 +66,10 @@ class OpenAIIngress:
         *,
         model_name: str,
         model_dir: str | None = None,
+        context_tokens: int = DEFAULT_CONTEXT_TOKENS,
         users: list[dict[str, Any]] | None = None,
         allow_anonymous: bool = True,
-        max_body_bytes: int = MAX_BODY_BYTES,
+        max_body_bytes: int | None = None,
         metrics_sink: Any = None,
         limits: dict[str, Any] | None = None,
         max_ongoing_requests: int = MAX_ONGOING_REQUESTS,
@@ -82,6 +83,7 @@ class OpenAIIngress:
         self._push_task: asyncio.Task[None] | None = None
         self._model_name = model_name
         self._model_dir = model_dir
+        self._context_tokens = context_tokens
         # Validated here, in the constructor, so a bad users list fails the deployment at once.
         self._users = Users.from_wire(users, allow_anonymous=allow_anonymous)
         self._max_body_bytes = max_body_bytes
@@ -95,11 +97,11 @@ class OpenAIIngress:
         model_dir = Path(self._model_dir) if self._model_dir else None
         # Building or reading the tokenizer files is disk work: keep the replica's loop free.
         tokenizer = await asyncio.to_thread(
-            lambda: ChatTokenizer.from_dir(model_dir or default_model_dir()))
+            lambda: ChatTokenizer.from_dir(model_dir or default_model_dir(self._context_tokens)))
         sink = self._metrics_sink
         app = build_app(
             path, self._users, tokenizer, model_name=self._model_name,
-            max_body_bytes=self._max_body_bytes,
+            max_body_bytes=self._max_body_bytes or body_limit(tokenizer.context_tokens),
             # With a metrics server the API port serves no /metrics: this replica pushes.
             metrics_text=None if sink is not None else getattr(path, "metrics_text", None),
             metrics_route=sink is None,
@@ -177,8 +179,9 @@ def ingress_app(
     *,
     model_name: str,
     model_dir: str | None = None,
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS,
     users: Users | None = None,
-    max_body_bytes: int = MAX_BODY_BYTES,
+    max_body_bytes: int | None = None,
     num_replicas: int = 1,
     max_ongoing_requests: int = MAX_ONGOING_REQUESTS,
     metrics_sink: Any = None,
@@ -199,7 +202,8 @@ def ingress_app(
         },
     )  # fmt: skip
     return options.bind(
-        path_factory, model_name=model_name, model_dir=model_dir, users=users.to_wire(),
+        path_factory, model_name=model_name, model_dir=model_dir, context_tokens=context_tokens,
+        users=users.to_wire(),
         allow_anonymous=users.allow_anonymous, max_body_bytes=max_body_bytes,
         metrics_sink=metrics_sink, max_ongoing_requests=max_ongoing_requests,
         limits=(limits or LimitSettings()).per_replica(num_replicas).model_dump(),

@@ -37,7 +37,17 @@ from cluster.sim.prefill import PrefillJob, PrefillWorker
 from cluster.sim.profile import HardwareProfile
 from cluster.sim.records import RequestRecord
 from cluster.sim.views import Role, RouterReplica, RouterViews, ViewSettings
-from router import Cleared, KvEvent, Policy, Router, block_hashes, sequence_hashes, to_payload
+from router import (
+    Cleared,
+    KvEvent,
+    Policy,
+    PromptHashes,
+    Router,
+    Selection,
+    block_hashes,
+    sequence_hashes,
+    to_payload,
+)
 from telemetry import metrics
 
 __all__ = [
@@ -56,11 +66,15 @@ _RESTART_SEED_STRIDE = 1_000_003
 
 @dataclass(frozen=True, eq=False)
 class SimRequest:
+    """``hashes``: the prompt's router hashes when its maker already has them (they must be the
+    tokens' own, ``router.PromptHashes``); used when their block size is the cluster's."""
+
     request_id: str
     tokens: npt.NDArray[np.uint32]
     output_tokens: int
     user: str = "anonymous"
     bid: float = 0.0
+    hashes: PromptHashes | None = None
 
     def __post_init__(self) -> None:
         if len(self.tokens) == 0:
@@ -96,10 +110,12 @@ class SimCluster:
         policy: Policy | None = None,
         views: ViewSettings | None = None,
         priority: Callable[[float], int] = engine_priority,
+        selection: Selection = "cost",
     ) -> None:
         """``priority`` maps a request's bid to its place in the engines' queues (lower first;
         ``auction.engine_priority``); a constant makes them first-come, as engines without
-        priority scheduling are."""
+        priority scheduling are. ``selection``: how every router picks (``router.Selection``:
+        by the policy's cost, or round robin)."""
         self.profile = profile
         self.priority = priority
         self.topology = topology if isinstance(topology, Topology) else Topology.parse(topology)
@@ -107,7 +123,7 @@ class SimCluster:
         bs = profile.block_size
         self.block_size = bs
         self.seed = seed
-        self.views = RouterViews(views or ViewSettings(), self.loop, bs, policy, seed)
+        self.views = RouterViews(views or ViewSettings(), self.loop, bs, policy, seed, selection)
         self.kv_listeners: list[Callable[[dict[str, Any]], None]] = []
         self.first_token_listeners: list[Callable[[RequestRecord], None]] = []
         self.completion_listeners: list[Callable[[RequestRecord], None]] = []
@@ -220,7 +236,12 @@ class SimCluster:
     def _register(self, request: SimRequest) -> RequestRecord:
         if request.request_id in self._inflight:
             raise ValueError(f"request {request.request_id!r} is already in flight")
-        local = block_hashes(request.tokens, self.block_size)
+        made = request.hashes
+        if made is not None and made.block_size == self.block_size:
+            local, seq = made.local, made.seq
+        else:
+            local = block_hashes(request.tokens, self.block_size)
+            seq = sequence_hashes(local)
         record = RequestRecord(
             request_id=request.request_id,
             user=request.user,
@@ -230,9 +251,7 @@ class SimCluster:
             bid=request.bid,
         )
         self.records.append(record)
-        self._inflight[request.request_id] = _InFlight(
-            request, record, local, sequence_hashes(local)
-        )
+        self._inflight[request.request_id] = _InFlight(request, record, local, seq)
         self._note("arrive", request.request_id)
         self.admission.enqueue(request)
         return record

@@ -208,6 +208,7 @@ class HardwareProfile(_Checked):
     workload: WorkloadShape
     role_switch_s: float  # warm-up of a worker restarting in its other role (re-split)
     default_topology: str  # `disaggctl sim run` without --topology
+    context_tokens: int  # the model's context: the longest prompt + output it serves
     source: str = ""
     calibration: tuple[CalibrationPoint, ...] = field(default_factory=tuple)
     architecture: ArchitectureSpec | None = None  # frozen models already: no dataclass twin

@@ -204,6 +204,9 @@ class ProfileSpec(StrictModel):
     role_switch_s: float = Field(gt=0, le=3600)
     # The topology `disaggctl sim run` uses when none is given: the study's for this profile.
     default_topology: str
+    # The model's context in tokens (its config's max_position_embeddings): the longest prompt
+    # plus output the served model takes; `disaggctl serve` serves this context.
+    context_tokens: int = Field(ge=256, le=1 << 20)
     source: str = ""
     architecture: ArchitectureSpec | None = None
     memory: MemorySpec | None = None

@@ -107,6 +107,32 @@ def unloaded_ttft(profile: HardwareProfile) -> float:
     return prefill + transfer + d.d0_s + d.d1_s_per_seq
 
 
+def adaptive_controller(
+    cluster: SimCluster,
+    thresholds: Thresholds,
+    table: PolicyTable | None,
+    resplit: ResplitSettings | None,
+    arrival_rate: Callable[[], float],
+) -> Controller:
+    """The controller of an adaptive arm on ``cluster``: the detector at ``thresholds``, the
+    policy ``table`` (the study's by default) on every router, Game 1's advice at the measured
+    ``arrival_rate`` and, given ``resplit``, the re-split lever on the cluster's pools."""
+    profile = cluster.profile
+    slo = SloTargets(ttft_s=thresholds.theta1, itl_s=1.5 * profile.decode.d0_s)
+    advisor = capacity_advisor(profile, cluster.topology, slo, arrival_rate)
+    resplitter = None
+    if resplit is not None:
+        planner = GameOnePlanner(profile, cluster.topology, slo)
+        resplitter = Resplitter(SimPools(cluster), planner, resplit)
+    return Controller(
+        SaturationDetector(thresholds),
+        table or PolicyTable(),
+        cluster,
+        advisor=advisor,
+        resplitter=resplitter,
+    )
+
+
 def run_scenario(
     profile: HardwareProfile,
     topology: str,
@@ -135,21 +161,8 @@ def run_scenario(
         if thresholds is None:
             baseline = calm_baseline_p99(profile, topology, seed=seed)
             thresholds = Thresholds.calibrated(baseline)
-        slo = SloTargets(ttft_s=thresholds.theta1, itl_s=1.5 * profile.decode.d0_s)
-        advisor = capacity_advisor(
-            profile, cluster.topology, slo, lambda: loop_ref[0].arrival_rate()
-        )
-        resplitter = None
-        if resplit is not None:
-            resplitter = Resplitter(
-                SimPools(cluster), GameOnePlanner(profile, cluster.topology, slo), resplit
-            )
-        controller = Controller(
-            SaturationDetector(thresholds),
-            table or PolicyTable(),
-            cluster,
-            advisor=advisor,
-            resplitter=resplitter,
+        controller = adaptive_controller(
+            cluster, thresholds, table, resplit, lambda: loop_ref[0].arrival_rate()
         )
     estimator = PoaEstimator(256, MAX_AGE_S, unloaded_latency_s=unloaded_ttft(profile))
     # Static and adaptive arms cut their PoA windows at the same drains (controller.drain).

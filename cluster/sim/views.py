@@ -34,7 +34,7 @@ from typing import Final, Literal
 
 from cluster.dataplane.settings import RoutingSettings
 from cluster.sim.loop import EventLoop
-from router import Decision, KvEvent, LoadTracker, Policy, Reservation, Router
+from router import Decision, KvEvent, LoadTracker, Policy, Reservation, Router, Selection
 from router.hashing import Tokens
 
 Role = Literal["prefill", "decode"]
@@ -150,6 +150,7 @@ class RouterViews:
         block_size: int,
         policy: Policy | None,
         seed: int,
+        selection: Selection = "cost",
     ) -> None:
         self.settings = settings
         self.loop = loop
@@ -157,8 +158,8 @@ class RouterViews:
         self.replicas: tuple[RouterReplica, ...] = tuple(
             RouterReplica(
                 k,
-                Router(block_size, policy, seed=seed + _REPLICA_SEED_STRIDE * k),
-                Router(block_size, policy, seed=seed + _REPLICA_SEED_STRIDE * k + 1),
+                Router(block_size, policy, seed + _REPLICA_SEED_STRIDE * k, selection),
+                Router(block_size, policy, seed + _REPLICA_SEED_STRIDE * k + 1, selection),
             )
             for k in range(settings.replicas)
         )

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from cluster.model_dir import (
     CHAT_TEMPLATE,
+    DEFAULT_CONTEXT_TOKENS,
     MAX_CONTEXT,
     MAX_MESSAGES,
     MAX_TEXT_CHARS,
@@ -69,7 +70,7 @@ def test_a_build_is_skipped_when_identical_and_replaced_when_stale(tmp_path: Pat
     assert ChatTokenizer.from_dir(path).context_tokens == 4096
     (path / STAMP_FILE).write_text("{}")  # a damaged build is replaced as well
     build_model_dir(path)
-    assert ChatTokenizer.from_dir(path).context_tokens == 8192
+    assert ChatTokenizer.from_dir(path).context_tokens == DEFAULT_CONTEXT_TOKENS
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no temporary leftovers
 
 
@@ -110,12 +111,12 @@ def test_the_files_carry_what_dynamo_and_transformers_read(model_dir: Path) -> N
     assert (tc["bos_token"], tc["eos_token"], tc["model_max_length"]) == (
         "<|begin_of_text|>",
         "<|eot_id|>",
-        8192,
+        DEFAULT_CONTEXT_TOKENS,
     )
     config = json.loads((model_dir / "config.json").read_text())
     tok = ChatTokenizer.from_dir(model_dir)
     assert config["model_type"] == "llama" and config["architectures"] == ["LlamaForCausalLM"]
-    assert config["vocab_size"] == tok.vocab_size and config["max_position_embeddings"] == 8192
+    assert config["vocab_size"] == tok.vocab_size and config["max_position_embeddings"] == 131_072
     assert config["hidden_size"] == config["num_attention_heads"] * config["head_dim"]
     assert config["num_attention_heads"] % config["num_key_value_heads"] == 0
     assert tok.eos_id in config["eos_token_id"]

@@ -27,6 +27,7 @@ from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from cluster.engines import Engines, engines_for
+from cluster.hub_cache import hub_cache_entry
 from cluster.model_dir import default_model_dir, prepare_model_dir
 from cluster.nats_auth import exported_env
 from cluster.nats_server import NatsServer
@@ -100,6 +101,7 @@ class Service:
         self.ray: LocalRay | None = None
         self.nats_url: str | None = config.nats_url
         self.url: str | None = None
+        self.tokenizer_repo: str | None = None  # the tiny model's, laid out for offline tools
         self.direct_urls: list[str] = []  # each ingress replica's own port (config.direct_port)
         self.metrics_url: str | None = None  # http://host:port/metrics once started
         self.actor_env: dict[str, str] = {}  # what actors need that Ray does not pass on
@@ -144,6 +146,8 @@ class Service:
             else default_model_dir(self.profile.context_tokens)
         )
         self.model_dir = model_dir
+        # The tiny model's tokenizer, where offline tools that take a repo id find it (aiperf).
+        self.tokenizer_repo = None if cfg.model_dir else hub_cache_entry(Path(model_dir))
         # The default directory is per node (a cache under $HOME): on a cluster the actors and
         # replicas elsewhere build their own (None). A configured one must exist on every node.
         shared = model_dir if cfg.model_dir else None

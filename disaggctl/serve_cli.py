@@ -193,6 +193,13 @@ def _serve(args: argparse.Namespace) -> int:
         for s in previous:
             signal.signal(s, _on_signal)
         print(f"serving {config.model_name} at {service.url}/v1  (metrics: {service.metrics_url})")
+        if service.tokenizer_repo is not None and not o.quiet:
+            from cluster.hub_cache import default_hf_home
+
+            print(
+                f"its tokenizer for offline tools: HF_HOME={default_hf_home()} HF_HUB_OFFLINE=1, "
+                f"--tokenizer {service.tokenizer_repo}"
+            )
         if service.direct_urls:  # direct_port: each replica's own port, no proxy hop
             own = ", ".join(f"{u}/v1" for u in service.direct_urls)
             print(f"each ingress replica also at: {own}")

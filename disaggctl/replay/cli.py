@@ -221,8 +221,11 @@ def _simulate(o: ReplayOptions) -> tuple[list[ArmOutcome], str, tuple[float, flo
     topology = o.topology or profile.default_topology
     spec = o.spec(profile.context_tokens)
     calm_spec = {**spec, "window": {**spec["window"], "max_requests": CALM_REQUESTS}}
-    _, calm, prompts = open_trace(calm_spec)
-    t = trace_calm_thresholds(profile, topology, list(calm), prompts, seed=o.seed)
+    _, first, prompts = open_trace(calm_spec)
+    calm = list(first)
+    if not calm:
+        raise ValueError(f"{o.trace}: no request of the trace falls in the replayed window")
+    t = trace_calm_thresholds(profile, topology, calm, prompts, seed=o.seed)
     thresholds = (t.theta1, t.theta2)
     jobs = [
         Job(

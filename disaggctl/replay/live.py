@@ -20,6 +20,7 @@ import contextlib
 import json
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,21 @@ from disaggctl.serve_cli import parse_status
 __all__ = ["LiveRequest", "LiveRun", "lateness_summary", "replay_live"]
 
 _MAX_IN_FLIGHT = 4096  # the HTTP client's connection pool
+_AHEAD_S = 2.0  # request bodies are built up to this long before they are due
+_AHEAD_MAX = 256  # and at most this many at once (bounded memory in a burst)
+_SLACK_S = 0.01  # no body is built when the next send is due sooner than this
+
+
+def _body(request: TraceRequest, prompts: TracePrompts, model: str) -> bytes:
+    """The JSON body of one request (a few ms for a long prompt: built ahead of time)."""
+    payload = {
+        "model": model,
+        "prompt": prompts.tokens(request).tolist(),
+        "max_tokens": request.output_length,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    return json.dumps(payload, separators=(",", ":")).encode()
 
 
 @dataclass(frozen=True)
@@ -122,7 +138,10 @@ def _result(
     usage = extra.get("usage") or {}
     disagg = extra.get("disagg") or {}
     details = usage.get("prompt_tokens_details") or {}
-    itl = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else None
+    # Tokens arrive in frames (the service coalesces a stream's tokens every stream_chunk_s):
+    # the mean inter-token latency is the first text's to the last's over the tokens between.
+    tokens = int(usage.get("completion_tokens", len(stamps)))
+    itl = (stamps[-1] - stamps[0]) / (tokens - 1) if len(stamps) > 1 and tokens > 1 else None
     return LiveRequest(
         index=request.index,
         line=request.line,
@@ -134,7 +153,7 @@ def _result(
         itl_mean_s=itl,
         prompt_tokens=int(usage.get("prompt_tokens", request.input_length)),
         cached_tokens=int(details.get("cached_tokens", disagg.get("cached_tokens", 0)) or 0),
-        output_tokens=int(usage.get("completion_tokens", len(stamps))),
+        output_tokens=tokens,
         prefill_worker=disagg.get("prefill_worker"),
         decode_worker=disagg.get("decode_worker"),
         error=error,
@@ -189,24 +208,41 @@ async def _replay(
             on_progress(sent_count[0], len(results))
 
     async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout) as client:
-        for request in requests:
-            payload = {
-                "model": model,
-                "prompt": prompts.tokens(request).tolist(),
-                "max_tokens": request.output_length,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-            body = json.dumps(payload, separators=(",", ":")).encode()
-            wait = start + request.arrival_s - time.perf_counter()
+        ahead: deque[tuple[TraceRequest, bytes]] = deque()
+        pending = iter(requests)
+        exhausted = False
+
+        def build_one() -> bool:
+            nonlocal exhausted
+            request = None if exhausted else next(pending, None)
+            if request is None:
+                exhausted = True
+                return False
+            ahead.append((request, _body(request, prompts, model)))
+            return True
+
+        while ahead or build_one():
+            due = start + ahead[0][0].arrival_s
+            # Bodies are built in the slack before the next send, never in its way: one more
+            # only while that send is further off than _SLACK_S (a body takes a few ms).
+            while (
+                len(ahead) < _AHEAD_MAX
+                and due - time.perf_counter() > _SLACK_S
+                and ahead[-1][0].arrival_s < time.perf_counter() - start + _AHEAD_S
+                and build_one()
+            ):
+                pass
+            wait = due - time.perf_counter()
             if wait > 0:
                 await asyncio.sleep(wait)
+            request, body = ahead.popleft()
             task = asyncio.create_task(run_one(request, body, request.arrival_s))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
             sent_count[0] += 1
             if on_progress is not None:
                 on_progress(sent_count[0], len(results))
+            await asyncio.sleep(0)  # let it start its send before anything else is built
         while tasks:
             await asyncio.gather(*list(tasks), return_exceptions=True)
     stop.set()

@@ -24,7 +24,7 @@ __all__ = ["ArmOutcome", "arm_slug", "latency_summary", "write_jsonl"]
 
 def arm_slug(name: str) -> str:
     """A file-name-safe form of an arm's name (``static:0,1`` → ``static-0-1``)."""
-    return re.sub(r"[^A-Za-z0-9.+]+", "-", name).strip("-") or "arm"
+    return re.sub(r"[^A-Za-z0-9.]+", "-", name).strip("-") or "arm"
 
 
 def write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> int:

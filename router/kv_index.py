@@ -35,12 +35,16 @@ from router.hashing import DEFAULT_BLOCK_SIZE, U64_MASK, Tokens, block_hashes
 
 
 class _Node:
-    __slots__ = ("children", "extra", "key", "parent", "workers")
+    """One prefix: the path of local hashes from the root to it (``key`` is its last)."""
+
+    __slots__ = ("extra", "key", "kid", "kids", "parent", "workers")
 
     def __init__(self, parent: _Node | None, key: int, workers: frozenset[int]) -> None:
-        # A leaf shares the one empty dict _LEAF until its first child arrives: an index of a
-        # few million blocks would otherwise spend a dict on every leaf.
-        self.children: dict[int, _Node] = _LEAF
+        # Children: the first in ``kid``, any others in ``kids`` by key (None until a second
+        # arrives). Most prefixes continue one way or not at all, and an index of millions of
+        # blocks would otherwise spend a dict on every one; ``kid`` is None only for a leaf.
+        self.kid: _Node | None = None
+        self.kids: dict[int, _Node] | None = None
         # Interned (shared) frozenset of the workers holding this prefix: the overlap walk
         # compares these by identity, so a run of blocks held by the same workers costs no
         # set operation.
@@ -51,8 +55,34 @@ class _Node:
         self.parent = parent
         self.key = key
 
+    def child(self, key: int) -> _Node | None:
+        kid = self.kid
+        if kid is None or kid.key == key:
+            return kid
+        return None if self.kids is None else self.kids.get(key)
 
-_LEAF: dict[int, _Node] = {}  # never written: _store swaps in a dict of its own first
+    def adopt(self, child: _Node) -> None:
+        if self.kid is None:
+            self.kid = child
+        elif self.kids is None:
+            self.kids = {child.key: child}
+        else:
+            self.kids[child.key] = child
+
+    def drop(self, child: _Node) -> None:
+        """Forget ``child``; a remaining child takes the first place if it was the first's."""
+        if self.kid is child:
+            self.kid = self.kids.popitem()[1] if self.kids else None
+        else:
+            assert self.kids is not None
+            del self.kids[child.key]
+        if not self.kids:
+            self.kids = None
+
+    def children(self) -> list[_Node]:
+        if self.kid is None:
+            return []
+        return [self.kid, *(self.kids.values() if self.kids else ())]
 
 
 class KvIndex:
@@ -116,8 +146,9 @@ class KvIndex:
         count, stack = 0, [self._root]
         while stack:
             node = stack.pop()
-            count += len(node.children)
-            stack.extend(node.children.values())
+            below = node.children()
+            count += len(below)
+            stack.extend(below)
         return count
 
     # -- events ------------------------------------------------------------------------------
@@ -147,12 +178,7 @@ class KvIndex:
                 return False
             self.applied["stored"] += 1
         elif isinstance(event, Removed):
-            for block_hash in event.block_hashes:
-                node = lookup.pop(block_hash, None)
-                if node is None:
-                    self.dropped["unknown_block"] += 1
-                else:
-                    self._unbind(node, event.worker)
+            self._remove(event, lookup)
             self.applied["removed"] += 1
         else:
             assert isinstance(event, Cleared)
@@ -171,13 +197,14 @@ class KvIndex:
         worker = event.worker
         empty = self._root.workers
         alone = self._with(empty, worker)  # a new prefix's holders: the usual case, hoisted
-        for block_hash, tokens_hash in event.blocks:
-            children = node.children
-            child = children.get(tokens_hash)
+        blocks = event.blocks
+        for k, (block_hash, tokens_hash) in enumerate(blocks):
+            child = node.child(tokens_hash)
             if child is None:
-                if children is _LEAF:
-                    children = node.children = {}
-                child = children[tokens_hash] = _Node(node, tokens_hash, empty)
+                if self._grow(node, blocks[k:], lookup, alone):
+                    return True
+                child = _Node(node, tokens_hash, empty)
+                node.adopt(child)
             old = lookup.get(block_hash)
             if old is not child:
                 # Bind first: the new child then holds the path, so unbinding the old node
@@ -191,6 +218,56 @@ class KvIndex:
                     self._unbind(old, worker)
             node = child
         return True
+
+    @staticmethod
+    def _grow(
+        node: _Node,
+        blocks: Sequence[tuple[int, int]],
+        lookup: dict[int, _Node],
+        alone: frozenset[int],
+    ) -> bool:
+        """The usual tail of a ``stored`` run: prefixes the tree lacks (``node`` has no child for
+        the first), none of whose block hashes the worker has bound elsewhere. Then every block
+        is a new node held by the worker alone, made in one pass, and bound in one update;
+        False (nothing done) when a hash is bound already, or twice in the run, and the general
+        path must move it."""
+        hashes = [h for h, _ in blocks]
+        if not lookup.keys().isdisjoint(hashes) or len(set(hashes)) < len(hashes):
+            return False
+        made: list[_Node] = []
+        first = _Node(node, blocks[0][1], alone)
+        node.adopt(first)
+        made.append(first)
+        parent = first
+        for _, tokens_hash in blocks[1:]:  # below a new node: each is its parent's only child
+            child = parent.kid = _Node(parent, tokens_hash, alone)
+            made.append(child)
+            parent = child
+        lookup.update(zip(hashes, made, strict=True))
+        return True
+
+    def _remove(self, event: Removed, lookup: dict[int, _Node]) -> None:
+        """``_unbind`` of each named block, with the usual case (the worker's only hash of the
+        prefix) written out: an engine evicts hundreds of blocks in one event."""
+        worker = event.worker
+        pop, minus = lookup.pop, self._minus
+        unknown = 0
+        for block_hash in event.block_hashes:
+            node = pop(block_hash, None)
+            if node is None:
+                unknown += 1
+                continue
+            if node.extra is not None and worker in node.extra:
+                self._unbind(node, worker)
+                continue
+            step = minus.get(node.workers)
+            fewer = None if step is None else step.get(worker)
+            node.workers = fewer if fewer is not None else self._without(node.workers, worker)
+            while node.parent is not None and not node.workers and node.kid is None:
+                node.parent.drop(node)
+                node = node.parent
+        if unknown:
+            self.dropped["unknown_block"] += unknown
 
     def _clear(self, worker: int) -> None:
         lookup = self._lookup[worker]
@@ -218,8 +295,8 @@ class KvIndex:
             return
         node.workers = self._without(node.workers, worker)
         # Drop prefixes nobody holds and nothing hangs under.
-        while node.parent is not None and not node.workers and not node.children:
-            del node.parent.children[node.key]
+        while node.parent is not None and not node.workers and node.kid is None:
+            node.parent.drop(node)
             node = node.parent
 
     def _with(self, workers: frozenset[int], worker: int) -> frozenset[int]:
@@ -263,34 +340,33 @@ class KvIndex:
         scores = [0] * len(self._workers)
         if not local_hashes:
             return scores
-        first = self._root.children.get(local_hashes[0])
+        first = self._root.child(local_hashes[0])
         if first is None or not first.workers:
             return scores
         slot, interned = self._slot, self._interned
         active = first.workers
-        children = first.children
+        node = first
         matched = 1  # blocks matched so far
-        rest = iter(local_hashes)
-        next(rest)
-        try:
-            # Indexing and a final KeyError beat dict.get plus a None test per block.
-            for matched, h in enumerate(rest, 1):
-                node = children[h]
-                workers = node.workers
-                if workers is not active:
-                    kept = active & workers
-                    if len(kept) != len(active):
-                        for w in active - kept:
-                            scores[slot[w]] = matched
-                        if not kept:
-                            return scores
-                    # The interned instance keeps the identity test above working.
-                    active = interned.get(kept, kept)
-                children = node.children
-            else:
-                matched = len(local_hashes)
-        except KeyError:
-            pass
+        for h in local_hashes[1:]:
+            kid = node.kid
+            if kid is None:
+                break
+            if kid.key != h:
+                kid = None if node.kids is None else node.kids.get(h)
+                if kid is None:
+                    break
+            node = kid
+            workers = node.workers
+            if workers is not active:
+                kept = active & workers
+                if len(kept) != len(active):
+                    for w in active - kept:
+                        scores[slot[w]] = matched
+                    if not kept:
+                        return scores
+                # The interned instance keeps the identity test above working.
+                active = interned.get(kept, kept)
+            matched += 1
         for w in active:
             scores[slot[w]] = matched
         return scores

@@ -71,6 +71,7 @@ class DecodeWorker:
         self._finishing: dict[int, list[DecodeSeq]] = {}
         self._starting: list[DecodeSeq] = []
         self._jitter = Jitter(model.jitter, seed)
+        self._aborting = False  # a running sequence was aborted: it leaves at the iteration's end
         self._started_at = 0.0
         self.busy_time = 0.0
 
@@ -133,8 +134,10 @@ class DecodeWorker:
             self.kv_tokens -= seq.prompt_tokens + seq.output_tokens
             if seq.lease is not None:
                 self.cache.release(seq.lease, now)
-        for seq in [s for s in self.running if s.aborted]:
-            self._drop(seq, now)
+        if self._aborting:
+            for seq in [s for s in self.running if s.aborted]:
+                self._drop(seq, now)
+            self._aborting = False
         self.iteration += 1
         return first, done
 
@@ -144,6 +147,7 @@ class DecodeWorker:
         when it ends, its batch slot and KV blocks freed then, not at its last token."""
         if seq in self.running:
             seq.aborted = True
+            self._aborting = True
 
     def _drop(self, seq: DecodeSeq, now: float) -> None:
         """``seq`` out of the batch after its iterations first_iteration..iteration, each of
@@ -171,7 +175,7 @@ class DecodeWorker:
         lease = self.cache.acquire(
             seq.local_hashes[:prompt_blocks], seq.seq_hashes[:prompt_blocks], now
         )
-        if not self.cache.grow(lease, total_blocks - len(lease.blocks)):
+        if not self.cache.grow(lease, total_blocks - lease.held):
             self.cache.release(lease, now)
             return False
         seq.lease = lease

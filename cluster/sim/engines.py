@@ -268,7 +268,7 @@ class DecodeEngine(WallEngine[DecodeSeq]):
             w.uncached_tokens(s.seq_hashes, s.prompt_tokens) for s in waiting if s.prefill_locally
         ) + sum(s.local_prefill_tokens for s in w.running if s.first_token_at is None)
         # Per sequence, as Dynamo counts it: a prefix shared by k sequences counts k times.
-        blocks = sum(len(s.lease.blocks) + s.lease.private for s in w.running if s.lease)
+        blocks = sum(s.lease.held + s.lease.private for s in w.running if s.lease)
         return EngineLoad(
             active_prefill_tokens=prefill,
             active_decode_blocks=blocks,

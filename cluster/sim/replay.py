@@ -26,6 +26,7 @@ from itertools import cycle
 from cluster.sim.cluster import SimCluster, SimRequest
 from cluster.sim.control import ControlLoop, TickSample
 from cluster.sim.loadgen import ClosedLoop, Phase
+from cluster.sim.loop import few_collections
 from cluster.sim.pools import PoolChange
 from cluster.sim.profile import HardwareProfile
 from cluster.sim.records import RequestRecord, summarize
@@ -52,10 +53,10 @@ _STATIC = re.compile(r"static:([0-9]*\.?[0-9]+),([0-9]*\.?[0-9]+)")
 _SLICE_S = 10.0  # virtual seconds run between progress reports
 CALM_CONCURRENCY = 4  # clients of the calm baseline's closed loop (a quarter-loaded 1P/5D)
 CALM_SECONDS = 180.0  # long enough for ~100 long-prompt requests at that concurrency
-# The PoA estimate is refreshed every 5 virtual seconds, not every tick: one costs ~15 ms, an
-# hour of trace has 3,600 ticks, and a window of first tokens moves little in 5 s. The detector
-# and the policy still tick every second.
-POA_EVERY_S = 5.0
+# The PoA estimate is refreshed every 10 virtual seconds, not every tick: one costs ~15 ms and an
+# hour of trace has 3,600 ticks, while its window (256 first tokens, over a minute of Mooncake's
+# traffic) moves by about a tenth in 10 s. The detector and the policy still tick every second.
+POA_EVERY_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -255,12 +256,13 @@ def replay_on_sim(
     loop = cluster.loop
     finished = [0]
     cluster.completion_listeners.append(lambda _: finished.__setitem__(0, finished[0] + 1))
-    while True:
-        loop.run(loop.now + _SLICE_S)
-        if on_progress is not None:
-            on_progress(arrivals.sent, finished[0], loop.now)
-        if arrivals.done and cluster.in_flight == 0:
-            break
+    with few_collections():
+        while True:
+            loop.run(loop.now + _SLICE_S)
+            if on_progress is not None:
+                on_progress(arrivals.sent, finished[0], loop.now)
+            if arrivals.done and cluster.in_flight == 0:
+                break
     end = max((r.finished or 0.0) for r in cluster.records) if cluster.records else 0.0
     return ReplayRun(
         arm=arm,

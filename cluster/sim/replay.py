@@ -21,7 +21,6 @@ import time
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import cycle
 
 from cluster.sim.cluster import SimCluster, SimRequest
 from cluster.sim.control import ControlLoop, TickSample
@@ -33,7 +32,7 @@ from cluster.sim.records import RequestRecord, summarize
 from cluster.sim.scenario import adaptive_controller, unloaded_ttft
 from cluster.sim.views import ViewSettings
 from cluster.traces.prompts import TracePrompts
-from cluster.traces.window import TraceRequest
+from cluster.traces.window import TraceRequest, again
 from controller.controller import RegimeChange
 from controller.detector import Thresholds
 from controller.drain import calm_limit_s
@@ -51,8 +50,11 @@ __all__ = [
 
 _STATIC = re.compile(r"static:([0-9]*\.?[0-9]+),([0-9]*\.?[0-9]+)")
 _SLICE_S = 10.0  # virtual seconds run between progress reports
-CALM_CONCURRENCY = 4  # clients of the calm baseline's closed loop (a quarter-loaded 1P/5D)
-CALM_SECONDS = 180.0  # long enough for ~100 long-prompt requests at that concurrency
+# The calm baseline: the trace's requests one at a time (nobody ahead of them), for 600 s: about
+# 130 of Mooncake's (4-5 s each), thousands of Azure's. Even 4 clients in a closed loop keep one
+# prefill worker busy with Azure's short answers (28 tokens): not calm.
+CALM_CONCURRENCY = 1
+CALM_SECONDS = 600.0
 # The PoA estimate is refreshed every 10 virtual seconds, not every tick: one costs ~15 ms and an
 # hour of trace has 3,600 ticks, while its window (256 first tokens, over a minute of Mooncake's
 # traffic) moves by about a tenth in 10 s. The detector and the policy still tick every second.
@@ -186,15 +188,16 @@ def trace_calm_thresholds(
 ) -> Thresholds:
     """The controller's thresholds for this trace on this deployment: multiples
     (``Thresholds.calibrated``) of the TTFT P99 of a calm closed loop (``CALM_CONCURRENCY``
-    clients) sending the trace's own requests ``calm`` in turn: its traffic, at low load."""
+    client) sending the trace's own requests ``calm`` in turn, each lap as new requests
+    (``cluster.traces.again``): its traffic, with nobody ahead of it."""
     if not calm:
         raise ValueError("the calm baseline needs at least one request of the trace")
     cluster = SimCluster(profile, topology, seed=seed)
-    turn = cycle(calm)
     sent = [0]
 
     def source() -> SimRequest:
-        request = next(turn)
+        lap, k = divmod(sent[0], len(calm))
+        request = again(calm[k], lap)  # a new request each lap: no lap hits another's cache
         tokens, hashes = prompts.prompt(request, cluster.block_size)
         sent[0] += 1
         return SimRequest(f"calm{sent[0]}", tokens, request.output_length, hashes=hashes)

@@ -14,7 +14,13 @@ from cluster.traces.reader import (
     TraceStats,
     sniff_format,
 )
-from cluster.traces.window import ReplayWindow, TraceRequest, parse_window, trace_requests
+from cluster.traces.window import (
+    ReplayWindow,
+    TraceRequest,
+    again,
+    parse_window,
+    trace_requests,
+)
 
 __all__ = [
     "FORMATS",
@@ -28,6 +34,7 @@ __all__ = [
     "TraceRequest",
     "TraceRow",
     "TraceStats",
+    "again",
     "parse_sharing",
     "parse_window",
     "sniff_format",

@@ -24,11 +24,20 @@ from pydantic import Field
 from cluster.models import StrictModel
 from cluster.traces.reader import TraceLineError, TraceRow
 
-__all__ = ["MAX_SPEEDUP", "ReplayWindow", "TraceRequest", "parse_window", "trace_requests"]
+__all__ = [
+    "MAX_SPEEDUP",
+    "ReplayWindow",
+    "TraceRequest",
+    "again",
+    "parse_window",
+    "trace_requests",
+]
 
 MAX_SPEEDUP: Final = 1000.0
 MAX_TRACE_S: Final = 10.0 * 365 * 86400  # a window's bounds: ten years of trace time
 MAX_REQUESTS: Final = 100_000_000
+_LAP_IDS: Final = 1 << 40  # block ids of a lap: above Mooncake's (<2^20) and our requests'
+_U64: Final = (1 << 64) - 1
 
 
 class ReplayWindow(StrictModel):
@@ -116,3 +125,19 @@ def trace_requests(
         index += 1
         if w.max_requests is not None and index >= w.max_requests:
             return
+
+
+def again(request: TraceRequest, lap: int) -> TraceRequest:
+    """``request`` sent once more, on its ``lap``-th round, as a request of its own: its index
+    moved on by ``lap`` · MAX_REQUESTS (a row without ids gets a prompt of its own) and its block
+    ids by ``lap`` · 2^40, modulo 2^64 (its prefixes are new). A closed loop that sends a trace's
+    first requests in turn would otherwise find its earlier laps in the KV caches and measure a
+    capacity, or a calm latency, that the trace's own sharing never gives."""
+    if lap == 0:
+        return request
+    ids = request.block_ids
+    return TraceRequest(
+        request.index + lap * MAX_REQUESTS, request.line, request.arrival_s, request.input_length,
+        request.output_length,
+        None if ids is None else tuple((i + lap * _LAP_IDS) & _U64 for i in ids),
+    )  # fmt: skip

@@ -25,6 +25,7 @@ __all__ = ["Plan", "Settings", "regime_of"]
 class Settings:
     quick: bool = False
     trials: int = 3
+    traces: str | None = None  # where the full traces are (``traces``); None: ../shared/traces
 
     @property
     def seeds(self) -> tuple[int, ...]:

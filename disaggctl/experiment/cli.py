@@ -29,6 +29,7 @@ class ExperimentOptions(StrictModel):
     no_ray: bool = False
     write_docs: bool = False
     docs: Annotated[Path, Field(strict=False)] = Path("docs")
+    traces: Annotated[Path, Field(strict=False)] | None = None
     progress: bool | None = None
     quiet: bool = False
 
@@ -67,9 +68,15 @@ def add_parser(
     p.add_argument(
         "--write-docs",
         action="store_true",
-        help="with all (not --quick): regenerate DOCS/results.md and DOCS/results/",
+        help="not with --quick: regenerate DOCS/results.md and DOCS/results/ (with one "
+        "experiment: its section only, the others' kept)",
     )
     p.add_argument("--docs", type=Path, default=Path("docs"), help="where --write-docs writes")
+    p.add_argument(
+        "--traces", type=Path, default=argparse.SUPPRESS,
+        help="traces: the folder with the full traces (mooncake_conversation.jsonl, "
+        "azure_llm_2023_code.csv); default ../shared/traces, else the slices in data/traces",
+    )  # fmt: skip
     if output_flags:
         output_flags(p)
     p.set_defaults(func=main)
@@ -91,13 +98,13 @@ def _command(o: ExperimentOptions) -> str:
 
 def main(args: argparse.Namespace) -> int:
     o = from_args(ExperimentOptions, args)
-    if o.write_docs and (o.name != "all" or o.quick):
-        raise UsageError("--write-docs needs `all` without --quick (docs hold a full run)")
+    if o.write_docs and o.quick:
+        raise UsageError("--write-docs needs a full run, not --quick (docs hold full runs)")
     names = list(EXPERIMENTS) if o.name == "all" else [o.name]
     written = run(
         names,
         o.out,
-        Settings(quick=o.quick, trials=o.trials),
+        Settings(o.quick, o.trials, None if o.traces is None else str(o.traces)),
         use_ray=not o.no_ray,
         docs=o.docs if o.write_docs else None,
         progress=o.progress,

@@ -26,6 +26,7 @@ __all__ = [
     "markdown_table",
     "render",
     "stat_cell",
+    "update_docs",
     "write_csv",
     "write_docs",
     "write_json",
@@ -127,6 +128,10 @@ def knob_table(knobs: Mapping[str, Any]) -> str:
     for key, value in knobs.items():
         if isinstance(value, float) and math.isfinite(value):
             shown = f"{value:g}"
+        elif isinstance(value, Mapping) and any(isinstance(v, Mapping) for v in value.values()):
+            shown = "(a table of its own, below)"
+        elif isinstance(value, Mapping):
+            shown = "; ".join(f"{k}: {v}" for k, v in value.items())
         elif isinstance(value, list | tuple):
             shown = ", ".join(str(v) for v in value)
         else:
@@ -152,4 +157,32 @@ def write_docs(
     body += [render(s, prefix=f"{name}/{s.name}/") for s in sections]
     path = docs / f"{name}.md"
     path.write_text("\n".join(body))
+    return path
+
+
+def update_docs(sections: Sequence[Section], out: Path, docs: Path, name: str = "results") -> Path:
+    """``docs/<name>.md`` with only ``sections`` regenerated: each replaces its own part (from
+    its ``## title`` to the next ``## ``), or comes last if the page has none; the other
+    experiments' parts and the preamble stay as the last full run wrote them."""
+    path = docs / f"{name}.md"
+    if not path.is_file():
+        raise ValueError(f"{path}: no results page to update; run `all --write-docs` first")
+    text = path.read_text()
+    target = docs / name
+    for section in sections:
+        folder = target / section.name
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        for fig in section.figures:
+            shutil.copy2(out / section.name / fig.file, folder / fig.file)
+        body = render(section, prefix=f"{name}/{section.name}/")
+        heading = f"## {section.title}\n"
+        start = text.find(heading)
+        if start < 0:
+            text = text.rstrip("\n") + "\n\n" + body
+            continue
+        end = text.find("\n## ", start + len(heading))
+        text = text[:start] + body + ("" if end < 0 else text[end + 1 :])
+    path.write_text(text)
     return path

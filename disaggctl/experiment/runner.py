@@ -24,11 +24,18 @@ from typing import Any
 
 from disaggctl.experiment.base import Settings
 from disaggctl.experiment.fanout import available_cores, maybe_ray, run_jobs
-from disaggctl.experiment.report import Section, knob_table, render, write_docs, write_json
+from disaggctl.experiment.report import (
+    Section,
+    knob_table,
+    render,
+    update_docs,
+    write_docs,
+    write_json,
+)
 
 __all__ = ["EXPERIMENTS", "estimate", "load", "run"]
 
-EXPERIMENTS = ("poa", "pareto", "adaptive", "autobid", "auction", "priority")
+EXPERIMENTS = ("poa", "pareto", "adaptive", "autobid", "auction", "priority", "traces")
 # probe() on the machine SECONDS_PER_UNIT were measured on (2 cores, the development container),
 # measured again with them: each is the seconds per unit of the last full `experiment all` run's
 # Ray workers (its JSON's run.seconds_per_unit times run.machine_speed_vs_reference), since the
@@ -152,8 +159,10 @@ def run(
         body = [preamble] + [render(s, prefix=f"{s.name}/") for s in sections]
         (out / "report.md").write_text("\n".join(body))
         written["report"] = str(out / "report.md")
-    if docs is not None:
+    if docs is not None and len(sections) == len(EXPERIMENTS):
         written["docs"] = str(write_docs(sections, out, docs, preamble))
+    elif docs is not None:  # one experiment again: its sections in place, the others kept
+        written["docs"] = str(update_docs(sections, out, docs))
     written["wall_s"] = round(total, 2)
     written["expected_s"] = round(expected, 1)
     _say(quiet, f"done in {_duration(total)} (expected {_duration(expected)})")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench import adaptive, auction, autobidder, common, poa, router, sim
+from bench import adaptive, auction, autobidder, common, poa, replay, router, sim
 
 BENCHES = (adaptive, auction, autobidder, poa, router, sim)
 
@@ -431,3 +431,35 @@ def test_ingress_has_the_output_flags(capsys: pytest.CaptureFixture[str]) -> Non
     assert exit_.value.code == 0
     text = capsys.readouterr().out
     assert all(flag in text for flag in ("--quiet", "--progress", "--no-progress", "--quick"))
+
+
+# -- replay ----------------------------------------------------------------------------------------
+
+
+def _replay_report(speed: float = 105.0, rss: float = 620.0, load_s: float = 7.0,
+                   on_time: float = 1.0, answered: int = 339) -> dict[str, Any]:
+    return {
+        "sim": {"virtual_per_wall": speed, "peak_rss_mib": rss},
+        "load": {"lines": 1_000_000, "seconds": load_s, "added_rss_mib": 1.0},
+        "live": {"requests": 339, "answered": answered, "lateness": {"within_share": on_time}},
+    }
+
+
+def test_replay_meets_its_targets_and_misses_each_one_alone() -> None:
+    assert replay.judge(_replay_report())["met"]
+    for bad, target in (
+        ({"speed": 99.0}, "virtual_per_wall"),
+        ({"rss": 1600.0}, "peak_rss_mib"),
+        ({"load_s": 11.0}, "load_seconds"),
+        ({"on_time": 0.98}, "live_sent_within_50ms"),
+        ({"answered": 338}, "live_all_answered"),
+    ):
+        judged = replay.judge(_replay_report(**bad))
+        assert not judged["met"] and not judged["targets"][target]["met"], target
+
+
+def test_replay_judges_only_the_parts_it_ran() -> None:
+    report = _replay_report()
+    del report["live"], report["load"]
+    assert set(replay.judge(report)["targets"]) == {"virtual_per_wall", "peak_rss_mib"}
+    assert not replay.judge({})["met"]  # nothing measured is no pass

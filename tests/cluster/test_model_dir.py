@@ -10,6 +10,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from cluster.hub_cache import HUB_FILES, default_hf_home, hub_cache_entry
 from cluster.model_dir import (
     CHAT_TEMPLATE,
     DEFAULT_CONTEXT_TOKENS,
@@ -25,6 +26,7 @@ from cluster.model_dir import (
     is_models_own_dir,
     load_words,
     prepare_model_dir,
+    word_token_ids,
 )
 
 FILES = (
@@ -102,6 +104,36 @@ def test_default_model_dir_honours_the_environment(
     monkeypatch.delenv("DISAGG_MODEL_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert default_model_dir() == tmp_path / "cache" / "disaggctl" / "models" / "disagg-tiny"
+    # Another profile's context gets a directory of its own: no service rebuilds another's.
+    other = default_model_dir(4096)
+    assert other == tmp_path / "cache" / "disaggctl" / "models" / "disagg-tiny-ctx4096"
+    assert ChatTokenizer.from_dir(other).context_tokens == 4096
+    assert ChatTokenizer.from_dir(default_model_dir()).context_tokens == DEFAULT_CONTEXT_TOKENS
+
+
+def test_the_word_pieces_are_plain_tokens_of_the_tiny_model(model_dir: Path) -> None:
+    tok = ChatTokenizer.from_dir(model_dir)
+    ids = word_token_ids()
+    assert ids.start == len(SPECIAL_TOKENS) + 256 and len(ids) == 4 * len(load_words())
+    # The first word's four pieces come first: "▁the", "▁The", "the", "The".
+    assert tok.decode(list(ids[:4])) == "the ThetheThe"
+    assert all(0 <= i < tok.vocab_size for i in (ids.start, ids.stop - 1))
+
+
+def test_the_tokenizer_is_laid_out_as_a_hub_cache_entry(model_dir: Path, tmp_path: Path) -> None:
+    """What an offline tool resolving a repo id (huggingface_hub's snapshot_download with
+    local_files_only, as aiperf does) finds: refs/main naming a snapshot with the files."""
+    from huggingface_hub import snapshot_download
+
+    repo = hub_cache_entry(model_dir, tmp_path / "hf")
+    assert repo == f"disaggctl/{model_dir.name}"
+    assert hub_cache_entry(model_dir, tmp_path / "hf") == repo  # idempotent
+    found = Path(snapshot_download(repo, cache_dir=tmp_path / "hf" / "hub", local_files_only=True))
+    assert sorted(p.name for p in found.iterdir()) == sorted(HUB_FILES)
+    assert (found / "tokenizer.json").read_bytes() == (model_dir / "tokenizer.json").read_bytes()
+    entry = tmp_path / "hf" / "hub" / f"models--disaggctl--{model_dir.name}"
+    assert (entry / "refs" / "main").read_text() == found.name and len(found.name) == 40
+    assert default_hf_home().parts[-2:] == ("disaggctl", "hf")
 
 
 def test_the_files_carry_what_dynamo_and_transformers_read(model_dir: Path) -> None:

@@ -245,3 +245,23 @@ def test_each_record_has_exactly_its_specs_fields() -> None:
 def test_check_runs_every_point_of_a_profile_without_crashing() -> None:
     (result,) = check(load_profile("h100-32b"))
     assert result.point.metric == "kv_capacity_tokens" and math.isfinite(result.simulated)
+
+
+def test_each_profile_states_its_models_context() -> None:
+    """The served context is the model's own (its config's max_position_embeddings)."""
+    from cluster.serve.app import MAX_BODY_BYTES, body_limit
+
+    contexts = {name: load_profile(name).context_tokens for name in available_profiles()}
+    assert contexts == {
+        "b200-llama70b-fp8-tp4": 131_072,
+        "b200-nemotron340b-fp8-tp8": 4096,
+        "h100-32b": 32_768,
+    }
+    # A whole context of token ids fits the body (2 MiB at 131,072 tokens), never below 1 MiB.
+    assert body_limit(131_072) == 2 * MAX_BODY_BYTES and body_limit(4096) == MAX_BODY_BYTES
+    raw = yaml.safe_load(PROFILE_DIR.joinpath("b200-llama70b-fp8-tp4.yaml").read_text())
+    with pytest.raises(ConfigError, match="context_tokens"):
+        parse_profile({**raw, "context_tokens": 100})
+    raw.pop("context_tokens")
+    with pytest.raises(ConfigError, match="context_tokens: missing field"):
+        parse_profile(raw)

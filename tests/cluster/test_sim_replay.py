@@ -111,3 +111,34 @@ def test_round_robin_is_a_router_selection() -> None:
     assert SimCluster(PROFILE, "2P/2D", selection="round_robin").decode_router.selection == (
         "round_robin"
     )
+
+
+def test_a_replay_collects_garbage_less_often_and_restores_the_collector() -> None:
+    import gc
+
+    from cluster.sim.loop import few_collections
+
+    before = gc.get_threshold()
+    with few_collections(50_000):
+        assert gc.get_threshold() == (50_000, *before[1:])
+    assert gc.get_threshold() == before
+    with pytest.raises(RuntimeError), few_collections():
+        raise RuntimeError("restored on the way out too")
+    assert gc.get_threshold() == before
+
+
+def test_the_poa_estimate_is_refreshed_at_its_own_period() -> None:
+    from cluster.sim.control import ControlLoop
+    from cluster.sim.scenario import unloaded_ttft
+    from games.poa import MAX_AGE_S, PoaEstimator
+
+    cluster = SimCluster(PROFILE, "2P/2D")
+    estimator = PoaEstimator(256, MAX_AGE_S, unloaded_latency_s=unloaded_ttft(PROFILE))
+    calls: list[float] = []
+    estimate = estimator.estimate
+    estimator.estimate = lambda now=None: calls.append(now) or estimate(now)  # type: ignore[method-assign]
+    ControlLoop(cluster, None, estimator, until=20.0, poa_every_s=5.0)
+    cluster.loop.run(20.0)
+    assert calls == [1.0, 6.0, 11.0, 16.0]  # every tick reads the last one in between
+    with pytest.raises(ValueError, match="poa_every_s"):
+        ControlLoop(cluster, None, estimator, poa_every_s=-1.0)

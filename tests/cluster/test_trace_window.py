@@ -87,3 +87,21 @@ def test_a_reader_is_streamed_not_loaded(tmp_path: Path) -> None:
     stream = trace_requests(reader, ReplayWindow(reorder_s=0.0))
     first = next(stream)
     assert first.line == 1 and reader.stats.lines < 10
+
+
+def test_a_request_sent_again_is_a_request_of_its_own() -> None:
+    from cluster.traces import TracePrompts, TraceRequest, again
+
+    first = TraceRequest(3, 4, 1.5, 1200, 40, (7, 8, 9))
+    assert again(first, 0) is first
+    later = again(first, 2)
+    assert (later.line, later.arrival_s, later.input_length) == (4, 1.5, 1200)
+    assert later.index != first.index and set(later.block_ids or ()).isdisjoint((7, 8, 9))
+    prompts = TracePrompts(512)
+    a, b = prompts.tokens(first), prompts.tokens(later)
+    assert not (a[:16] == b[:16]).all()  # no prefix in common: no lap hits another's cache
+    bare = TraceRequest(3, 4, 0.0, 600, 5, None)  # a row without ids: a new index, a new prompt
+    unique = TracePrompts(None)
+    assert not (unique.tokens(bare)[:16] == unique.tokens(again(bare, 1))[:16]).all()
+    wrapped = again(TraceRequest(0, 1, 0.0, 10, 1, (2**64 - 1,)), 1)
+    assert wrapped.block_ids is not None and 0 <= wrapped.block_ids[0] < 2**64

@@ -14,7 +14,7 @@ from disaggctl.cli import build_parser, main
     [
         ["experiment", "poa", "--trials", "0"],
         ["experiment", "all", "--quick", "--write-docs"],
-        ["experiment", "poa", "--write-docs"],
+        ["experiment", "poa", "--quick", "--write-docs"],
     ],
 )
 def test_bad_flags_exit_2(

@@ -42,6 +42,7 @@ __all__ = [
     "AuctionOptions",
     "DemoOptions",
     "SimCalibrateOptions",
+    "SimExportOptions",
     "SimRunOptions",
     "UsageError",
     "from_args",
@@ -166,6 +167,18 @@ class SimRunOptions(_Output):
 
 class SimCalibrateOptions(_Output):
     profile: list[Profile] | None = None  # None: every profile
+
+
+def _npz(path: Path) -> Path:
+    if path.suffix != ".npz":
+        raise ValueError("must name an .npz file")
+    writable_dir(path.parent if str(path.parent) else Path("."))
+    return path
+
+
+class SimExportOptions(StrictModel):
+    profile: Profile = "b200-llama70b-fp8-tp4"
+    out: Annotated[Path, Field(strict=False), AfterValidator(_npz)]
 
 
 # ---- from argparse, errors by flag ------------------------------------------------------------

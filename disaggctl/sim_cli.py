@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -22,6 +23,7 @@ from disaggctl.options import (
     MAX_PREFILL_WORKERS,
     MIN_HOLD_S,
     SimCalibrateOptions,
+    SimExportOptions,
     SimRunOptions,
     from_args,
 )
@@ -104,6 +106,21 @@ def add_parser(
         output_flags(calibrate)
     calibrate.set_defaults(func=_calibrate)
 
+    export = verbs.add_parser(
+        "export-dynamo",
+        help="a profile as the external timing model of Dynamo's mocker (.npz)",
+        description="Write --profile's prefill and decode costs as the lookup tables Dynamo's "
+        "replay reads (`timing_model: {type: external, provider: dynamo_profile, config: {path: "
+        "FILE}}`), so Dynamo's simulator runs our engine (cluster/sim/dynamo_profile.py).",
+        formatter_class=formatter,
+    )
+    export.add_argument(
+        "--profile", default="b200-llama70b-fp8-tp4", choices=available_profiles(),
+        help="hardware profile (cluster/sim/profiles)",
+    )  # fmt: skip
+    export.add_argument("--out", type=Path, required=True, help="the .npz file to write")
+    export.set_defaults(func=_export_dynamo)
+
 
 def _default_topologies() -> list[str]:
     """``name xP/yD`` per profile for the help; a broken profile file must not break --help."""
@@ -141,6 +158,15 @@ def _run(args: argparse.Namespace) -> int:
         "phases": phases,
     }
     print(strict_dumps(report, indent=2))
+    return 0
+
+
+def _export_dynamo(args: argparse.Namespace) -> int:
+    from cluster.sim.dynamo_profile import write_dynamo_profile
+
+    o = from_args(SimExportOptions, args)
+    path = write_dynamo_profile(load_profile(o.profile), o.out)
+    print(strict_dumps({"profile": o.profile, "npz": str(path)}))
     return 0
 
 

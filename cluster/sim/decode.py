@@ -1,8 +1,9 @@
 """A decode worker: continuous batching over a block KV cache.
 
-Each iteration every running sequence emits one token; it takes (d0 + d1·batch + d2·kv)·ε seconds,
-ε lognormal with mean 1 (``jitter`` its coefficient of variation), plus the local prefill of any
-sequence admitted with a few uncached tokens. Waiting sequences are admitted in (priority,
+Each iteration every running sequence emits one token; it takes (d0 + d1·batch + d2·kv +
+d3·kv²)·ε seconds (``DecodeModel.step_s``), ε lognormal with mean 1 (``jitter`` its
+coefficient of variation), plus the local prefill of any sequence admitted with a few uncached
+tokens. Waiting sequences are admitted in (priority,
 arrival) order (``cluster/sim/engine_queue.py``), the first when the batch has room and the KV
 memory holds its prompt and all its output (no preemption; the head of the queue blocks). Its
 first token comes at the end of its first iteration.
@@ -107,7 +108,7 @@ class DecodeWorker:
         batch = len(self.running)
         if batch == 0:
             return None
-        base = m.d0_s + m.d1_s_per_seq * batch + m.d2_s_per_kv_token * self.kv_tokens
+        base = m.step_s(batch, self.kv_tokens)
         duration = (
             base * self._jitter()
             + m.local_prefill_s_per_token * local

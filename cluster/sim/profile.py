@@ -97,14 +97,16 @@ def attention_pairs(new: int, before: int) -> float:
 @dataclass(frozen=True)
 class PrefillModel(_Checked):
     """Chunked prefill. An iteration over chunks (kᵢ new tokens after cᵢ computed ones, one per
-    request) takes ``iteration_s`` · ε seconds,
+    request, K = Σᵢ kᵢ) takes ``iteration_s`` · ε seconds,
 
-        a + Σᵢ (b·kᵢ + e·kᵢ·(cᵢ + kᵢ/2) + c_r),
+        a + Σᵢ (b·kᵢ + e·kᵢ·(cᵢ + kᵢ/2) + c_r) + f·K²,
 
-    (a, b, e, c_r: ``a_s``, ``b_s_per_token``, ``e_s_per_token_pair``, ``c_s_per_request``), ε
-    lognormal with mean 1 and coefficient of variation ``jitter``; at most ``max_batch_tokens``
-    / ``max_batch_requests`` per iteration. The e term is attention (superlinear in context);
-    b covers the weights' matmuls, linear in tokens."""
+    (a, b, e, c_r, f: ``a_s``, ``b_s_per_token``, ``e_s_per_token_pair``, ``c_s_per_request``,
+    ``f_s_per_iteration_token_sq``), ε lognormal with mean 1 and coefficient of variation
+    ``jitter``; at most ``max_batch_tokens`` / ``max_batch_requests`` per iteration. The e term
+    is attention (superlinear in context); b covers the weights' matmuls, linear in tokens; f is
+    a quadratic fitted on the iteration's total, Dynamo's mocker's form (0 in the B200
+    profiles, which state attention instead)."""
 
     _spec = PrefillSpec
     a_s: float
@@ -115,6 +117,7 @@ class PrefillModel(_Checked):
     max_batch_requests: int
     kv_capacity_tokens: int
     e_s_per_token_pair: float = 0.0  # hand-built records: no attention term unless given
+    f_s_per_iteration_token_sq: float = 0.0
 
     def iteration_s(self, chunks: Iterable[tuple[int, int]]) -> float:
         """The iteration's cost before jitter; ``chunks``: (kᵢ new, cᵢ before) per request."""
@@ -128,15 +131,18 @@ class PrefillModel(_Checked):
             + self.b_s_per_token * tokens
             + self.e_s_per_token_pair * pairs
             + self.c_s_per_request * requests
+            + self.f_s_per_iteration_token_sq * tokens * tokens
         )
 
 
 @dataclass(frozen=True)
 class DecodeModel(_Checked):
     """Continuous batching: an iteration over ``batch`` sequences holding ``kv`` tokens takes
-    (d0 + d1·batch + d2·kv)·ε seconds, ε lognormal with mean 1 and coefficient of variation
-    ``jitter``. A prompt with at most ``local_prefill_max_tokens`` uncached tokens is prefilled
-    in the decode iteration (``local_prefill_s_per_token`` each) instead of remotely."""
+    (d0 + d1·batch + d2·kv + d3·kv²)·ε seconds, ε lognormal with mean 1 and coefficient of
+    variation ``jitter`` (d3, ``d3_s_per_kv_token_sq``: 0 in the B200 profiles; Dynamo's
+    mocker's step is a quadratic in the KV held). A prompt with at most
+    ``local_prefill_max_tokens`` uncached tokens is prefilled in the decode iteration
+    (``local_prefill_s_per_token`` each) instead of remotely."""
 
     _spec = DecodeSpec
     d0_s: float
@@ -147,6 +153,16 @@ class DecodeModel(_Checked):
     kv_capacity_tokens: int
     local_prefill_max_tokens: int
     local_prefill_s_per_token: float
+    d3_s_per_kv_token_sq: float = 0.0
+
+    def step_s(self, batch: int, kv_tokens: int) -> float:
+        """An iteration's cost before jitter and local prefill."""
+        return (
+            self.d0_s
+            + self.d1_s_per_seq * batch
+            + self.d2_s_per_kv_token * kv_tokens
+            + self.d3_s_per_kv_token_sq * kv_tokens * kv_tokens
+        )
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,10 @@ class PrefillSpec(StrictModel):
     # Attention: seconds per (query, key) token pair (PrefillModel). No default in a profile:
     # each states its own, derived from its architecture and GPU in the YAML.
     e_s_per_token_pair: float = Field(ge=0, le=1e-3)
+    # Seconds per (new token of the iteration)²: a quadratic fitted on the iteration's total
+    # new tokens, as Dynamo's mocker times a pass (PrefillModel). 0 for a model whose quadratic
+    # cost is each request's attention (e).
+    f_s_per_iteration_token_sq: float = Field(default=0.0, ge=0, le=1e-3)
     jitter: float = Field(ge=0, le=1)  # coefficient of variation of the lognormal factor
     max_batch_tokens: int = Field(ge=1, le=1 << 20)
     max_batch_requests: int = Field(ge=1, le=1 << 16)
@@ -77,11 +81,27 @@ class DecodeSpec(StrictModel):
     d0_s: float = Field(gt=0, le=10)  # > 0: every iteration reads the weights (and time moves)
     d1_s_per_seq: float = Field(ge=0, le=1)
     d2_s_per_kv_token: float = Field(ge=0, le=1)
+    # Seconds per (KV token held)²: the curvature of a step's time in the KV it reads, as
+    # Dynamo's mocker has it (negative there: its time flattens as the cache fills). 0 for the
+    # linear model.
+    d3_s_per_kv_token_sq: float = Field(default=0.0, ge=-1e-6, le=1e-6)
     jitter: float = Field(ge=0, le=1)
     max_batch: int = Field(ge=1, le=1 << 16)
     kv_capacity_tokens: int = Field(ge=1, le=10**9)
     local_prefill_max_tokens: int = Field(ge=0, le=10**7)
     local_prefill_s_per_token: float = Field(ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _steps_take_time(self) -> DecodeSpec:
+        # A quadratic in the KV held takes its least value over [0, capacity] at an end (it is
+        # concave when d3 < 0): positive there, positive throughout (and time moves).
+        full = self.kv_capacity_tokens
+        at_full = self.d0_s + self.d2_s_per_kv_token * full + self.d3_s_per_kv_token_sq * full**2
+        if at_full <= 0:
+            raise ValueError(
+                f"d3_s_per_kv_token_sq: a step with the cache full would take {at_full:g} s"
+            )
+        return self
 
 
 class LinkSpec(StrictModel):

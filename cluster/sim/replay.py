@@ -46,6 +46,7 @@ __all__ = [
     "parse_arm",
     "replay_on_sim",
     "trace_calm_thresholds",
+    "trace_capacity_rps",
 ]
 
 _STATIC = re.compile(r"static:([0-9]*\.?[0-9]+),([0-9]*\.?[0-9]+)")
@@ -55,6 +56,9 @@ _SLICE_S = 10.0  # virtual seconds run between progress reports
 # prefill worker busy with Azure's short answers (28 tokens): not calm.
 CALM_CONCURRENCY = 1
 CALM_SECONDS = 600.0
+# The capacity probe: enough clients to keep every prefill worker's batches full on long
+# prompts, long enough to leave its ramp and warm-up behind.
+PROBE_CLIENTS, PROBE_S, PROBE_WARMUP_S = 64, 150.0, 30.0
 # The PoA estimate is refreshed every 10 virtual seconds, not every tick: one costs ~15 ms and an
 # hour of trace has 3,600 ticks, while its window (256 first tokens, over a minute of Mooncake's
 # traffic) moves by about a tenth in 10 s. The detector and the policy still tick every second.
@@ -173,10 +177,30 @@ class ReplayRun:
             "throughput_rps": done / self.end_s if self.end_s > 0 else math.nan,
             "prefix_reuse": s.cache_hit_rate,
             "resplits": len(self.resplits),
-            "regime_changes": len(self.changes),
+            # The controller's first record is its start (the calm policy pushed): not a switch.
+            "regime_changes": max(0, len(self.changes) - 1),
             "virtual_s": self.end_s,
             "wall_s": self.wall_s,
         }
+
+
+def _in_turn(
+    cluster: SimCluster, requests: Sequence[TraceRequest], prompts: TracePrompts, prefix: str
+) -> Callable[[], SimRequest]:
+    """A closed loop's source: ``requests`` in turn, each lap as new requests
+    (``cluster.traces.again``), so that no lap finds another's blocks in the caches."""
+    if not requests:
+        raise ValueError("a closed loop over a trace needs at least one of its requests")
+    sent = [0]
+
+    def source() -> SimRequest:
+        lap, k = divmod(sent[0], len(requests))
+        request = again(requests[k], lap)
+        tokens, hashes = prompts.prompt(request, cluster.block_size)
+        sent[0] += 1
+        return SimRequest(f"{prefix}{sent[0]}", tokens, request.output_length, hashes=hashes)
+
+    return source
 
 
 def trace_calm_thresholds(
@@ -188,26 +212,35 @@ def trace_calm_thresholds(
 ) -> Thresholds:
     """The controller's thresholds for this trace on this deployment: multiples
     (``Thresholds.calibrated``) of the TTFT P99 of a calm closed loop (``CALM_CONCURRENCY``
-    client) sending the trace's own requests ``calm`` in turn, each lap as new requests
-    (``cluster.traces.again``): its traffic, with nobody ahead of it."""
+    client) sending the trace's own requests ``calm`` in turn: its traffic, with nobody ahead."""
     if not calm:
         raise ValueError("the calm baseline needs at least one request of the trace")
     cluster = SimCluster(profile, topology, seed=seed)
-    sent = [0]
-
-    def source() -> SimRequest:
-        lap, k = divmod(sent[0], len(calm))
-        request = again(calm[k], lap)  # a new request each lap: no lap hits another's cache
-        tokens, hashes = prompts.prompt(request, cluster.block_size)
-        sent[0] += 1
-        return SimRequest(f"calm{sent[0]}", tokens, request.output_length, hashes=hashes)
-
+    source = _in_turn(cluster, calm, prompts, "calm")
     load = ClosedLoop(cluster, source, [Phase(CALM_SECONDS, CALM_CONCURRENCY, 5.0)])
     cluster.loop.run(load.end)
     baseline = summarize(cluster.records, 10.0, load.end).ttft_p99_s
     if not math.isfinite(baseline) or baseline <= 0:
         raise ValueError(f"the calm baseline measured no TTFT ({baseline}); the trace is empty?")
     return Thresholds.calibrated(baseline)
+
+
+def trace_capacity_rps(
+    profile: HardwareProfile,
+    topology: str,
+    requests: Sequence[TraceRequest],
+    prompts: TracePrompts,
+    seed: int = 0,
+) -> float:
+    """X_max: the throughput of a saturating closed loop (``PROBE_CLIENTS``) sending the trace's
+    requests in turn (their prompt and output lengths, their sharing) on this deployment; the
+    arrival rate past which its queues grow. Loads are chosen as shares of it."""
+    cluster = SimCluster(profile, topology, seed=seed)
+    source = _in_turn(cluster, requests, prompts, "probe")
+    load = ClosedLoop(cluster, source, [Phase(PROBE_S, PROBE_CLIENTS, 5.0)])
+    with few_collections():
+        cluster.loop.run(load.end)
+    return summarize(cluster.records, PROBE_WARMUP_S, load.end).throughput_rps
 
 
 def replay_on_sim(

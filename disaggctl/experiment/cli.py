@@ -11,7 +11,7 @@ from pydantic import AfterValidator, Field
 
 from cluster.models import StrictModel
 from disaggctl.experiment.base import Settings
-from disaggctl.experiment.runner import EXPERIMENTS, run
+from disaggctl.experiment.runner import EXPERIMENTS, OPTIONAL, run
 from disaggctl.jsonout import strict_dumps
 from disaggctl.options import UsageError, from_args, writable_dir
 
@@ -49,7 +49,10 @@ def add_parser(
         "--quick: a reduced version of everything (a few minutes on 2 cores).",
         formatter_class=formatter,
     )
-    p.add_argument("name", choices=[*EXPERIMENTS, "all"], help="which experiment")
+    p.add_argument(
+        "name", choices=[*EXPERIMENTS, *OPTIONAL, "all"],
+        help=f"which experiment (all: every one but {', '.join(OPTIONAL)}, which needs Dynamo)",
+    )  # fmt: skip
     p.add_argument(
         "--out", type=Path, default=Path("results/experiments"), help="results folder (created)"
     )

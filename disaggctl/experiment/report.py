@@ -140,11 +140,30 @@ def knob_table(knobs: Mapping[str, Any]) -> str:
     return markdown_table(("knob", "value"), rows)
 
 
+def _parts(text: str, titles: Sequence[str]) -> list[str]:
+    """The parts of a results page under the ``## title`` headings given, as they stand."""
+    kept = []
+    for title in titles:
+        start = text.find(f"## {title}\n")
+        if start >= 0:
+            end = text.find("\n## ", start + 1)
+            kept.append(text[start:] if end < 0 else text[start : end + 1])
+    return kept
+
+
 def write_docs(
-    sections: Sequence[Section], out: Path, docs: Path, preamble: str, name: str = "results"
+    sections: Sequence[Section],
+    out: Path,
+    docs: Path,
+    preamble: str,
+    name: str = "results",
+    keep: Sequence[str] = (),
 ) -> Path:
     """``docs/<name>.md`` from ``sections``, every figure copied to ``docs/<name>/<exp>/``
-    (relative links, so the page renders on GitHub and in any Markdown viewer)."""
+    (relative links, so the page renders on GitHub and in any Markdown viewer). The parts of
+    the old page titled ``keep`` (experiments this run did not run) stay, after the new ones."""
+    old = docs / f"{name}.md"
+    kept = _parts(old.read_text(), keep) if old.is_file() else []
     target = docs / name
     for section in sections:
         folder = target / section.name
@@ -155,6 +174,7 @@ def write_docs(
             shutil.copy2(out / section.name / fig.file, folder / fig.file)
     body = [preamble.strip() + "\n"]
     body += [render(s, prefix=f"{name}/{s.name}/") for s in sections]
+    body += kept
     path = docs / f"{name}.md"
     path.write_text("\n".join(body))
     return path

@@ -23,11 +23,17 @@ import math
 from pathlib import Path
 from typing import Any
 
-from cluster.sim.loadgen import ClosedLoop, Phase
 from cluster.sim.profile import load_profile
-from cluster.sim.records import summarize
-from cluster.sim.replay import parse_arm, replay_on_sim, trace_calm_thresholds
-from cluster.traces import ReplayWindow, TracePrompts, TraceReader, again, trace_requests
+from cluster.sim.replay import (
+    PROBE_CLIENTS,
+    PROBE_S,
+    PROBE_WARMUP_S,
+    parse_arm,
+    replay_on_sim,
+    trace_calm_thresholds,
+    trace_capacity_rps,
+)
+from cluster.traces import ReplayWindow, TracePrompts, TraceReader, trace_requests
 from controller.detector import Thresholds
 from disaggctl.experiment.base import Plan, Settings
 from disaggctl.experiment.fanout import Job
@@ -51,7 +57,7 @@ TRACES = {  # name: (the full trace's file, the shipped slice's)
 }
 ARMS = ("static:0,1", "static:0.8,0.1", "adaptive", "adaptive+resplit")
 LOADS = (0.5, 0.9, 1.3)  # f: the arrival rate as a share of the measured capacity X_max
-PROBE_CLIENTS, PROBE_REQUESTS, PROBE_S, PROBE_WARMUP_S = 64, 512, 150.0, 30.0
+PROBE_REQUESTS = 512  # the capacity probe sends the trace's first requests in turn
 CALM_REQUESTS = 256
 KEYS = (
     "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "throughput_rps", "prefix_reuse", "resplits",
@@ -70,27 +76,12 @@ def trace_path(name: str, settings: Settings) -> Path:
 
 
 def capacity_rps(path: Path, topology: str, seed: int = 0) -> float:
-    """X_max: the throughput of a saturating closed loop sending the trace's first requests in
-    turn (its own prompt and output lengths and sharing) on this deployment."""
-    from cluster.sim.cluster import SimCluster, SimRequest
-
-    profile = load_profile(PROFILE)
+    """X_max of this deployment for the trace's first ``PROBE_REQUESTS`` requests
+    (``cluster.sim.replay.trace_capacity_rps``)."""
     reader = TraceReader(path)
     first = list(trace_requests(reader, ReplayWindow(max_requests=PROBE_REQUESTS)))
     prompts = TracePrompts(reader.block_tokens, seed=seed)
-    cluster = SimCluster(profile, topology, seed=seed)
-    sent = [0]
-
-    def source() -> SimRequest:
-        lap, k = divmod(sent[0], len(first))
-        request = again(first[k], lap)  # a new request each lap: no lap hits another's cache
-        sent[0] += 1
-        tokens, hashes = prompts.prompt(request, cluster.block_size)
-        return SimRequest(f"p{sent[0]}", tokens, request.output_length, hashes=hashes)
-
-    load = ClosedLoop(cluster, source, [Phase(PROBE_S, PROBE_CLIENTS, 5.0)])
-    cluster.loop.run(load.end)
-    return summarize(cluster.records, PROBE_WARMUP_S, load.end).throughput_rps
+    return trace_capacity_rps(load_profile(PROFILE), topology, first, prompts, seed)
 
 
 def window_rate(path: Path, window_s: float) -> tuple[float, int]:
@@ -221,11 +212,13 @@ def verdicts(data: dict[str, Any]) -> str:
                     tied.append(where)
                 else:
                     (lost if ratio > 1 else won).append(where)
-            lines.append(
-                f"- {name}, {arm}: loses at {', '.join(lost) or 'no load'}; wins at "
-                f"{', '.join(won) or 'no load'}; level with static:0,1 at "
-                f"{', '.join(tied) or 'no load'} (within 2 s.e. or 1%)."
-            )
+            parts = [
+                f"loses at {', '.join(lost)}" if lost else "loses nowhere",
+                f"wins at {', '.join(won)}" if won else "wins nowhere",
+            ]
+            if tied:
+                parts.append(f"level with static:0,1 (within 2 s.e. or 1%) at {', '.join(tied)}")
+            lines.append(f"- {name}, {arm}: " + "; ".join(parts) + ".")
     return "\n".join(lines)
 
 
@@ -247,7 +240,8 @@ def regimes(data: dict[str, Any], setup: dict[str, Any]) -> str:
     )
     return (
         f"The adaptive arms changed regime at {', '.join(moved) or 'no load'}; they stayed "
-        f"`below`, acting as static:0,1 does, at {', '.join(dict.fromkeys(still)) or 'no load'}. "
+        f"`below`, acting as static:0,1 does, at {', '.join(dict.fromkeys(still)) or 'no load'}"
+        ". "
         f"Their thresholds are 5× and 15× the calm TTFT P99 of each trace's own requests "
         f"({theta}): on Mooncake the calm P99 is the prefill of its longest prompts (tens of "
         f"thousands of tokens) with nobody ahead, so a queue must add tens of seconds before the "

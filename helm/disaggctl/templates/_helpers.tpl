@@ -40,7 +40,7 @@ app.kubernetes.io/component: ray
 
 {{/* TP (GPUs per worker): workers.tp, else the profile's (cluster/sim/profiles/*.yaml). */}}
 {{- define "disaggctl.tp" -}}
-{{- $profiles := dict "b200-llama70b-fp8-tp4" 4 "b200-nemotron340b-fp8-tp8" 8 "h100-32b" 1 -}}
+{{- $profiles := dict "b200-llama70b-fp8-tp4" 4 "b200-nemotron340b-fp8-tp8" 8 "dynamo-mocker" 1 "h100-32b" 1 -}}
 {{- if .Values.workers.tp -}}
 {{- .Values.workers.tp -}}
 {{- else if hasKey $profiles .Values.config.profile -}}

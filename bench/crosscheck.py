@@ -31,7 +31,7 @@ import math
 import multiprocessing
 import sys
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ if not __package__:  # run as a file: bench/ must not shadow the project's packa
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from bench.common import add_output_flags, emit, holds, verdict
+from cluster.progress import progress_bar
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
@@ -105,9 +106,7 @@ def ours(
     return {k: s[k] for k in (*KEYS, "requests", "completed", "wall_s")}
 
 
-def theirs(
-    trace: str, profile: str, topology: str, arm: str, speedup: float
-) -> dict[str, Any]:
+def theirs(trace: str, profile: str, topology: str, arm: str, speedup: float) -> dict[str, Any]:
     from cluster.dynamo.replay import DynamoArm, dynamo_replay
     from cluster.sim.profile import load_profile
 
@@ -208,7 +207,9 @@ def assemble(
     }
 
 
-def run_part(part: str, trace: str, pool: ProcessPoolExecutor) -> dict[str, Any]:
+def run_part(
+    part: str, trace: str, pool: ProcessPoolExecutor, *, progress: bool | None, quiet: bool
+) -> dict[str, Any]:
     profile = PROFILES[part]
     caps = dict(
         zip(
@@ -218,8 +219,13 @@ def run_part(part: str, trace: str, pool: ProcessPoolExecutor) -> dict[str, Any]
         )
     )
     points = points_of(trace, caps)
-    jobs = {key: pool.submit(fn, *args) for key, fn, args in runs_of(part, trace, points)}
-    got = {key: job.result() for key, job in jobs.items()}
+    jobs = {pool.submit(fn, *args): key for key, fn, args in runs_of(part, trace, points)}
+    got: dict[Any, Any] = {}
+    bar = progress_bar(total=len(jobs), progress=progress, quiet=quiet, desc=f"crosscheck {part}")
+    with bar:
+        for job in as_completed(jobs):
+            got[jobs[job]] = job.result()
+            bar.update()
     return assemble(part, caps, points, got, _rate(trace))
 
 
@@ -333,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         trace = str(write_slice(args.trace, args.requests, Path(tmp) / "slice.jsonl"))
         for part in parts:
-            report[part] = run_part(part, trace, pool)
+            report[part] = run_part(part, trace, pool, progress=args.progress, quiet=args.quiet)
     return emit("crosscheck", judge(report), report, args.quiet)
 
 

@@ -6,8 +6,9 @@ router in one process, in virtual time. :func:`dynamo_replay` runs a Mooncake tr
 on a disaggregated topology with one router arm, and returns the figures our own replay reports
 (``cluster.sim.replay.ReplayRun.summary``), under the same names:
 
-- ``kv_router`` at (τ, ω): ``KvRouterConfig(router_temperature=τ, overlap_score_weight=ω)``,
-  on both pools; ``round_robin``: Dynamo's baseline router mode;
+- ``kv_router`` at (τ, ω): ``KvRouterConfig(router_temperature=τ, prefill_load_scale=ω)``
+  (1.6's name for the overlap weight; ``overlap_score_weight`` is its deprecated alias), on
+  both pools; ``round_robin``: Dynamo's baseline router mode;
 - the engines of one of our hardware profiles (:func:`engines_of`): its KV block, its caches'
   capacities and its batch limits, timed by the mocker's own default polynomial for the
   ``dynamo-mocker`` profile and by the profile's external tables (``cluster.sim.dynamo_profile``,
@@ -101,7 +102,7 @@ def dynamo_replay(
         raise ValueError(f"Dynamo's disaggregated replay needs a prefill worker, got {topology}")
     router = None
     if arm.mode == "kv_router":
-        router = KvRouterConfig(router_temperature=arm.tau, overlap_score_weight=arm.omega)
+        router = KvRouterConfig(router_temperature=arm.tau, prefill_load_scale=arm.omega)
     with tempfile.TemporaryDirectory(prefix="dynamo-replay-") as tmp:
         prefill, decode = engines_of(profile, Path(tmp))
         report = Path(requests_out) if requests_out else Path(tmp) / "requests.jsonl"

@@ -31,7 +31,8 @@ TITLE = "crosscheck: our simulator against Dynamo's replay"
 # A unit is one replay of 3,000 requests (ours 3-9 s, Dynamo's ~1 s): 6.5 s measured on the
 # reference machine, 90 replays on 2 workers.
 SECONDS_PER_UNIT = 6.5
-UNIT_REQUESTS = 3000
+UNIT_REQUESTS = 3000  # the full run's slice
+QUICK_REQUESTS = 300
 PARTS = ("mocker", "b200")
 
 
@@ -44,7 +45,7 @@ def _trace(settings: Settings, requests: int) -> str:
 
 def plan(settings: Settings) -> Plan:
     B = bench_module("crosscheck")
-    requests = 300 if settings.quick else 3000
+    requests = QUICK_REQUESTS if settings.quick else UNIT_REQUESTS
     trace = _trace(settings, requests)
     parts: dict[str, Any] = {}
     jobs: list[Job] = []

@@ -20,6 +20,9 @@ paired ratio), mean ± 1 s.e. over prompt-synthesis seeds.
 from __future__ import annotations
 
 import math
+import multiprocessing
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +39,7 @@ from cluster.sim.replay import (
 from cluster.traces import ReplayWindow, TracePrompts, TraceReader, trace_requests
 from controller.detector import Thresholds
 from disaggctl.experiment.base import Plan, Settings
-from disaggctl.experiment.fanout import Job
+from disaggctl.experiment.fanout import Job, available_cores
 from disaggctl.experiment.report import Section, markdown_table, stat_cell, write_csv
 from disaggctl.experiment.stats import fmt, mean_se, summarise
 from disaggctl.experiment.traces_plots import plot_loads
@@ -84,6 +87,41 @@ def capacity_rps(path: Path, topology: str, seed: int = 0) -> float:
     return trace_capacity_rps(load_profile(PROFILE), topology, first, prompts, seed)
 
 
+ProbeKey = tuple[str, int, int, str]  # (resolved path, size, mtime ns, topology)
+_PROBED: dict[ProbeKey, tuple[float, Thresholds]] = {}
+
+
+def probes(pairs: Sequence[tuple[Path, str]]) -> dict[tuple[Path, str], tuple[float, Thresholds]]:
+    """(X_max, the calm thresholds) of each (trace, topology): the same for every window and
+    seed, so a process measures each once per file (a plan for ``--quick``, the full run and
+    ``--trials`` share them; a file changed in place is measured again). The missing ones run
+    in parallel, one process per core: they are simulations, like the jobs."""
+    keys = {pair: _key(*pair) for pair in pairs}
+    missing = sorted({k for k in keys.values() if k not in _PROBED})
+    if len(missing) > 1 and available_cores() > 1:
+        ctx = multiprocessing.get_context("spawn")
+        workers = min(len(missing), available_cores())
+        with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+            _PROBED.update(zip(missing, pool.map(_probe, missing), strict=True))
+    else:
+        _PROBED.update((k, _probe(k)) for k in missing)
+    return {pair: _PROBED[k] for pair, k in keys.items()}
+
+
+def _key(path: Path, topology: str) -> ProbeKey:
+    stat = path.stat()
+    return (str(path.resolve()), stat.st_size, stat.st_mtime_ns, topology)
+
+
+def _probe(key: ProbeKey) -> tuple[float, Thresholds]:
+    path, _, _, topology = key
+    reader = TraceReader(Path(path))
+    calm = list(trace_requests(reader, ReplayWindow(max_requests=CALM_REQUESTS)))
+    prompts = TracePrompts(reader.block_tokens)
+    thresholds = trace_calm_thresholds(load_profile(PROFILE), topology, calm, prompts)
+    return capacity_rps(Path(path), topology), thresholds
+
+
 def window_rate(path: Path, window_s: float) -> tuple[float, int]:
     """(mean arrival rate, requests) over the trace's first ``window_s`` seconds."""
     count = sum(1 for _ in trace_requests(TraceReader(path), ReplayWindow(duration_s=window_s)))
@@ -92,19 +130,14 @@ def window_rate(path: Path, window_s: float) -> tuple[float, int]:
 
 def plan(settings: Settings) -> Plan:
     window_s = 120.0 if settings.quick else 1200.0
-    profile = load_profile(PROFILE)
     traces: dict[str, dict[str, Any]] = {}
     jobs: list[Job] = []
-    for name in TRACES:
-        path = trace_path(name, settings)
+    paths = {name: trace_path(name, settings) for name in TRACES}
+    measured = probes([(path, topology) for path in paths.values() for topology in TOPOLOGIES])
+    for name, path in paths.items():
         rate, count = window_rate(path, window_s)
-        reader = TraceReader(path)
-        calm = list(trace_requests(reader, ReplayWindow(max_requests=CALM_REQUESTS)))
         for topology in TOPOLOGIES:
-            x_max = capacity_rps(path, topology)
-            t = trace_calm_thresholds(
-                profile, topology, calm, TracePrompts(reader.block_tokens)
-            )  # fmt: skip
+            x_max, t = measured[(path, topology)]
             speedups = {f: round(f * x_max / rate, 3) for f in LOADS}
             traces[f"{name} {topology}"] = {
                 "file": _shown(path),
@@ -254,13 +287,25 @@ def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: S
     section.text(
         "Per trace, its window, capacity and the speed-ups chosen from it:\n\n"
         + markdown_table(
-            ("trace, deployment", "file", "requests", "mean req/s", "X_max req/s", "speed-ups",
-             "θ1, θ2 s"),
+            (
+                "trace, deployment",
+                "file",
+                "requests",
+                "mean req/s",
+                "X_max req/s",
+                "speed-ups",
+                "θ1, θ2 s",
+            ),
             [
-                (n, t["file"], t["requests in the window"], t["mean rate (req/s)"],
-                 t["capacity X_max (req/s)"],
-                 ", ".join(f"{f:g}: ×{s:g}" for f, s in t["speed-ups (f: ×)"].items()),
-                 ", ".join(fmt(x) for x in t["thresholds θ1, θ2 (s)"]))
+                (
+                    n,
+                    t["file"],
+                    t["requests in the window"],
+                    t["mean rate (req/s)"],
+                    t["capacity X_max (req/s)"],
+                    ", ".join(f"{f:g}: ×{s:g}" for f, s in t["speed-ups (f: ×)"].items()),
+                    ", ".join(fmt(x) for x in t["thresholds θ1, θ2 (s)"]),
+                )
                 for n, t in setup["traces"].items()
             ],
         )
@@ -282,5 +327,9 @@ def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: S
     for name in setup["traces"]:
         file = f"traces_{name.replace(' ', '_').replace('/', '')}.png"
         plot_loads(data, name, ARMS, LOADS, folder / file)
-        section.figure(file, f"TTFT P99 by load, {name}", f"Each arm's TTFT P99 (± 1 s.e.) "
-                       f"at the three loads of {name}; the verdicts above are the paired ratios.")
+        section.figure(
+            file,
+            f"TTFT P99 by load, {name}",
+            f"Each arm's TTFT P99 (± 1 s.e.) "
+            f"at the three loads of {name}; the verdicts above are the paired ratios.",
+        )

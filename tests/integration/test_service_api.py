@@ -26,11 +26,15 @@ from prometheus_client import generate_latest
 from auction import MAX_BID
 from auction.ledger import MAX_AMOUNT, Ledger
 from cluster.dataplane.admission import LEASE_TTL_S
+from cluster.model_dir import MAX_TEXT_CHARS
 from cluster.ray.status import AuctionStats, UserBalance
+from cluster.serve.app import body_limit
+from cluster.sim.profile import load_profile
 from tests.integration.live_service import (
     HTTP_TIMEOUT_S,
     KEYS,
     MODEL,
+    PROFILE,
     LiveService,
     auth,
     chat_body,
@@ -491,26 +495,37 @@ def test_bid_above_budget_with_the_openai_client_and_a_stream_is_402(
     assert err.value.status_code == 402  # refused at admission: before the stream starts
 
 
-def test_body_over_one_mib_is_413(live_service: LiveService) -> None:
-    big = chat_body("word " * (1 << 18))  # ~1.3 MB of JSON
-    body = json.dumps(big).encode()
-    assert len(body) > 1 << 20
-    _expect(_post(live_service, body=body, headers=auth("carol")), 413)
+# The served model's context is the profile's (131,072 tokens), and the body limit lets a
+# whole context of token ids through (cluster.serve.app.body_limit: 2 MiB here).
+CONTEXT = load_profile(PROFILE).context_tokens
+
+
+def test_body_over_the_limit_is_413(live_service: LiveService) -> None:
+    limit = body_limit(CONTEXT)
+    ids = [7] * (limit // 3 + 1)  # "7, " per token: just past the limit, refused unread
+    body = json.dumps({"model": MODEL, "prompt": ids, "max_tokens": 1}).encode()
+    assert len(body) > limit > 1 << 20
+    _expect(_post(live_service, body=body, headers=auth("carol"), path="/v1/completions"), 413)
+    # Text beyond what any prompt of the context could be is refused by name, before tokenizing.
+    big = json.dumps(chat_body("word " * (MAX_TEXT_CHARS // 5 + 1))).encode()
+    assert len(big) <= limit
+    _expect(_post(live_service, body=big, headers=auth("carol")), 400, "messages")
 
 
 def test_prompt_over_the_context_is_413(live_service: LiveService) -> None:
     client = _client(live_service, "carol")
     with pytest.raises(openai.APIStatusError) as err:
         client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hello " * 9000}], max_tokens=1
+            model=MODEL, messages=[{"role": "user", "content": "hello " * (CONTEXT + 1)}],
+            max_tokens=1,
         )
     assert err.value.status_code == 413
     assert err.value.response.headers["x-disagg-payment"] == "0"
     # The prompt fits, but not with the output asked for.
-    r = _post(live_service, body=chat_body("hello " * 100, max_tokens=8190),
+    r = _post(live_service, body=chat_body("hello " * 100, max_tokens=CONTEXT - 2),
               headers=auth("carol"))  # fmt: skip
     _expect(r, 413, "max_tokens")
-    r = _post(live_service, body={"model": MODEL, "prompt": [7] * 9000, "max_tokens": 1},
+    r = _post(live_service, body={"model": MODEL, "prompt": [7] * (CONTEXT + 1), "max_tokens": 1},
               headers=auth("carol"), path="/v1/completions")  # fmt: skip
     _expect(r, 413)
 

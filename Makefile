@@ -46,7 +46,7 @@ $(AIPERF):
 
 aiperf: $(AIPERF)
 
-# Dynamo's etcd discovery (cluster/etcd_server.py) runs Debian's etcd-server; root or sudo
+# Dynamo's etcd discovery (cluster/backends/dynamo/etcd_server.py) runs Debian's etcd-server; root or sudo
 # installs it once (the package index refreshed only when the first try fails).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT  := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get

@@ -107,7 +107,7 @@ def ours(
 
 
 def theirs(trace: str, profile: str, topology: str, arm: str, speedup: float) -> dict[str, Any]:
-    from cluster.dynamo.replay import DynamoArm, dynamo_replay
+    from cluster.backends.dynamo.replay import DynamoArm, dynamo_replay
     from cluster.sim.profile import load_profile
 
     _, mode, tau, omega = ARMS[arm]

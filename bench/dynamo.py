@@ -5,7 +5,8 @@ router in shadow) in front of Dynamo's workers and KV router; this measures what
 against Dynamo alone, same engines, same load, in one run of this process ((a) then (b)), so the
 ratios compare like with like on a noisy host.
 
-(a) ``frontend``: ``dynamo.frontend --router-mode kv`` (:class:`cluster.dynamo.DynamoFrontend`)
+(a) ``frontend``: ``dynamo.frontend --router-mode kv``
+(:class:`cluster.backends.dynamo.DynamoFrontend`)
     over one prefill and two decode ``dynamo.mocker`` processes started here, an embedded NATS
     server and a fresh discovery folder;
 (b) ``ingress``: :class:`cluster.service.Service` on Dynamo (1P/2D, the same mocker settings;
@@ -71,8 +72,6 @@ LEVELS, REDUCED_LEVELS = (1, 8, 32), (8,)
 THROUGHPUT_RATIO_MIN = 0.9
 
 
-
-
 # -- (a) Dynamo's own frontend -----------------------------------------------------------------
 
 
@@ -80,8 +79,8 @@ async def start_workers(settings: Any, model_path: str, nats_url: str, discovery
                         log_dir: Path, started: list[Any]) -> None:  # fmt: skip
     """One prefill and two decode mockers, ready; each process started is appended to
     ``started`` at once (the caller stops them). A taken system port is retried."""
-    from cluster.dynamo import DynamoProcess, DynamoStartError, dynamo_env, worker_command
-    from cluster.dynamo.settings import free_system_port
+    from cluster.backends.dynamo import DynamoProcess, DynamoStartError, dynamo_env, worker_command
+    from cluster.backends.dynamo.settings import free_system_port
 
     async def one(role: str, i: int) -> None:
         argv = worker_command(settings, role, model_path)
@@ -104,7 +103,7 @@ async def start_workers(settings: Any, model_path: str, nats_url: str, discovery
 
 def served_per_worker(processes: Sequence[Any]) -> dict[str, float]:
     """Requests each mocker's generate endpoint served (its ``/metrics``), by log name."""
-    from cluster.dynamo.process import parse_metrics
+    from cluster.backends.dynamo.process import parse_metrics
 
     out: dict[str, float] = {}
     for p in processes:
@@ -118,8 +117,8 @@ def served_per_worker(processes: Sequence[Any]) -> dict[str, float]:
 
 def run_frontend(settings: Any, model_path: str, tmp: Path, prompts: Sequence[Any],
                  args: argparse.Namespace, bar: Any) -> dict[str, Any]:  # fmt: skip
-    from cluster.dynamo import DynamoFrontend
-    from cluster.dynamo.discovery import Discovery
+    from cluster.backends.dynamo import DynamoFrontend
+    from cluster.backends.dynamo.discovery import Discovery
     from cluster.nats_server import NatsServer
 
     discovery = Discovery.folder(tempfile.mkdtemp(prefix="discovery-", dir=tmp))
@@ -148,8 +147,8 @@ def run_frontend(settings: Any, model_path: str, tmp: Path, prompts: Sequence[An
 
 
 def service_config(tmp: Path) -> Any:
+    from cluster.config import ServeConfig
     from cluster.nats_server import free_port
-    from cluster.serve.config import ServeConfig
 
     return ServeConfig.model_validate({
         "backend": "dynamo", "topology": TOPOLOGY, "model_name": MODEL,
@@ -311,7 +310,7 @@ MISSED_NOTE = (
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from cluster.dynamo import DynamoSettings, require_dynamo
+    from cluster.backends.dynamo import DynamoSettings, require_dynamo
     from cluster.model_dir import ChatTokenizer, default_model_dir
     from cluster.progress import progress_bar
 

@@ -52,8 +52,8 @@ def run_frontends(settings: Any, model_path: str, tmp: Path, prompts: Sequence[A
                   args: argparse.Namespace, bar: Any) -> dict[str, Any]:  # fmt: skip
     """(a): two frontends on one NATS and one discovery folder, over fresh mockers."""
     from bench.dynamo import served_per_worker, start_workers
-    from cluster.dynamo import DynamoFrontend
-    from cluster.dynamo.discovery import Discovery
+    from cluster.backends.dynamo import DynamoFrontend
+    from cluster.backends.dynamo.discovery import Discovery
     from cluster.nats_server import NatsServer
 
     discovery = Discovery.folder(tempfile.mkdtemp(prefix="discovery-saturated-", dir=tmp))
@@ -124,7 +124,7 @@ def run_replicas(tmp: Path, prompts: Sequence[Any], args: argparse.Namespace, ba
         **_summaries(parts, args),
         "routed_by_replica": dict(sorted(routed.items())),
         "policy_at_end": as_json(stats.policy),
-            "thresholds_s": [round(x * calm_ttft_p99_s, 4) for x in CALM_MULTIPLES],
+        "thresholds_s": [round(x * calm_ttft_p99_s, 4) for x in CALM_MULTIPLES],
     }
 
 

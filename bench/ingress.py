@@ -145,7 +145,11 @@ def _free_port() -> int:
 
 
 def run_points(
-    base_url: str, model: str, prompts: Sequence[list[int]], args: argparse.Namespace, bar: Any,
+    base_url: str,
+    model: str,
+    prompts: Sequence[list[int]],
+    args: argparse.Namespace,
+    bar: Any,
     metrics_url: str | None = None,
 ) -> dict[int, dict[str, Any]]:
     """Each client count in turn; with ``metrics_url`` (the full path's metrics server) also
@@ -296,7 +300,7 @@ def _clients(text: str) -> tuple[int, ...]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from cluster.serve.config import DEFAULT_CONFIG
+    from cluster.config import DEFAULT_CONFIG
 
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--profile", default=DEFAULT_CONFIG.profile)
@@ -333,9 +337,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from cluster.config import ServeConfig
     from cluster.models import ConfigError
     from cluster.progress import progress_bar
-    from cluster.serve.config import ServeConfig
 
     tmp = tempfile.mkdtemp(prefix="bench-ingress-")
     try:

@@ -109,8 +109,8 @@ def load_part(path: str) -> dict[str, Any]:
 
 def live_part() -> dict[str, Any]:
     """The shipped slice's first 2 minutes at ×4 against a service started here."""
+    from cluster.config import ServeConfig
     from cluster.nats_server import free_port
-    from cluster.serve.config import ServeConfig
     from cluster.service import Service
     from cluster.traces import ReplayWindow, TracePrompts, TraceReader, trace_requests
     from cluster.traces.window import parse_window

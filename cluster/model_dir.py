@@ -49,8 +49,12 @@ DEFAULT_CONTEXT_TOKENS = 131_072
 MAX_TEXT_CHARS = 1 << 20  # encode() refuses longer text: bounds the work one request can cause
 MAX_MESSAGES = 512  # apply_chat_template() refuses longer chats
 BOS, EOT_TEXT, HEADER_START, HEADER_END, EOT, UNK = (
-    "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-    "<|eot_id|>", "<unk>",
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<unk>",
 )
 SPECIAL_TOKENS = (UNK, BOS, EOT_TEXT, HEADER_START, HEADER_END, EOT)  # ids 0..5, in this order
 SPACE = "▁"  # SentencePiece's word-start mark: spaces become part of the following piece
@@ -122,14 +126,20 @@ def _make_tokenizer(words: Sequence[str]) -> Tokenizer:
     tok = Tokenizer(models.Unigram(_pieces(words), unk_id=0, byte_fallback=True))
     # Whitespace split (Metaspace keeps the space on the next word, so nothing is lost), then
     # punctuation split; "first" marks only the start of the text, as Llama-2's legacy=False.
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="first", split=True),
-        pre_tokenizers.Punctuation("isolated"),
-    ])
-    tok.decoder = decoders.Sequence([
-        decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse(),
-        decoders.Strip(" ", 1, 0),  # drop the mark that "first" prepended
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="first", split=True),
+            pre_tokenizers.Punctuation("isolated"),
+        ]
+    )
+    tok.decoder = decoders.Sequence(
+        [
+            decoders.Replace(SPACE, " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),  # drop the mark that "first" prepended
+        ]
+    )
     # No post-processor: the chat template writes <|begin_of_text|> itself; adding it again here
     # would give Dynamo (which encodes the rendered prompt) a double BOS.
     tok.add_special_tokens(list(SPECIAL_TOKENS))
@@ -158,17 +168,38 @@ def _render_files(name: str, context_tokens: int, words: Sequence[str]) -> dict[
     }
     # A plausible tiny llama: engines and the mocker read shapes and limits, never weights.
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab_size,
-        "max_position_embeddings": context_tokens, "hidden_size": 256,
-        "intermediate_size": 768, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 64, "hidden_act": "silu", "rms_norm_eps": 1e-05,
-        "rope_theta": 500000.0, "rope_scaling": None, "attention_bias": False,
-        "mlp_bias": False, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
-        "initializer_range": 0.02, "use_cache": True,
-        "bos_token_id": ids[BOS], "eos_token_id": eos_ids, "pad_token_id": None,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": vocab_size,
+        "max_position_embeddings": context_tokens,
+        "hidden_size": 256,
+        "intermediate_size": 768,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 500000.0,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "bos_token_id": ids[BOS],
+        "eos_token_id": eos_ids,
+        "pad_token_id": None,
     }
-    generation = {"bos_token_id": ids[BOS], "eos_token_id": eos_ids, "do_sample": True,
-                  "temperature": 0.6, "top_p": 0.9, "max_length": context_tokens}
+    generation = {
+        "bos_token_id": ids[BOS],
+        "eos_token_id": eos_ids,
+        "do_sample": True,
+        "temperature": 0.6,
+        "top_p": 0.9,
+        "max_length": context_tokens,
+    }
     return {
         "tokenizer.json": (tok.to_str(pretty=True) + "\n").encode(),
         "tokenizer_config.json": _dump(tokenizer_config),
@@ -236,9 +267,10 @@ def is_models_own_dir(path: Path) -> bool:
     """Whether ``path`` holds a model's own tokenizer files (``tokenizer.json`` and
     ``tokenizer_config.json``, as Hugging Face writes them) and no build of ours."""
     path = Path(path)
-    return all((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")) and not (
-        path / STAMP_FILE
-    ).exists()
+    return (
+        all((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
+        and not (path / STAMP_FILE).exists()
+    )
 
 
 def prepare_model_dir(path: Path) -> Path:
@@ -281,8 +313,9 @@ def default_model_dir(context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> Path:
 
 def _render_builtin(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> str:
     """CHAT_TEMPLATE rendered by hand, for when jinja2 is not installed (same text; tested)."""
-    parts = [BOS] + [f"{HEADER_START}{m['role']}{HEADER_END}\n\n{m['content'].strip()}{EOT}"
-                     for m in messages]
+    parts = [BOS] + [
+        f"{HEADER_START}{m['role']}{HEADER_END}\n\n{m['content'].strip()}{EOT}" for m in messages
+    ]
     if add_generation_prompt:
         parts.append(f"{HEADER_START}assistant{HEADER_END}\n\n")
     return "".join(parts)
@@ -362,10 +395,14 @@ class ChatTokenizer:
                 raise ValueError(f"messages[{k}].content must be a string")
         if self._template is None:
             return _render_builtin(messages, add_generation_prompt)
-        return str(self._template.render(
-            messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token, eos_token=self.eos_token,
-        ))
+        return str(
+            self._template.render(
+                messages=[dict(m) for m in messages],
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        )
 
     def encode_chat(
         self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True

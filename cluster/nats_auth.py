@@ -86,9 +86,7 @@ ROLE_PERMISSIONS: Mapping[str, Permissions] = {
     ),
     # The controller: TTFTs, arrivals and ends (who still waits) in; the regime (with the
     # policy) and re-splits out.
-    "controller": _reader(
-        "first_token", "route", "complete", publish=_events("regime", "pools")
-    ),
+    "controller": _reader("first_token", "route", "complete", publish=_events("regime", "pools")),
     # The PoA estimator reads every kind and says nothing.
     "poa": _reader(*KINDS),
     # The auction announces its batches.

@@ -54,7 +54,7 @@ except ImportError:  # not POSIX: liveness falls back to the owner pid in the na
 
 STORE_PREFIX = "disagg-nats-"
 _LOCK_NAME = ".owner.lock"
-_WATCHDOG = Path(__file__).with_name("nats_watchdog.py")
+WATCHDOG = Path(__file__).with_name("nats_watchdog.py")
 
 
 def nats_server_binary() -> str:
@@ -279,7 +279,7 @@ class NatsServer:
             self._handle.lock_store()
         self._write_config()
         main_thread = threading.current_thread() is threading.main_thread()
-        command = [sys.executable, "-I", "-S", str(_WATCHDOG), "--owner-pid", str(os.getpid())]
+        command = [sys.executable, "-I", "-S", str(WATCHDOG), "--owner-pid", str(os.getpid())]
         if main_thread:
             command.append("--arm-pdeathsig")  # see nats_watchdog: the main-thread caveat
         if self._handle.own_store:

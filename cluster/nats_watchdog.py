@@ -1,6 +1,7 @@
 """The watchdog between an owner and its embedded ``nats-server``: the server dies with the owner.
 
-Any command after ``--`` works the same way: ``cluster.dynamo.process`` runs Dynamo's workers and
+Any command after ``--`` works the same way: ``cluster.backends.dynamo.process`` runs Dynamo's
+workers and
 frontend under it too, with ``--log FILE`` appending the child's stdout and stderr to FILE.
 
 ``cluster.nats_server`` does not start ``nats-server`` itself; it starts this script (standard

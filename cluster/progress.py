@@ -34,6 +34,4 @@ def progress_bar(
     **kwargs: Any,
 ) -> tqdm[T]:
     """A ``tqdm`` on stderr, disabled unless :func:`progress_wanted` says otherwise."""
-    return tqdm(
-        iterable, file=sys.stderr, disable=not progress_wanted(progress, quiet), **kwargs
-    )
+    return tqdm(iterable, file=sys.stderr, disable=not progress_wanted(progress, quiet), **kwargs)

@@ -26,7 +26,8 @@ import ray
 from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from cluster.engines import Engines, engines_for
+from cluster.backends.protocol import Engines, engines_for
+from cluster.config import ServeConfig
 from cluster.hub_cache import hub_cache_entry
 from cluster.model_dir import default_model_dir, prepare_model_dir
 from cluster.nats_auth import exported_env
@@ -36,15 +37,19 @@ from cluster.ray.controller_actor import ControllerActor
 from cluster.ray.metrics_server import MetricsServerActor
 from cluster.ray.poa_actor import PoaActor
 from cluster.ray.runtime import LocalRay, init_ray
+from cluster.ray.service_handles import (
+    ServiceHandles,
+    head_node_id,
+    kill_named_workers,
+    named_workers,
+)
 from cluster.ray.worker_factory import (
     RAY_NAMESPACE,
-    WorkerSpec,
     control_actor_name,
     new_placement,
     start_worker,
     worker_name,
 )
-from cluster.serve.config import ServeConfig
 from cluster.serve.deployment import INGRESS_REPLICA_CPUS, check_ingress_cpus
 from cluster.serve.direct_ingress import (
     REPLICA_ENV,
@@ -54,14 +59,9 @@ from cluster.serve.direct_ingress import (
     wait_answering,
 )
 from cluster.serve.users import Users
-from cluster.service_handles import (
-    ServiceHandles,
-    head_node_id,
-    kill_named_workers,
-    named_workers,
-)
 from cluster.sim.cluster import Topology
 from cluster.sim.profile import HardwareProfile, load_profile
+from cluster.worker_spec import WorkerSpec
 from controller.resplit import Pools
 
 if TYPE_CHECKING:
@@ -282,8 +282,13 @@ class Service:
         h.poa = self._control(
             "poa",
             PoaActor,
-            dict(profile=cfg.profile, speedup=cfg.speedup, epoch_wall=self.epoch_wall,
-                 workers={"prefill": list(h.prefill), "decode": list(h.decode)}, **nats),
+            dict(
+                profile=cfg.profile,
+                speedup=cfg.speedup,
+                epoch_wall=self.epoch_wall,
+                workers={"prefill": list(h.prefill), "decode": list(h.decode)},
+                **nats,
+            ),
         )
         h.controller = self._control(
             "controller",
@@ -360,7 +365,7 @@ class Service:
 
         cfg = self.config
         return ingress_app(
-            self.engines.path_factory(self),
+            self.engines.path_factory(self.handle_map(), self.nats_url),
             model_name=cfg.model_name,
             model_dir=model_dir,
             context_tokens=self.profile.context_tokens,

@@ -70,6 +70,7 @@ def output_length_range(mean: int, ratio: float, *, name: str = "ratio") -> tupl
         raise ValueError(f"{name} must be in [0, 1), got {ratio}")
     return max(1, round(mean * (1.0 - ratio))), round(mean * (1.0 + ratio))
 
+
 TokenArray = npt.NDArray[np.uint32]
 FloatArray = npt.NDArray[np.float64]
 Knob = int | float | str

@@ -17,7 +17,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from auction import SCHEDULERS
-from cluster.dynamo.install import DynamoMissingError
+from cluster.backends.dynamo.install import DynamoMissingError
 from cluster.progress import progress_bar
 from disaggctl.jsonout import strict_dumps
 from disaggctl.options import (

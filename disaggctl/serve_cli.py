@@ -23,15 +23,16 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator, Field
 
+from cluster.backends.registry import backend_names
 from cluster.models import StrictModel
 from disaggctl.options import from_args
 
 if TYPE_CHECKING:  # imported where used: `disaggctl --help` stays quick
-    from cluster.serve.config import ServeConfig
+    from cluster.config import ServeConfig
 
 __all__ = ["add_parser", "read_status"]
 
@@ -53,7 +54,7 @@ class ServeOptions(StrictModel):
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     address: str | None = Field(default=None, max_length=512)
     quiet: bool = False
-    backend: Literal["sim", "dynamo"] | None = None
+    backend: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_-]{0,31}$")
     # Per-identity limits (cluster/serve/limits.py); None: the config's.
     user_rate: float | None = None
     user_concurrency: int | None = None
@@ -101,20 +102,23 @@ def add_parser(
     serve.add_argument("--quiet", action="store_true", help="print only the URLs and the key")
     serve.add_argument(
         "--backend",
-        choices=("sim", "dynamo"),
+        choices=backend_names(),
         help="workers: simulated engines, or Dynamo processes (mocker on CPU, vllm on GPUs; "
         "needs `make dynamo`) routed by Dynamo's KvRouter (default: the config's, else sim)",
     )
     limits = serve.add_argument_group(
-        "per-identity limits", "429 with Retry-After past them; 0: no limit (default: the "
+        "per-identity limits",
+        "429 with Retry-After past them; 0: no limit (default: the "
         "config's limits section; service-wide, each ingress replica enforces its share)",
     )
     limits.add_argument("--user-rate", type=float, help="requests per second, each user")
     limits.add_argument("--user-concurrency", type=int, help="requests at once, each user")
-    limits.add_argument("--anonymous-rate", type=float,
-                        help="requests per second, all anonymous traffic together")
-    limits.add_argument("--anonymous-concurrency", type=int,
-                        help="requests at once, all anonymous traffic together")
+    limits.add_argument(
+        "--anonymous-rate", type=float, help="requests per second, all anonymous traffic together"
+    )
+    limits.add_argument(
+        "--anonymous-concurrency", type=int, help="requests at once, all anonymous traffic together"
+    )
     serve.set_defaults(func=_serve)
 
     status = sub.add_parser(
@@ -122,8 +126,11 @@ def add_parser(
         help="regime, tau, omega, PoA, TTFT P99, queue and revenue of a running service",
         formatter_class=formatter,
     )
-    status.add_argument("--url", default=METRICS_URL,
-                        help="the service's metrics URL (its metrics_port, not the API's)")
+    status.add_argument(
+        "--url",
+        default=METRICS_URL,
+        help="the service's metrics URL (its metrics_port, not the API's)",
+    )
     status.add_argument("--watch", action="store_true", help="repeat every --interval seconds")
     status.add_argument("--interval", type=float, default=2.0, help="seconds between readings")
     status.add_argument("--count", type=int, help="with --watch: stop after this many readings")
@@ -143,8 +150,8 @@ def _demo_users() -> tuple[Any, str]:
 def with_limit_flags(config: ServeConfig, o: ServeOptions) -> ServeConfig:
     """``config`` with the ``--user-rate`` … flags given, validated as its ``limits`` section
     (an error names ``limits.<field>``)."""
+    from cluster.config import ServeConfig
     from cluster.models import validate_model
-    from cluster.serve.config import ServeConfig
 
     flags = {k: v for k in LIMIT_FLAGS if (v := getattr(o, k)) is not None}
     if not flags:
@@ -154,9 +161,8 @@ def with_limit_flags(config: ServeConfig, o: ServeOptions) -> ServeConfig:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from cluster.dynamo.install import require_dynamo
+    from cluster.config import ServeConfig, load_config
     from cluster.models import validate_model
-    from cluster.serve.config import ServeConfig, load_config
     from cluster.serve.users import Users
     from cluster.service import Service
 
@@ -169,8 +175,6 @@ def _serve(args: argparse.Namespace) -> int:
     if o.metrics_port is not None:
         config = config.model_copy(update={"metrics_port": o.metrics_port})
     config = with_limit_flags(config, o)
-    if config.backend == "dynamo":
-        require_dynamo()  # before anything starts: the install command, not a traceback
     if o.users is not None:
         users, demo_key = Users.load(o.users), None
     else:
@@ -181,7 +185,8 @@ def _serve(args: argparse.Namespace) -> int:
         stop.set()
 
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    service = Service(config, users=users)  # its engines: those config.backend names
+    # Its engines: those config.backend names, which check their install before anything starts.
+    service = Service(config, users=users)
     try:
         if not o.quiet:
             dynamo = config.backend == "dynamo"

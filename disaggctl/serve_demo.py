@@ -29,9 +29,9 @@ from typing import Any
 import httpx
 import numpy as np
 
+from cluster.config import ServeConfig
 from cluster.nats_server import free_port
 from cluster.ray.status import AuctionStats, ControllerSnapshot, as_json
-from cluster.serve.config import ServeConfig
 from cluster.serve.users import Users
 from cluster.service import Service
 from cluster.sim.profile import load_profile

@@ -164,9 +164,7 @@ class ReplicaRouter:
             for listener in self.regime_listeners:
                 listener(event.regime)
             if event.policy_version > self.routing.policy.version:
-                self.routing.set_policy(
-                    event.tau, event.omega, event.policy_version, event.regime
-                )
+                self.routing.set_policy(event.tau, event.omega, event.policy_version, event.regime)
         elif isinstance(event, PoolsEvent):
             self.routing.set_workers(event.prefill_workers, event.decode_workers)
 
@@ -253,9 +251,7 @@ def peer_report(event: LoadEvent, now: float) -> PeerReport:
     """A ``load`` event as the view counts it: valid ``ttl_s`` from its arrival (``now``)."""
 
     def loads(items: tuple[WorkerLoad, ...]) -> dict[int, LoadView]:
-        return {
-            w.worker_id: LoadView(w.prefill_tokens, w.decode_blocks, w.requests) for w in items
-        }
+        return {w.worker_id: LoadView(w.prefill_tokens, w.decode_blocks, w.requests) for w in items}
 
     return PeerReport(
         replica=event.replica,

@@ -89,7 +89,7 @@ class RoutingView:
     prefill_workers: tuple[int, ...]
     decode_workers: tuple[int, ...]
     # (role, slot, instance id) where the engines name a worker otherwise than by its slot
-    # (Dynamo's instances; cluster/dynamo/shadow_view.py); empty for the simulated engines.
+    # (Dynamo's instances; cluster/backends/dynamo/shadow_view.py); empty for the simulated engines.
     instances: tuple[tuple[str, int, int], ...] = ()
 
 

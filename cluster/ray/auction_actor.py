@@ -112,9 +112,7 @@ class AuctionActor(UnaryAdmission, ReplicaExchange):
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="ledger")
         try:
             # Here, not by the composer: a SQLite ledger is on the node this actor runs on.
-            self._ledger = self._exec.submit(
-                open_ledger, ledger, schema=ledger_schema
-            ).result()
+            self._ledger = self._exec.submit(open_ledger, ledger, schema=ledger_schema).result()
             self.released_at_start = self._exec.submit(
                 self._ledger.release_abandoned_holds, time.time()
             ).result()

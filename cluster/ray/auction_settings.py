@@ -32,12 +32,8 @@ class AuctionSettingsModel(StrictModel):
     # None (the default): derived from the engines' batch capacity by the composition root
     # (``ServeConfig.prefill_slots_per_worker`` per prefill worker, following re-splits);
     # a number fixes it.
-    max_in_prefill: int | None = Field(
-        None, ge=_B["max_in_prefill"][0], le=_B["max_in_prefill"][1]
-    )
-    scheduler: Literal["dfs-bid", "dfs-uniform", "dfs-weight", "bid-sort", "no-sort"] = (
-        _D.scheduler  # type: ignore[assignment]  # the dataclass's str; the Literal checks it
-    )
+    max_in_prefill: int | None = Field(None, ge=_B["max_in_prefill"][0], le=_B["max_in_prefill"][1])
+    scheduler: Literal["dfs-bid", "dfs-uniform", "dfs-weight", "bid-sort", "no-sort"] = _D.scheduler  # type: ignore[assignment]  # the dataclass's str; the Literal checks it
     max_queue: int = Field(_D.max_queue, ge=_B["max_queue"][0], le=_B["max_queue"][1])
 
     def to_settings(self, derived_max_in_prefill: int = _D.max_in_prefill) -> AuctionSettings:

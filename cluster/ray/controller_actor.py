@@ -58,7 +58,7 @@ from cluster.ray.status import (
     ResplitOutcome,
     RouterStats,
 )
-from cluster.ray.worker_factory import WorkerSpec
+from cluster.worker_spec import WorkerSpec
 from controller.controller import Controller, RegimeChange
 from controller.detector import SaturationDetector
 from controller.drain import DrainWatch, TickWaits, calm_limit_s
@@ -99,7 +99,7 @@ class ControllerActor:
         release_on_shutdown: bool = True,
         launcher: Launcher | None = None,
     ) -> None:
-        """``workers`` (ids by role) and ``worker_spec`` (``worker_factory.WorkerSpec``) give
+        """``workers`` (ids by role) and ``worker_spec`` (``cluster.worker_spec.WorkerSpec``) give
         the re-split lever its pools (``settings.resplit``); without them it is off.
         ``settings.resplit.enabled`` false: the controller never re-splits on its own.
         ``release_on_shutdown``: false when the service outlives its jobs (``serve deploy``):

@@ -25,10 +25,10 @@ from cluster.events import PoolsEvent
 from cluster.models import StrictModel
 from cluster.ray.launcher import RayLauncher
 from cluster.ray.pools import ActorPools, Launcher
-from cluster.ray.worker_factory import WorkerSpec
 from cluster.sim.cluster import Topology
 from cluster.sim.planning import GameOnePlanner
 from cluster.sim.profile import HardwareProfile, load_profile
+from cluster.worker_spec import WorkerSpec, worker_plug
 from controller.resplit import Pools, ResplitDecision, ResplitSettings, Resplitter, Role
 from games.pd_allocation import SloTargets
 
@@ -139,8 +139,7 @@ def build_pools(
         router=router,
         launcher=launcher or RayLauncher(spec, detached_service=detached_service),
         publish=publish,
-        # A Dynamo worker's warm-up is real: its process started and answered ready() above.
-        warmup_s=0.0 if spec.dynamo is not None else profile.role_switch_s / spec.speedup,
+        warmup_s=worker_plug(spec).switch_warmup_s(spec, profile.role_switch_s),
         drain_timeout_s=section.drain_timeout_s,
         call_timeout_s=call_timeout_s,
     )

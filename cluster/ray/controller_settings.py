@@ -20,7 +20,7 @@ __all__ = ["DEFAULT_THETA_S", "Calibration", "ControllerSettings", "PolicySettin
 
 _TABLE = PolicyTable()
 # Thresholds when the settings give none: 5x and 15x (docs/design.md §4) the calm TTFT P99 of the
-# default service (cluster/serve/config.py: b200-llama70b-fp8-tp4, 1P/5D, speedup 0.25), which
+# default service (cluster/config.py: b200-llama70b-fp8-tp4, 1P/5D, speedup 0.25), which
 # calm_baseline_p99 puts at 0.072 virtual s = 0.29 wall s. Another profile or speedup should
 # give its own: ``calibrate: {baseline_s: calm_baseline_p99(...) / speedup}``.
 DEFAULT_THETA_S = (1.5, 4.5)

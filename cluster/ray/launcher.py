@@ -7,14 +7,8 @@ import asyncio
 import contextlib
 from typing import Any
 
-from cluster.ray.worker_factory import (
-    RAY_NAMESPACE,
-    WorkerSpec,
-    control_actor_name,
-    new_placement,
-    start_worker,
-    worker_name,
-)
+from cluster.ray.worker_factory import RAY_NAMESPACE, new_placement, start_worker, worker_name
+from cluster.worker_spec import WorkerSpec, worker_plug
 from controller.resplit import Role
 
 __all__ = ["READY_TIMEOUT_S", "RayLauncher", "remove_named_placement"]
@@ -41,15 +35,9 @@ class RayLauncher:
         await asyncio.wait_for(pg.ready(), READY_TIMEOUT_S)
         handle = start_worker(self.spec, role, worker_id, pg, "detached")
         await asyncio.wait_for(handle.ready.remote(), READY_TIMEOUT_S)
-        if self.spec.dynamo is not None:
-            # A Dynamo worker starts its process here and tells the shadow router its instance
-            # id, now and after every restart of the process (cluster/dynamo/shadow.py).
-            import ray
-
-            router_name = control_actor_name(self.spec.namespace, "router")
-            router = ray.get_actor(router_name, namespace=RAY_NAMESPACE)
-            await asyncio.wait_for(handle.attach.remote(router), READY_TIMEOUT_S)
-            await asyncio.wait_for(handle.start.remote(), READY_TIMEOUT_S)
+        await asyncio.wait_for(
+            worker_plug(self.spec).after_start(self.spec, handle), READY_TIMEOUT_S
+        )
         return handle
 
     async def stop(self, role: Role, worker_id: int, handle: Any) -> None:

@@ -40,9 +40,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, Protocol
 
-from cluster.dynamo.worker_actor import EngineInflight
 from cluster.events import PoolAction, PoolsEvent
-from cluster.ray.status import PoolsSnapshot, ResplitStep
+from cluster.ray.status import EngineInflight, PoolsSnapshot, ResplitStep
 from cluster.sim.wallclock import EngineLoad
 from controller.resplit import Pools, Role
 from telemetry import metrics
@@ -80,7 +79,7 @@ def _load_key(role: Role, load: object) -> float:
     if isinstance(load, EngineLoad):
         held = load.active_prefill_tokens if role == "prefill" else load.active_decode_blocks
         return float(held + load.waiting)
-    if isinstance(load, EngineInflight):  # a Dynamo engine says only what it has in flight
+    if isinstance(load, EngineInflight):  # an engine process that tells only what it has in flight
         return float(load.inflight or 0)
     return float("inf")  # a worker that does not answer is the last one to move
 

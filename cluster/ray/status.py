@@ -22,7 +22,8 @@ from controller.resplit import ResplitCancel, ResplitDecision, Role
 __all__ = [
     "AuctionStats",
     "ControllerSnapshot",
-    "DynamoBinding",
+    "EngineInflight",
+    "InstanceBinding",
     "KvEventCounts",
     "PoaSnapshot",
     "PolicyView",
@@ -84,7 +85,18 @@ class PoaSnapshot:
     dropped: Mapping[str, int]
 
 
-# -- the router (and its Dynamo shadow) ------------------------------------------------------
+# -- the workers and the router ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineInflight:
+    """The load of an engine process that tells only its requests in flight (from its own
+    ``/metrics``; None while it does not say)."""
+
+    slot: int
+    role: str
+    instance_id: int | None
+    inflight: float | None
 
 
 @dataclass(frozen=True)
@@ -94,9 +106,10 @@ class KvEventCounts:
 
 
 @dataclass(frozen=True)
-class DynamoBinding:
-    """The shadow router's map of Dynamo instances (``"role/slot"`` → instance id), the KV
-    events that named no bound instance, and the KV subject of each role's component."""
+class InstanceBinding:
+    """For a backend whose engines carry ids of their own: the router's map of them
+    (``"role/slot"`` → instance id), the KV events that named no bound instance, and the KV
+    subject of each role."""
 
     instances: Mapping[str, int]
     unbound: Mapping[str, int]
@@ -119,7 +132,7 @@ class RouterStats:
     routed_by_replica: Mapping[str, int]
     nats_connected: bool | None
     events_dropped: int  # the bus's queue was full, or a delivery raised
-    dynamo: DynamoBinding | None = None
+    binding: InstanceBinding | None = None
 
 
 # -- the auction -----------------------------------------------------------------------------

@@ -14,26 +14,18 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
-
-from cluster.dynamo.discovery import Discovery
-from cluster.models import StrictModel
-from cluster.ray.workers import DecodeWorkerActor, PrefillWorkerActor
+from cluster.worker_spec import WorkerSpec, worker_plug
 
 __all__ = [
     "RAY_NAMESPACE",
-    "WorkerSpec",
     "control_actor_name",
-    "dynamo_worker_settings",
     "new_placement",
     "start_worker",
-    "worker_class",
     "worker_name",
     "worker_seed",
 ]
 
 RAY_NAMESPACE = "disaggctl"
-Role = Literal["prefill", "decode"]
 Lifetime = Literal["detached"] | None
 
 
@@ -51,67 +43,6 @@ def control_actor_name(namespace: str, role: str) -> str:
 def worker_seed(seed: int, worker_id: int) -> int:
     # Per worker id, not per role: a worker keeps its seed across a re-split.
     return seed * 7919 + worker_id
-
-
-def worker_class(role: str) -> type:
-    if role == "prefill":
-        return PrefillWorkerActor
-    if role == "decode":
-        return DecodeWorkerActor
-    raise ValueError(f"role must be 'prefill' or 'decode', got {role!r}")
-
-
-class DynamoWorkerSpec(StrictModel):
-    """Where a service's Dynamo workers run: their settings (``DynamoSettings`` as a dict), the
-    discovery every Dynamo process of the service shares (``cluster.dynamo.discovery``) and the
-    folder of their logs (one file per worker, on each worker's node)."""
-
-    settings: dict[str, Any]
-    discovery: Discovery
-    log_dir: str = Field(min_length=1, max_length=4096)
-
-
-def _dynamo_worker_class(role: str) -> type:
-    from cluster.dynamo.worker_actor import DynamoWorkerActor
-
-    worker_class(role)  # the same check of the role
-    return DynamoWorkerActor
-
-
-class WorkerSpec(StrictModel):
-    """What every worker of one service is started with (from its ``ServeConfig``); a plain
-    JSON-able shape so the composer can hand it to the controller actor."""
-
-    profile: str
-    tp: int = Field(ge=1)
-    speedup: float = Field(gt=0.0)
-    epoch_wall: float = Field(gt=0.0)
-    seed: int = Field(ge=0)
-    nats_url: str | None
-    namespace: str
-    model_dir: str | None = None
-    accelerator_resource: str = "B200"
-    request_gpus: bool = False
-    max_restarts: int = Field(3, ge=0)
-    # Variables each worker's process needs that its Ray session does not pass on (the bus's
-    # credentials directory, cluster.nats_auth, when the service started NATS after Ray).
-    env_vars: dict[str, str] = Field(default_factory=dict, max_length=16)
-    # The Dynamo backend (docs/design.md §6): the workers are Dynamo processes, each owned by a
-    # ``cluster.dynamo.worker_actor.DynamoWorkerActor``; None: the simulated engines.
-    dynamo: DynamoWorkerSpec | None = None
-
-
-def dynamo_worker_settings(spec: WorkerSpec) -> dict[str, Any]:
-    """A Dynamo worker's settings: the service's, and for vLLM the TP size of its placement
-    (``--tensor-parallel-size``, unless ``vllm_args`` already sets it), so the engine spans
-    exactly the GPUs its bundle holds."""
-    if spec.dynamo is None:
-        raise ValueError("not a Dynamo service: spec.dynamo is None")
-    settings = dict(spec.dynamo.settings)
-    args = tuple(settings.get("vllm_args", ()))
-    if settings.get("engine") == "vllm" and "--tensor-parallel-size" not in args:
-        settings["vllm_args"] = (*args, "--tensor-parallel-size", str(spec.tp))
-    return settings
 
 
 def new_placement(spec: WorkerSpec, name: str, lifetime: Lifetime) -> Any:
@@ -133,7 +64,11 @@ def start_worker(
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    cls = worker_class(role) if spec.dynamo is None else _dynamo_worker_class(role)
+    if role not in ("prefill", "decode"):
+        raise ValueError(f"role must be 'prefill' or 'decode', got {role!r}")
+    plug = worker_plug(spec)
+    cls = plug.worker_class(role)
+    args, kwargs = plug.worker_arguments(spec, role, worker_id)
     tp = float(spec.tp)
     options: dict[str, Any] = {
         "name": worker_name(spec.namespace, role, worker_id),
@@ -150,23 +85,4 @@ def start_worker(
         options["runtime_env"] = {"env_vars": dict(spec.env_vars)}
     if lifetime is not None:
         options["lifetime"] = lifetime
-    if spec.dynamo is not None:
-        # The actor restarts its process itself (its watch loop); Ray restarts the actor when
-        # its own process or node dies, and the restarted actor starts a process again
-        # (``restore``). Never two at once: a dead actor's process dies with it (the watchdog).
-        d = spec.dynamo
-        return ray.remote(cls).options(**options).remote(
-            role, worker_id, dynamo_worker_settings(spec), nats_url=spec.nats_url,
-            discovery=d.discovery, log_dir=d.log_dir, model_path=spec.model_dir,
-            router_name=control_actor_name(spec.namespace, "router"),
-        )  # fmt: skip
-    kwargs: dict[str, Any] = {
-        "speedup": spec.speedup,
-        "epoch_wall": spec.epoch_wall,
-        "nats_url": spec.nats_url,
-        "namespace": spec.namespace,
-        "seed": worker_seed(spec.seed, worker_id),
-    }
-    if role == "decode":
-        kwargs["model_dir"] = spec.model_dir
-    return ray.remote(cls).options(**options).remote(worker_id, spec.profile, **kwargs)
+    return ray.remote(cls).options(**options).remote(*args, **kwargs)

@@ -89,6 +89,8 @@ def body_limit(context_tokens: int) -> int:
     """The body limit for a model of ``context_tokens``: a prompt of the whole context fits, as
     token ids or as text, and never less than ``MAX_BODY_BYTES`` (2 MiB at 131,072 tokens)."""
     return max(MAX_BODY_BYTES, BODY_BYTES_PER_TOKEN * context_tokens)
+
+
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 METRICS_TIMEOUT_S = 5.0  # a hung actor must not hang the scrape
 
@@ -123,8 +125,9 @@ def build_app(
     app = FastAPI(title="disaggctl serve", lifespan=lifespan, docs_url=None, redoc_url=None)
     install_handlers(app)
     app.add_middleware(DefaultHeaders)
-    edge = _Edge(path, users, tokenizer, model_name, max_body_bytes, IngressMetrics(registry),
-                 clock, limiter)
+    edge = _Edge(
+        path, users, tokenizer, model_name, max_body_bytes, IngressMetrics(registry), clock, limiter
+    )
     app.state.edge = edge
     created = int(time.time())
     model_card = {"id": model_name, "object": "model", "created": created, "owned_by": "disaggctl"}
@@ -144,8 +147,9 @@ def build_app(
     @app.get("/v1/models/{model:path}")
     async def model(model: str) -> dict[str, Any]:
         if model != model_name:
-            raise ApiError(404, f"model {model!r} is not served", param="model",
-                           code="model_not_found")
+            raise ApiError(
+                404, f"model {model!r} is not served", param="model", code="model_not_found"
+            )
         return model_card
 
     @app.get("/health")
@@ -162,8 +166,9 @@ def build_app(
             try:
                 parts.append(await asyncio.wait_for(metrics_text(), METRICS_TIMEOUT_S))
             except Exception:  # the ingress's own families are still worth a scrape
-                log.warning("metrics_text failed; serving the ingress's metrics only",
-                            exc_info=True)
+                log.warning(
+                    "metrics_text failed; serving the ingress's metrics only", exc_info=True
+                )
         text = "".join(p if p.endswith("\n") else p + "\n" for p in parts if p)
         return Response(text, media_type=METRICS_CONTENT_TYPE)
 
@@ -173,9 +178,17 @@ def build_app(
 class _Edge:
     """The completion flow shared by both endpoints."""
 
-    def __init__(self, path: RequestPath, users: Users, tokenizer: ChatTokenizer,
-                 model_name: str, max_body_bytes: int, metrics: IngressMetrics,
-                 clock: Callable[[], float], limiter: Limiter | None = None) -> None:
+    def __init__(
+        self,
+        path: RequestPath,
+        users: Users,
+        tokenizer: ChatTokenizer,
+        model_name: str,
+        max_body_bytes: int,
+        metrics: IngressMetrics,
+        clock: Callable[[], float],
+        limiter: Limiter | None = None,
+    ) -> None:
         self.path, self.users, self.tokenizer = path, users, tokenizer
         self.model_name, self.max_body_bytes = model_name, max_body_bytes
         self.metrics, self.clock, self.limiter = metrics, clock, limiter
@@ -199,8 +212,9 @@ class _Edge:
         except RateLimited as e:
             raise rate_limited(e.identity, e.reason, e.retry_after_s) from None
 
-    async def _complete(self, request: Request, chat: bool, t0: float, request_id: str,
-                        held: list[Permit]) -> Response:
+    async def _complete(
+        self, request: Request, chat: bool, t0: float, request_id: str, held: list[Permit]
+    ) -> Response:
         try:
             user = self._user(request)
             permit = self._admit(user)  # before the body is read: a refusal costs nothing
@@ -208,26 +222,36 @@ class _Edge:
                 held.append(permit)
             data = parse_json_object(await read_body(request, self.max_body_bytes))
             model: type[om.ChatCompletionRequest | om.CompletionRequest] = (
-                om.ChatCompletionRequest if chat else om.CompletionRequest)
+                om.ChatCompletionRequest if chat else om.CompletionRequest
+            )
             try:
                 req = model.model_validate(data)
             except ValidationError as e:
                 raise validation_error(e, data) from None
             bid = req.bid if req.bid is not None else header_bid(request.headers.get("x-bid"))
             if bid > 0 and user == ANONYMOUS:
-                raise ApiError(401, "a positive bid needs an API key (Authorization: Bearer)",
-                               param="bid", code="missing_api_key")
+                raise ApiError(
+                    401,
+                    "a positive bid needs an API key (Authorization: Bearer)",
+                    param="bid",
+                    code="missing_api_key",
+                )
             if req.model != self.model_name:
-                raise ApiError(404, f"model {req.model!r} is not served; this server serves "
-                               f"{self.model_name!r}", param="model", code="model_not_found")
+                raise ApiError(
+                    404,
+                    f"model {req.model!r} is not served; this server serves {self.model_name!r}",
+                    param="model",
+                    code="model_not_found",
+                )
             tokens = await self._tokenize(req)
             max_tokens = self._fit(req, len(tokens), chat)
         except ApiError as e:
             self.metrics.count(str(e.status))
             return e.response({"x-disagg-request-id": request_id})
         run = RunState(request_id, t0, max_tokens, len(tokens))
-        shapes = Shapes(chat=chat, request_id=request_id, model=self.model_name,
-                        created=int(time.time()))
+        shapes = Shapes(
+            chat=chat, request_id=request_id, model=self.model_name, created=int(time.time())
+        )
         events = self.path.run(PathRequest(request_id, user, bid, tokens, max_tokens))
         text = ""
         try:
@@ -253,9 +277,11 @@ class _Edge:
             return err.response(run.headers(charged=False))
         if req.stream:
             permits, held[:] = list(held), []  # the stream's now: released when it ends
-            return ClosingStream(self._stream(run, events, shapes, ids, req.include_usage,
-                                              permits),
-                                 media_type="text/event-stream", headers=run.headers())
+            return ClosingStream(
+                self._stream(run, events, shapes, ids, req.include_usage, permits),
+                media_type="text/event-stream",
+                headers=run.headers(),
+            )
         await close_path(events)
         self.metrics.count("ok")
         body = shapes.response(text, run.finish_reason(), run.usage(), run.disagg())
@@ -272,8 +298,7 @@ class _Edge:
         if not key:
             if self.users.allow_anonymous:
                 return ANONYMOUS
-            raise unauthorized("missing API key (Authorization: Bearer <key>)",
-                                "missing_api_key")
+            raise unauthorized("missing API key (Authorization: Bearer <key>)", "missing_api_key")
         name = self.users.authenticate(key)
         if name is None:
             raise unauthorized("unknown API key", "invalid_api_key")
@@ -286,8 +311,11 @@ class _Edge:
             param, work = "prompt", asyncio.to_thread(self.tokenizer.encode, req.prompt)
         else:
             if any(not 0 <= t < self.tokenizer.vocab_size for t in req.prompt):
-                raise ApiError(400, f"prompt token ids must lie in [0, "
-                               f"{self.tokenizer.vocab_size})", param="prompt")
+                raise ApiError(
+                    400,
+                    f"prompt token ids must lie in [0, {self.tokenizer.vocab_size})",
+                    param="prompt",
+                )
             return list(req.prompt)
         try:
             tokens = await work
@@ -297,21 +325,30 @@ class _Edge:
             raise ApiError(400, "the prompt is empty", param=param)
         return tokens
 
-    def _fit(self, req: om.ChatCompletionRequest | om.CompletionRequest, n_prompt: int,
-             chat: bool) -> int:
+    def _fit(
+        self, req: om.ChatCompletionRequest | om.CompletionRequest, n_prompt: int, chat: bool
+    ) -> int:
         """``max_tokens`` for the path: as asked, or the default cut to what the context
         leaves; 413 when the prompt and the output cannot fit."""
         context = self.tokenizer.context_tokens
         room = context - n_prompt
         asked = req.requested_max_tokens()
         if asked is not None and asked > room:
-            raise ApiError(413, f"prompt ({n_prompt} tokens) + max_tokens ({asked}) exceeds "
-                           f"the model's context of {context} tokens", param="max_tokens",
-                           code="context_length_exceeded")
+            raise ApiError(
+                413,
+                f"prompt ({n_prompt} tokens) + max_tokens ({asked}) exceeds "
+                f"the model's context of {context} tokens",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
         if room < 1:
-            raise ApiError(413, f"prompt ({n_prompt} tokens) leaves no room in the model's "
-                           f"context of {context} tokens", param="messages" if chat else "prompt",
-                           code="context_length_exceeded")
+            raise ApiError(
+                413,
+                f"prompt ({n_prompt} tokens) leaves no room in the model's "
+                f"context of {context} tokens",
+                param="messages" if chat else "prompt",
+                code="context_length_exceeded",
+            )
         default = om.DEFAULT_CHAT_MAX_TOKENS if chat else om.DEFAULT_COMPLETION_MAX_TOKENS
         return asked if asked is not None else min(default, room)
 
@@ -340,9 +377,15 @@ class _Edge:
             ids += self._apply(run, ev)
         return ids
 
-    async def _stream(self, run: RunState, events: AsyncIterator[PathEvent], shapes: Shapes,
-                      first_ids: list[int], include_usage: bool,
-                      permits: list[Permit]) -> AsyncIterator[bytes]:
+    async def _stream(
+        self,
+        run: RunState,
+        events: AsyncIterator[PathEvent],
+        shapes: Shapes,
+        first_ids: list[int],
+        include_usage: bool,
+        permits: list[Permit],
+    ) -> AsyncIterator[bytes]:
         text = TextStream(self.tokenizer)
         status = "disconnected"  # unless the stream gets to its end or fails
         try:
@@ -372,5 +415,3 @@ class _Edge:
             for permit in permits:
                 permit.release()
             await close_path(events)
-
-

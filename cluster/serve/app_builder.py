@@ -1,7 +1,7 @@
 """``serve deploy`` on a Ray cluster: the application builder (docs/design.md "Serve runtime").
 
 ``deploy/ray/serve.yaml`` names ``import_path: cluster.serve.app_builder:build`` and ``args``: the
-fields of a :class:`cluster.serve.config.ServeConfig` plus ``users_file`` (a users YAML, see
+fields of a :class:`cluster.config.ServeConfig` plus ``users_file`` (a users YAML, see
 ``cluster/serve/users.py``; omitted or null: no users, every request anonymous). Serve imports
 this module on the cluster, calls ``build(args)`` inside a Ray task and deploys the application
 it returns. ``build``:
@@ -32,8 +32,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cluster.config import ServeConfig
 from cluster.models import ConfigError, validate_model
-from cluster.serve.config import ServeConfig
 
 if TYPE_CHECKING:
     from ray.serve import Application

@@ -1,6 +1,6 @@
 """What a request's lifecycle (``cluster/serve/path.py``) asks of the engines behind it: the
-``Backend`` protocol, which the simulated engines (``cluster/serve/sim_backend.py``) and Dynamo
-(``cluster/dynamo/backend.py``) implement (docs/design.md "Data flow (serve mode)").
+``Backend`` protocol, which the simulated engines (``cluster/backends/sim/backend.py``) and Dynamo
+(``cluster/backends/dynamo/backend.py``) implement (docs/design.md "Data flow (serve mode)").
 
 The lifecycle owns everything that is the same whatever runs the model: admission and money, the
 one retry before the first token, the events, the books that always close. A backend owns where

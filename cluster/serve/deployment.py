@@ -97,10 +97,14 @@ class OpenAIIngress:
         model_dir = Path(self._model_dir) if self._model_dir else None
         # Building or reading the tokenizer files is disk work: keep the replica's loop free.
         tokenizer = await asyncio.to_thread(
-            lambda: ChatTokenizer.from_dir(model_dir or default_model_dir(self._context_tokens)))
+            lambda: ChatTokenizer.from_dir(model_dir or default_model_dir(self._context_tokens))
+        )
         sink = self._metrics_sink
         app = build_app(
-            path, self._users, tokenizer, model_name=self._model_name,
+            path,
+            self._users,
+            tokenizer,
+            model_name=self._model_name,
             max_body_bytes=self._max_body_bytes or body_limit(tokenizer.context_tokens),
             # With a metrics server the API port serves no /metrics: this replica pushes.
             metrics_text=None if sink is not None else getattr(path, "metrics_text", None),
@@ -202,9 +206,14 @@ def ingress_app(
         },
     )  # fmt: skip
     return options.bind(
-        path_factory, model_name=model_name, model_dir=model_dir, context_tokens=context_tokens,
+        path_factory,
+        model_name=model_name,
+        model_dir=model_dir,
+        context_tokens=context_tokens,
         users=users.to_wire(),
-        allow_anonymous=users.allow_anonymous, max_body_bytes=max_body_bytes,
-        metrics_sink=metrics_sink, max_ongoing_requests=max_ongoing_requests,
+        allow_anonymous=users.allow_anonymous,
+        max_body_bytes=max_body_bytes,
+        metrics_sink=metrics_sink,
+        max_ongoing_requests=max_ongoing_requests,
         limits=(limits or LimitSettings()).per_replica(num_replicas).model_dump(),
     )

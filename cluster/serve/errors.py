@@ -122,8 +122,7 @@ def validation_error(exc: ValidationError | RequestValidationError, data: Any) -
     top = _field(params[0]) if params else ""
     same = [p for p in params if _field(p) == top]
     deepest = max(same, key=lambda p: p.count(".") + p.count("[")) if top else None
-    return ApiError(400, "; ".join(lines) or "invalid request", param=deepest,
-                    code="invalid_value")
+    return ApiError(400, "; ".join(lines) or "invalid request", param=deepest, code="invalid_value")
 
 
 def _field(param: str) -> str:
@@ -173,11 +172,16 @@ def header_bid(raw: str | None) -> float:
     try:
         bid = float(raw.strip())
     except ValueError:
-        raise ApiError(400, f"x-bid must be a number, got {raw[:40]!r}", param="x-bid",
-                       code="invalid_value") from None
+        raise ApiError(
+            400, f"x-bid must be a number, got {raw[:40]!r}", param="x-bid", code="invalid_value"
+        ) from None
     if not (math.isfinite(bid) and 0.0 <= bid <= MAX_BID):
-        raise ApiError(400, f"x-bid must be finite and in [0, {MAX_BID:g}], got {raw[:40]!r}",
-                       param="x-bid", code="invalid_value")
+        raise ApiError(
+            400,
+            f"x-bid must be finite and in [0, {MAX_BID:g}], got {raw[:40]!r}",
+            param="x-bid",
+            code="invalid_value",
+        )
     return bid
 
 

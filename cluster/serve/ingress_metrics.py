@@ -21,20 +21,41 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 __all__ = ["ITL_BUCKETS", "TTFT_BUCKETS", "IngressMetrics"]
 
-TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0,
-                120.0)
+TTFT_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.35,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+    20.0,
+    60.0,
+    120.0,
+)
 ITL_BUCKETS = (0.002, 0.005, 0.008, 0.01, 0.012, 0.015, 0.02, 0.025, 0.03, 0.05, 0.1)
 
 
 class IngressMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.ttft = Histogram("disagg_ttft_seconds", "Time to first token",
-                              buckets=TTFT_BUCKETS, registry=self.registry)
-        self.itl = Histogram("disagg_itl_seconds", "Inter-token latency",
-                             buckets=ITL_BUCKETS, registry=self.registry)
-        self.requests = Counter("disagg_requests", "Requests finished, by status", ["status"],
-                                registry=self.registry)
+        self.ttft = Histogram(
+            "disagg_ttft_seconds",
+            "Time to first token",
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self.itl = Histogram(
+            "disagg_itl_seconds", "Inter-token latency", buckets=ITL_BUCKETS, registry=self.registry
+        )
+        self.requests = Counter(
+            "disagg_requests", "Requests finished, by status", ["status"], registry=self.registry
+        )
 
     def count(self, status: str) -> None:
         self.requests.labels(status).inc()

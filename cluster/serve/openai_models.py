@@ -183,8 +183,12 @@ class ChatMessage(StrictModel):
         cls, value: str | list[TextPart] | None, info: ValidationInfo
     ) -> str | list[TextPart] | None:
         role = info.data.get("role")
-        if value is None and role is not None and not (
-            role == "assistant" and (info.data.get("tool_calls") or info.data.get("refusal"))
+        if (
+            value is None
+            and role is not None
+            and not (
+                role == "assistant" and (info.data.get("tool_calls") or info.data.get("refusal"))
+            )
         ):
             raise ValueError(
                 "an assistant message needs content unless it has tool_calls or a refusal"

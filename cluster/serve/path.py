@@ -7,7 +7,8 @@ Admission is the replica's own under the auction's lease (``cluster.dataplane.ad
 request the lease does not cover queues at the auction through the replica's batched exchange
 (``cluster.dataplane.auction_link``), which also carries its first token and its settlement.
 Placement and the tokens are the :class:`~cluster.serve.backend.Backend`'s: the simulated worker
-actors (``cluster/serve/sim_backend.py``) or Dynamo's (``cluster/dynamo/backend.py``). The path
+actors (``cluster/backends/sim/backend.py``) or Dynamo's (``cluster/backends/dynamo/backend.py``).
+The path
 keeps no state beyond the request in hand, so any number of ingress replicas run it side by side.
 Failures are handled where they happen:
 

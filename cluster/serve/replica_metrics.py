@@ -47,6 +47,9 @@ def view_requests_text(replica: str, view: Mapping[str, Mapping[int, int]]) -> s
         f"# HELP {VIEW_REQUESTS} Requests in flight per worker in one ingress replica's load view",
         f"# TYPE {VIEW_REQUESTS} gauge",
     ]
-    lines += [f'{VIEW_REQUESTS}{{replica="{replica}",role="{role}",worker="{w}"}} {n}'
-              for role, loads in sorted(view.items()) for w, n in sorted(loads.items())]
+    lines += [
+        f'{VIEW_REQUESTS}{{replica="{replica}",role="{role}",worker="{w}"}} {n}'
+        for role, loads in sorted(view.items())
+        for w, n in sorted(loads.items())
+    ]
     return "\n".join(lines) + "\n"

@@ -1,6 +1,7 @@
-"""What an ingress replica builds at start: its request path over the service's actors, with
-its own router (``cluster.dataplane.replica``) and admission gate under the auction's lease
-(``cluster.dataplane.admission``; docs/design.md "Data flow (serve mode)")."""
+"""What an ingress replica builds at start, whatever its backend: its request path over the
+service's actors, with its routing view and admission gate under the auction's lease
+(``cluster.dataplane.admission``; docs/design.md "Data flow (serve mode)"). A backend's path
+factory (``cluster.backends``) builds its view and its ``Backend`` and hands them here."""
 
 from __future__ import annotations
 
@@ -10,50 +11,12 @@ from typing import Any
 from cluster.dataplane.admission import AdmissionGate
 from cluster.dataplane.lease import LeaseKeeper
 from cluster.dataplane.replica import ReplicaRouter
-from cluster.dataplane.routing import PoolRouting
-from cluster.dataplane.settings import EXCHANGE_PERIOD_S, RoutingSettings
 from cluster.ray.actor_support import ActorBus
 from cluster.serve.backend import Backend
 from cluster.serve.path import ActorRequestPath
-from cluster.serve.sim_backend import SimBackend
 from cluster.serve.worker_handles import Workers, named_worker_resolver
 
-__all__ = ["compose_path", "make_actor_path"]
-
-
-async def make_actor_path(
-    *,
-    handles: dict[str, Any],
-    profile: str,
-    speedup: float,
-    nats_url: str | None,
-    namespace: str,
-    block_size: int,
-    local_prefill_max_tokens: int,
-    seed: int = 0,
-    routing: dict[str, Any] | None = None,
-    chunk_interval_s: float = 0.0,
-    exchange_period_s: float = EXCHANGE_PERIOD_S,
-) -> ActorRequestPath:
-    """The path an ingress replica builds at start (picklable through ``functools.partial``):
-    ``handles``: "router", "auction", "poa", "controller" → a handle each; "prefill", "decode" →
-    {worker id: handle}. The replica's router starts from the router actor's view."""
-    from cluster.sim.profile import load_profile
-
-    bus = ActorBus(nats_url, namespace, role="ingress", name="ingress")
-    settings = RoutingSettings.model_validate(routing or {})
-    pools = PoolRouting(
-        block_size=block_size, local_prefill_max_tokens=local_prefill_max_tokens, seed=seed,
-        prefill_workers=sorted(handles["prefill"]), decode_workers=sorted(handles["decode"]),
-    )  # fmt: skip
-    router = ReplicaRouter(pools, bus, control=handles["router"], settings=settings)
-    loaded = load_profile(profile)
-    return await compose_path(
-        handles=handles, namespace=namespace, bus=bus, view=router,
-        backend=lambda workers: SimBackend(router=router, workers=workers, profile=loaded,
-                                           speedup=speedup, chunk_interval_s=chunk_interval_s),
-        exchange_period_s=exchange_period_s,
-    )  # fmt: skip
+__all__ = ["compose_path"]
 
 
 async def compose_path(

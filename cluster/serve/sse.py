@@ -112,13 +112,19 @@ class Shapes:
     def last_chunk(self, finish_reason: str, disagg: DisaggInfo) -> bytes:
         if self.chat:
             return sse(self._chat_chunk(ChatDelta(), finish_reason, disagg=disagg))
-        return sse(self._completion([CompletionChoice(text="", finish_reason=finish_reason)],
-                                    disagg=disagg))
+        return sse(
+            self._completion(
+                [CompletionChoice(text="", finish_reason=finish_reason)], disagg=disagg
+            )
+        )
 
     def usage_chunk(self, usage: Usage) -> bytes:
         if self.chat:
-            return sse(ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
-                                           choices=[], usage=usage))
+            return sse(
+                ChatCompletionChunk(
+                    id=self.id, created=self.created, model=self.model, choices=[], usage=usage
+                )
+            )
         return sse(self._completion([], usage=usage))
 
     def response(
@@ -128,29 +134,50 @@ class Shapes:
         body: BaseModel
         if self.chat:
             body = ChatCompletion(
-                id=self.id, created=self.created, model=self.model, usage=usage, disagg=disagg,
-                choices=[ChatChoice(message=AssistantMessage(content=text),
-                                    finish_reason=finish_reason)],
+                id=self.id,
+                created=self.created,
+                model=self.model,
+                usage=usage,
+                disagg=disagg,
+                choices=[
+                    ChatChoice(message=AssistantMessage(content=text), finish_reason=finish_reason)
+                ],
             )
         else:
-            body = self._completion([CompletionChoice(text=text, finish_reason=finish_reason)],
-                                    usage=usage, disagg=disagg)
+            body = self._completion(
+                [CompletionChoice(text=text, finish_reason=finish_reason)],
+                usage=usage,
+                disagg=disagg,
+            )
         return body.model_dump(mode="json")
 
     def _chat_chunk(
-        self, delta: ChatDelta, finish_reason: str | None = None, *,
+        self,
+        delta: ChatDelta,
+        finish_reason: str | None = None,
+        *,
         disagg: DisaggInfo | None = None,
     ) -> ChatCompletionChunk:
         choice = ChatChunkChoice(delta=delta, finish_reason=finish_reason)
-        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
-                                   choices=[choice], disagg=disagg)
+        return ChatCompletionChunk(
+            id=self.id, created=self.created, model=self.model, choices=[choice], disagg=disagg
+        )
 
     def _completion(
-        self, choices: list[CompletionChoice], *, usage: Usage | None = None,
+        self,
+        choices: list[CompletionChoice],
+        *,
+        usage: Usage | None = None,
         disagg: DisaggInfo | None = None,
     ) -> Completion:
-        return Completion(id=self.id, created=self.created, model=self.model, choices=choices,
-                          usage=usage, disagg=disagg)
+        return Completion(
+            id=self.id,
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            usage=usage,
+            disagg=disagg,
+        )
 
 
 def format_amount(x: float) -> str:
@@ -184,14 +211,20 @@ class RunState:
         """Payment and position headers; a failed request pays 0 (nothing is charged)."""
         position = self.admitted.position if self.admitted is not None else -1
         payment = float(self.payment()) if charged else 0.0
-        return {PAYMENT_HEADER: format_amount(payment), POSITION_HEADER: str(position),
-                "x-disagg-request-id": self.request_id}
+        return {
+            PAYMENT_HEADER: format_amount(payment),
+            POSITION_HEADER: str(position),
+            "x-disagg-request-id": self.request_id,
+        }
 
     def usage(self) -> Usage:
         cached = min(self.routed.cached_tokens, self.prompt_tokens) if self.routed else 0
-        return Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.n_out,
-                     total_tokens=self.prompt_tokens + self.n_out,
-                     prompt_tokens_details=om.PromptTokensDetails(cached_tokens=cached))
+        return Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.n_out,
+            total_tokens=self.prompt_tokens + self.n_out,
+            prompt_tokens_details=om.PromptTokensDetails(cached_tokens=cached),
+        )
 
     def finish_reason(self) -> str:
         # The simulated engines stop only at max_tokens; "stop" covers a path that ends early.
@@ -200,10 +233,13 @@ class RunState:
     def disagg(self) -> DisaggInfo:
         a, r = self.admitted, self.routed
         return DisaggInfo(
-            payment=self.payment(), position=a.position if a else -1,
-            batch_id=a.batch_id if a else None, mode=a.mode if a else None,
+            payment=self.payment(),
+            position=a.position if a else -1,
+            batch_id=a.batch_id if a else None,
+            mode=a.mode if a else None,
             decode_worker=r.decode_worker if r else None,
             prefill_worker=r.prefill_worker if r else None,
-            policy_version=r.policy_version if r else None, regime=r.regime if r else None,
+            policy_version=r.policy_version if r else None,
+            regime=r.regime if r else None,
             cached_tokens=self.usage().prompt_tokens_details.cached_tokens,
         )

@@ -48,6 +48,7 @@ def ray_cancel(refs: Any) -> None:
     with contextlib.suppress(Exception):
         ray.cancel(refs)
 
+
 Resolver = Callable[[str, int], Any]
 
 

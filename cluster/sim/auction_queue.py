@@ -181,9 +181,7 @@ def simulate_queue(
     admission = AuctionAdmission(settings, seed=seed)
     # A first-come worker: the experiment compares the schedulers' orders, which the engines'
     # priority (bidders before non-payers, docs/design.md §1) would partly redo for them.
-    cluster = SimCluster(
-        hardware, topology, seed=seed, admission=admission, priority=lambda bid: 0
-    )
+    cluster = SimCluster(hardware, topology, seed=seed, admission=admission, priority=lambda bid: 0)
     cluster.submit_many(workload.sim_requests())
     cluster.loop.run()
     records = cluster.records

@@ -61,9 +61,7 @@ def parse_window(text: str) -> tuple[float, float]:
     except ValueError:
         values = (math.nan, math.nan)
     if not sep or not all(math.isfinite(v) for v in values) or values[0] < 0 or values[1] <= 0:
-        raise ValueError(
-            "must be START:DURATION in seconds, START >= 0 and DURATION > 0"
-        )
+        raise ValueError("must be START:DURATION in seconds, START >= 0 and DURATION > 0")
     return values
 
 

@@ -237,11 +237,15 @@ def describe_welfare(data: dict[str, Any]) -> str:
         if series(few, s) in last and series(every, s) in last
     ]
     if pairs:
-        text += f" Every budgeted user pacing against {few} of {USERS}: " + "; ".join(
-            f"{s} {fmt(_pc(b, 'welfare_ratio'))}% against {fmt(_pc(a, 'welfare_ratio'))}%"
-            for s, a, b in pairs
-            if a is not None and b is not None
-        ) + " of truthful welfare."
+        text += (
+            f" Every budgeted user pacing against {few} of {USERS}: "
+            + "; ".join(
+                f"{s} {fmt(_pc(b, 'welfare_ratio'))}% against {fmt(_pc(a, 'welfare_ratio'))}%"
+                for s, a, b in pairs
+                if a is not None and b is not None
+            )
+            + " of truthful welfare."
+        )
     return text
 
 
@@ -318,7 +322,7 @@ def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: S
         "mean α'",
     )
     section.text(
-        f"Per spread and horizon, mean ± 1 s.e. (\"all {USERS}\": every budgeted user paces; "
+        f'Per spread and horizon, mean ± 1 s.e. ("all {USERS}": every budgeted user paces; '
         f"otherwise {PACERS[0]} of {USERS}):\n\n" + markdown_table(header, table)
     )
     slopes = ", ".join(f"{s} {fmt(v)}" for s, v in data["slopes"].items())

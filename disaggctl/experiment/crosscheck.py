@@ -63,8 +63,10 @@ def plan(settings: Settings) -> Plan:
         "trace": f"the first {requests} requests of Mooncake's conversation trace",
         "topologies": list(B.TOPOLOGIES),
         "loads f (of X_max, ours)": list(B.LOADS),
-        "arms": [f"{name} (ours {ours}, Dynamo {mode} τ {tau:g} ω {omega:g})"
-                 for name, (ours, mode, tau, omega) in B.ARMS.items()],
+        "arms": [
+            f"{name} (ours {ours}, Dynamo {mode} τ {tau:g} ω {omega:g})"
+            for name, (ours, mode, tau, omega) in B.ARMS.items()
+        ],
         "timings": {p: v["profile"] for p, v in parts.items()},
         "targets (mocker)": "TTFT median and throughput ±15%, P99 ±25%, prefix reuse ±0.03; "
         "effects on the same side of 1 (or both within 5% of it) and within 1.5×",

@@ -15,9 +15,7 @@ def knee_thresholds(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     sweep does not reach the knee. The calm calibration's thresholds move to ``calm_*``."""
     from controller.knee import knee
 
-    measured = [
-        r for r in rows if r["throughput_rps"] and r["ttft_p99_s"] and r["concurrency"] > 0
-    ]
+    measured = [r for r in rows if r["throughput_rps"] and r["ttft_p99_s"] and r["concurrency"] > 0]
     try:
         k = knee(
             [r["concurrency"] for r in measured],

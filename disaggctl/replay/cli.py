@@ -65,9 +65,7 @@ class ReplayOptions(StrictModel):
     policy: list[str] = Field(default_factory=lambda: list(DEFAULT_POLICIES), max_length=MAX_ARMS)
     resplit: Literal["on", "off"] = "off"
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
-    out: Annotated[Path, Field(strict=False), AfterValidator(writable_dir)] = Path(
-        "results/replay"
-    )
+    out: Annotated[Path, Field(strict=False), AfterValidator(writable_dir)] = Path("results/replay")
     live: str | None = Field(default=None, pattern=r"^https?://[^\s]{1,500}$")
     metrics: str | None = Field(default=None, pattern=r"^https?://[^\s]{1,500}$")
     model: str | None = Field(default=None, max_length=128)

@@ -52,7 +52,7 @@ def _positive(value: Any, where: str) -> None:
 
 @pytest.fixture(scope="module")
 def run() -> tuple[dict[str, Any], int, str]:
-    from cluster.dynamo.install import require_dynamo
+    from cluster.backends.dynamo.install import require_dynamo
 
     require_dynamo()  # names `make dynamo` when missing: required, never skipped
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",

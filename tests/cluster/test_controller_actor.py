@@ -331,7 +331,7 @@ def test_no_handles_and_no_nats() -> None:
 
 
 def test_settings() -> None:
-    defaults = ControllerSettings()  # every field has a default (cluster/serve/config.py)
+    defaults = ControllerSettings()  # every field has a default (cluster/config.py)
     t = defaults.thresholds()
     assert (t.theta1, t.theta2) == DEFAULT_THETA_S
     assert (defaults.tick_s, defaults.window_s, defaults.min_samples) == (1.0, 10.0, 20)

@@ -1,4 +1,5 @@
-"""An ingress replica's links to its decode workers (cluster/serve/decode_streams.py), against the
+"""An ingress replica's links to its decode workers (cluster/backends/sim/decode_streams.py),
+against the
 stand-in worker of test_request_path (the real StreamHost behind fake actor calls): requests
 share one stream and batch their orders, a consumer that leaves is withdrawn, a dead worker
 fails every request of its stream and the next request opens a fresh one."""
@@ -11,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from cluster.ray.token_streams import DecodeOrder
-from cluster.serve import decode_streams
+from cluster.backends.sim.decode_streams import DecodeStreams
+from cluster.backends.sim.token_streams import DecodeOrder
+from cluster.backends.sim import decode_streams
 from cluster.serve.backend import WorkerFailed
-from cluster.serve.decode_streams import DecodeStreams
 from cluster.serve.worker_handles import Workers
 from tests.cluster.test_request_path import Decode
 

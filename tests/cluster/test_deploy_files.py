@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
+from cluster.config import ServeConfig
 from cluster.models import ConfigError, validate_model
 from cluster.serve import app_builder
-from cluster.serve.config import ServeConfig
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "ray"
 NODES = 3

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 from pydantic import ValidationError
 
-from cluster.serve.config import ServeConfig
+from cluster.config import ServeConfig
 from cluster.serve.direct_ingress import (
     REPLICA_ENV,
     controller_env,

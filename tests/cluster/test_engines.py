@@ -1,6 +1,7 @@
-"""The service's engines (cluster/engines.py): ``Service`` is given them, or picks those its
-``backend`` names, and each changes only its own steps: the workers' spec, the router actor, the
-request path. The live start of each runs in tests/integration and tests/dynamo."""
+"""The service's engines (each backend's ``Engines``, cluster/backends): ``Service`` is given
+them, or picks those its ``backend`` names, and each changes only its own steps: the workers'
+spec, the router actor, the request path. The live start of each runs in tests/integration
+and tests/dynamo."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ from typing import Any
 
 import pytest
 
-from cluster.dynamo.discovery import Discovery
-from cluster.dynamo.service import DynamoEngines
-from cluster.dynamo.shadow import ShadowRouterActor
-from cluster.engines import SimEngines, engines_for
+from cluster.backends import engines_for
+from cluster.backends.dynamo.discovery import Discovery
+from cluster.backends.dynamo.service import DynamoEngines
+from cluster.backends.dynamo.shadow import ShadowRouterActor
+from cluster.backends.dynamo.worker_spec import DynamoWorkerSpec
+from cluster.backends.sim import SimEngines
+from cluster.config import ServeConfig
 from cluster.ray.router_actor import RouterActor
-from cluster.ray.worker_factory import WorkerSpec
-from cluster.serve.config import ServeConfig
 from cluster.service import Service
+from cluster.worker_spec import WorkerSpec
 
 BASE_SPEC = WorkerSpec(
     profile="b200-llama70b-fp8-tp4", tp=4, speedup=1.0, epoch_wall=1.0, seed=0,
@@ -26,6 +29,11 @@ BASE_ROUTER: dict[str, Any] = {
     "prefill_workers": [0], "decode_workers": [1, 2], "block_size": 16,
     "local_prefill_max_tokens": 512, "seed": 0, "nats_url": None, "namespace": "disagg",
 }  # fmt: skip
+
+
+def _own(spec: WorkerSpec) -> DynamoWorkerSpec:
+    assert spec.engine.backend == "dynamo" and spec.engine.module == "cluster.backends.dynamo"
+    return DynamoWorkerSpec.model_validate(spec.engine.settings)
 
 
 def _dynamo_config(tmp: Path) -> ServeConfig:
@@ -58,11 +66,12 @@ def test_dynamos_engines_add_their_processes_and_their_router_and_clean_up(
     config = _dynamo_config(tmp_path)
     engines = DynamoEngines(config)
     spec = engines.worker_spec(BASE_SPEC)
-    assert spec.dynamo is not None and spec.model_copy(update={"dynamo": None}) == BASE_SPEC
-    assert spec.dynamo.discovery.backend == "file"
-    discovery = Path(spec.dynamo.discovery.location)
-    assert discovery.is_dir() and Path(spec.dynamo.log_dir).is_dir()
-    assert engines.worker_spec(BASE_SPEC).dynamo == spec.dynamo  # one folder per service
+    assert spec.model_copy(update={"engine": BASE_SPEC.engine}) == BASE_SPEC
+    own = _own(spec)
+    assert own.discovery.backend == "file"
+    discovery = Path(own.discovery.location)
+    assert discovery.is_dir() and Path(own.log_dir).is_dir()
+    assert engines.worker_spec(BASE_SPEC).engine == spec.engine  # one folder per service
     cls, kwargs = engines.router_actor(BASE_ROUTER)
     assert cls is ShadowRouterActor and "local_prefill_max_tokens" not in kwargs
     assert kwargs["block_size"] == config.dynamo.block_size
@@ -82,10 +91,10 @@ def test_dynamos_engines_start_an_etcd_for_discovery_across_hosts_unless_given_o
     own = DynamoEngines(ServeConfig.model_validate(
         {**fields, "dynamo": {"discovery": "etcd", "log_dir": str(tmp_path / "engine-logs")}}
     ))  # fmt: skip
-    spec = own.worker_spec(BASE_SPEC)
-    assert spec.dynamo is not None and spec.dynamo.discovery.backend == "etcd"
-    assert own.etcd is not None and spec.dynamo.discovery.location == own.etcd.url
-    assert spec.dynamo.log_dir == str(tmp_path / "engine-logs")  # on each worker's node
+    spec = _own(own.worker_spec(BASE_SPEC))
+    assert spec.discovery.backend == "etcd"
+    assert own.etcd is not None and spec.discovery.location == own.etcd.url
+    assert spec.log_dir == str(tmp_path / "engine-logs")  # on each worker's node
     process = own.etcd.process
     assert process is not None and process.alive
     own.stop()
@@ -93,7 +102,7 @@ def test_dynamos_engines_start_an_etcd_for_discovery_across_hosts_unless_given_o
     given = DynamoEngines(ServeConfig.model_validate(
         {**fields, "dynamo": {"discovery": "etcd", "etcd_endpoints": "http://etcd.ops:2379"}}
     ))  # fmt: skip
-    spec = given.worker_spec(BASE_SPEC)
-    assert spec.dynamo is not None and given.etcd is None
-    assert spec.dynamo.discovery == Discovery.etcd("http://etcd.ops:2379")
+    spec = _own(given.worker_spec(BASE_SPEC))
+    assert given.etcd is None
+    assert spec.discovery == Discovery.etcd("http://etcd.ops:2379")
     given.stop()

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cluster.config import ServeConfig
 from cluster.model_dir import ChatTokenizer, build_model_dir
 from cluster.models import ConfigError, validate_model
-from cluster.serve.config import ServeConfig
 from cluster.serve.limits import Limiter, LimitSettings, RateLimited
 from cluster.serve.users import ANONYMOUS
 from tests.cluster.test_ingress_app import (

@@ -16,12 +16,14 @@ from ray.exceptions import ActorDiedError
 
 from auction import PAYING, engine_priority
 from auction.admission import Release
+from cluster.backends.sim.backend import SimBackend
+from cluster.backends.sim.path import make_actor_path
+from cluster.backends.sim.token_streams import DecodeOrder, StreamHost
 from cluster.dataplane.admission import AdmissionGate, Lease
 from cluster.dataplane.exchange import ExchangeIn, ExchangeOut, Refused, Settled
 from cluster.dataplane.replica import ReplicaRouter
 from cluster.dataplane.routing import PoolRouting, Route
 from cluster.events import CompleteEvent, FirstTokenEvent, RouteEvent
-from cluster.ray.token_streams import DecodeOrder, StreamHost
 from cluster.serve.errors import as_api_error
 from cluster.serve.path import ActorRequestPath, Workers
 from cluster.serve.path_types import (
@@ -34,8 +36,6 @@ from cluster.serve.path_types import (
     TokenChunk,
 )
 from cluster.serve.replica_metrics import ENGINE_METHODS
-from cluster.serve.replica_path import make_actor_path
-from cluster.serve.sim_backend import SimBackend
 from cluster.sim.profile import load_profile
 
 PROFILE = load_profile("b200-llama70b-fp8-tp4")

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from cluster.backends.sim.workers import DecodeWorkerActor
 from cluster.bus import EventBus
 from cluster.dataplane.routing import Route
 from cluster.events import RouteEvent
@@ -17,7 +18,6 @@ from cluster.nats_server import NatsServer
 from cluster.ray.actor_support import MAX_PROMPT_TOKENS
 from cluster.ray.router_actor import RouterActor
 from cluster.ray.status import PolicyView
-from cluster.ray.workers import DecodeWorkerActor
 from router import block_hashes, sequence_hashes
 from telemetry.metrics import ROUTING_COST
 

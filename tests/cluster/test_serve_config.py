@@ -3,8 +3,8 @@ without a first token when the auction's ``max_in_prefill`` is left to the deplo
 
 from __future__ import annotations
 
-from cluster.dynamo.settings import DynamoSettings
-from cluster.serve.config import ServeConfig
+from cluster.backends.dynamo.settings import DynamoSettings
+from cluster.config import ServeConfig
 from cluster.sim.profile import load_profile
 from controller.resplit import Pools
 

@@ -257,7 +257,7 @@ def test_a_bad_report_period_is_refused_by_the_service_s_own_model(period: float
 
 
 def test_a_simulated_case_is_a_deployable_serve_config() -> None:
-    from cluster.serve.config import ServeConfig
+    from cluster.config import ServeConfig
 
     views = ViewSettings.stale(replicas=4, report_period_s=0.25, delay_s=0.01)
     assert views.report_period_s == 0.25 and not views.exact_load

@@ -1,4 +1,5 @@
-"""A decode worker's shared token streams (cluster/ray/token_streams.py), in-process on the real
+"""A decode worker's shared token streams (cluster/backends/sim/token_streams.py), in-process on
+the real
 worker actor class (no Ray): orders in batches, frames that carry every request's tokens, the
 frame rule, refusals, and requests withdrawn when their consumer leaves."""
 
@@ -14,10 +15,10 @@ from typing import Any
 
 import pytest
 
+from cluster.backends.sim.token_streams import MAX_ORDERS_PER_SUBMIT, DecodeOrder, Frame, StreamPart
+from cluster.backends.sim.workers import DecodeWorkerActor
 from cluster.model_dir import ChatTokenizer, default_model_dir
-from cluster.ray import token_streams, workers
-from cluster.ray.token_streams import MAX_ORDERS_PER_SUBMIT, DecodeOrder, Frame, StreamPart
-from cluster.ray.workers import DecodeWorkerActor
+from cluster.backends.sim import token_streams, workers
 from router import block_hashes, sequence_hashes
 
 PROFILE = "b200-llama70b-fp8-tp4"

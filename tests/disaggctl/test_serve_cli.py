@@ -85,8 +85,8 @@ def test_a_bad_config_file_fails_before_anything_starts(
 def test_limit_flags_set_the_configs_limits_and_bad_ones_name_the_field() -> None:
     import argparse
 
+    from cluster.config import DEFAULT_CONFIG
     from cluster.models import ConfigError
-    from cluster.serve.config import DEFAULT_CONFIG
     from disaggctl.options import from_args
     from disaggctl.serve_cli import ServeOptions, add_parser, with_limit_flags
 

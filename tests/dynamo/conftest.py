@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from cluster.dynamo.discovery import Discovery
-from cluster.dynamo.install import require_dynamo
-from cluster.dynamo.settings import DynamoSettings, dynamo_env
-from cluster.dynamo.worker_actor import DynamoWorkerActor
+from cluster.backends.dynamo.discovery import Discovery
+from cluster.backends.dynamo.install import require_dynamo
+from cluster.backends.dynamo.settings import DynamoSettings, dynamo_env
+from cluster.backends.dynamo.worker_actor import DynamoWorkerActor
 from cluster.model_dir import build_model_dir
 from cluster.nats_server import NatsServer
 from tests.integration.conftest import ray_session

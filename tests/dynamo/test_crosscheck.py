@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from bench import crosscheck
-from cluster.dynamo.replay import DynamoArm, dynamo_replay
+from cluster.backends.dynamo.replay import DynamoArm, dynamo_replay
 from cluster.sim.dynamo_profile import GRID, dynamo_profile_arrays
 from cluster.sim.profile import load_profile
 from cluster.sim.replay import parse_arm, replay_on_sim

@@ -1,4 +1,5 @@
-"""The Dynamo request path in-process (``cluster/dynamo/backend.py``, ``routing.py``): real mocker
+"""The Dynamo request path in-process (``cluster/backends/dynamo/backend.py``, ``routing.py``):
+real mocker
 pools (1P/2D), Dynamo's ``KvRouter`` in this process, our shadow router and a ledger-less auction
 stand-in as local objects. A request streams through prefill and decode; a dead decode worker is
 routed around; with every decode worker dead the request fails with a clear 503."""
@@ -12,15 +13,15 @@ from typing import Any
 import pytest
 
 from auction.admission import Release
+from cluster.backends.dynamo.backend import DynamoBackend
+from cluster.backends.dynamo.discovery import Discovery
+from cluster.backends.dynamo.routing import DynamoRoutes, DynamoWorkerFailed
+from cluster.backends.dynamo.settings import DynamoSettings
+from cluster.backends.dynamo.shadow import ShadowRouterActor
+from cluster.backends.dynamo.shadow_view import ShadowView
+from cluster.backends.dynamo.worker_actor import DynamoWorkerActor
 from cluster.dataplane.exchange import ExchangeIn, ExchangeOut, Settled
 from cluster.dataplane.routing import PoolRouting
-from cluster.dynamo.backend import DynamoBackend
-from cluster.dynamo.discovery import Discovery
-from cluster.dynamo.routing import DynamoRoutes, DynamoWorkerFailed
-from cluster.dynamo.settings import DynamoSettings
-from cluster.dynamo.shadow import ShadowRouterActor
-from cluster.dynamo.shadow_view import ShadowView
-from cluster.dynamo.worker_actor import DynamoWorkerActor
 from cluster.events import RouteEvent
 from cluster.ray.actor_support import ActorBus
 from cluster.serve.path import ActorRequestPath

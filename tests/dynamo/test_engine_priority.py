@@ -19,9 +19,9 @@ import time
 import pytest
 
 from auction.priority import NON_PAYING, PAYING
-from cluster.dynamo.discovery import Discovery
-from cluster.dynamo.routing import DynamoRoutes
-from cluster.dynamo.settings import DynamoSettings
+from cluster.backends.dynamo.discovery import Discovery
+from cluster.backends.dynamo.routing import DynamoRoutes
+from cluster.backends.dynamo.settings import DynamoSettings
 from tests.dynamo.conftest import WorkerFactory
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,5 @@
-"""Dynamo's discovery over etcd (cluster/dynamo/discovery.py, cluster/etcd_server.py): what lets
+"""Dynamo's discovery over etcd (cluster/backends/dynamo/discovery.py,
+cluster/backends/dynamo/etcd_server.py): what lets
 workers and routers on several hosts find each other (the multi-host rehearsal,
 tests/integration/test_dynamo_cluster.py, runs it on three Ray nodes).
 
@@ -24,12 +25,12 @@ from typing import Any
 import httpx
 import pytest
 
-from cluster.dynamo.discovery import Discovery
-from cluster.dynamo.process import DynamoStartError
-from cluster.dynamo.routing import DynamoRoutes
-from cluster.dynamo.settings import DynamoSettings
-from cluster.dynamo.worker_actor import DynamoWorkerActor
-from cluster.etcd_server import EtcdServer
+from cluster.backends.dynamo.discovery import Discovery
+from cluster.backends.dynamo.etcd_server import EtcdServer
+from cluster.backends.dynamo.process import DynamoStartError
+from cluster.backends.dynamo.routing import DynamoRoutes
+from cluster.backends.dynamo.settings import DynamoSettings
+from cluster.backends.dynamo.worker_actor import DynamoWorkerActor
 from tests.dynamo.conftest import pid_gone
 
 pytestmark = pytest.mark.integration

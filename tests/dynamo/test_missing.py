@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-import cluster.dynamo.install as install
+import cluster.backends.dynamo.install as install
 from disaggctl.cli import main
 
 
@@ -20,7 +20,7 @@ def test_serve_backend_dynamo_without_dynamo_names_the_install_command(
 
 
 def test_a_config_with_backend_dynamo_needs_a_prefill_pool_and_one_model_name() -> None:
-    from cluster.serve.config import ServeConfig
+    from cluster.config import ServeConfig
 
     with pytest.raises(ValueError, match="at least one prefill worker"):
         ServeConfig.model_validate({"backend": "dynamo", "topology": "0P/2D"})

@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 
-from cluster.dynamo.discovery import Discovery
-from cluster.dynamo.process import DynamoProcess, DynamoStartError
-from cluster.dynamo.settings import (
+from cluster.backends.dynamo.discovery import Discovery
+from cluster.backends.dynamo.process import DynamoProcess, DynamoStartError
+from cluster.backends.dynamo.settings import (
     DynamoSettings,
     dynamo_env,
     free_system_port,
     worker_command,
 )
-from cluster.dynamo.worker_actor import DynamoWorkerActor
+from cluster.backends.dynamo.worker_actor import DynamoWorkerActor
 from tests.dynamo.conftest import pid_gone
 from tests.waiting import until
 
@@ -196,7 +196,7 @@ def test_the_ray_actor_rebinds_a_real_router_actor_after_a_kill(
 
 OWNER = textwrap.dedent("""
     import json, sys, time
-    from cluster.dynamo.process import DynamoProcess
+    from cluster.backends.dynamo.process import DynamoProcess
     spec = json.loads(sys.argv[1])
     p = DynamoProcess(spec["argv"], spec["env"], spec["log"], spec["port"]).start()
     print(p.pid, p.watchdog_pid, flush=True)
@@ -236,7 +236,7 @@ def test_dynamos_own_frontend_serves_a_chat_through_the_workers(
 ) -> None:
     import httpx
 
-    from cluster.dynamo.frontend import DynamoFrontend
+    from cluster.backends.dynamo.frontend import DynamoFrontend
 
     settings = DynamoSettings.model_validate(SETTINGS)
     workers = [worker(role, 0, dynamo_nats_url, discovery_dir, tmp_path, model_path)
@@ -345,7 +345,7 @@ def test_a_worker_retries_on_another_port_when_its_system_port_is_taken(
 ) -> None:
     import socket
 
-    from cluster.dynamo import worker_actor
+    from cluster.backends.dynamo import worker_actor
 
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", free_system_port()))

@@ -28,12 +28,12 @@ import pytest
 import ray
 
 from bench.dynamo import agreement_counts
-from cluster.dynamo.routing import DynamoRoutes
+from cluster.backends.dynamo.routing import DynamoRoutes
+from cluster.config import ServeConfig
 from cluster.model_dir import ChatTokenizer, default_model_dir
 from cluster.nats_server import free_port
 from cluster.ray.metrics_server import PUSH_PERIOD_S
 from cluster.ray.status import RouterStats
-from cluster.serve.config import ServeConfig
 from cluster.service import Service
 from tests.dynamo.conftest import pid_gone
 

@@ -11,24 +11,24 @@ import pytest
 from pydantic import ValidationError
 
 from auction.priority import NON_PAYING, PAYING
-from cluster.dynamo import install
-from cluster.dynamo.discovery import Discovery, listen_host
-from cluster.dynamo.install import DynamoMissingError, dynamo_available, require_dynamo
-from cluster.dynamo.process import (
+from cluster.backends.dynamo import install
+from cluster.backends.dynamo.discovery import Discovery, listen_host
+from cluster.backends.dynamo.install import DynamoMissingError, dynamo_available, require_dynamo
+from cluster.backends.dynamo.process import (
     LOG_TAIL_BYTES,
     DynamoProcess,
     instance_id_from_metrics,
     parse_metrics,
     read_log_tail,
 )
-from cluster.dynamo.routing import DynamoRoutes, DynamoWorkerFailed
-from cluster.dynamo.settings import (
+from cluster.backends.dynamo.routing import DynamoRoutes, DynamoWorkerFailed
+from cluster.backends.dynamo.settings import (
     DynamoSettings,
     dynamo_env,
     frontend_command,
     worker_command,
 )
-from cluster.dynamo.worker_actor import DynamoWorkerActor, dynamo_worker_name
+from cluster.backends.dynamo.worker_actor import DynamoWorkerActor, dynamo_worker_name
 from cluster.nats_auth import CREDENTIALS_ENV
 
 METRICS = """\
@@ -237,13 +237,18 @@ def test_a_process_that_is_never_started_stops_quietly(tmp_path: Path) -> None:
 
 
 def test_a_vllm_worker_gets_its_placements_tp_unless_the_config_sets_it() -> None:
-    from cluster.ray.worker_factory import DynamoWorkerSpec, WorkerSpec, dynamo_worker_settings
+    from cluster.backends.dynamo.worker_spec import DynamoWorkerSpec, dynamo_worker_settings
+    from cluster.backends.registry import engine_spec
+    from cluster.worker_spec import EngineSpec, WorkerSpec
 
     def spec(settings: dict) -> WorkerSpec:
         return WorkerSpec(
             profile="b200-llama70b-fp8-tp4", tp=4, speedup=1.0, epoch_wall=1.0, seed=0,
             nats_url="nats://127.0.0.1:4222", namespace="n",
-            dynamo=DynamoWorkerSpec(settings=settings, discovery=FOLDER, log_dir="/l"),
+            engine=engine_spec(
+                "dynamo",
+                DynamoWorkerSpec(settings=settings, discovery=FOLDER, log_dir="/l").model_dump(),
+            ),
         )
 
     vllm = dynamo_worker_settings(spec(DynamoSettings(engine="vllm").model_dump()))
@@ -255,7 +260,7 @@ def test_a_vllm_worker_gets_its_placements_tp_unless_the_config_sets_it() -> Non
     mocker = dynamo_worker_settings(spec(DynamoSettings().model_dump()))
     assert mocker["vllm_args"] == ()
     with pytest.raises(ValueError, match="not a Dynamo service"):
-        sim = spec(DynamoSettings().model_dump()).model_copy(update={"dynamo": None})
+        sim = spec(DynamoSettings().model_dump()).model_copy(update={"engine": EngineSpec()})
         dynamo_worker_settings(sim)
 
 

@@ -1,4 +1,5 @@
-"""Our router in shadow (``cluster/dynamo/shadow.py``), in-process: instance ids bound to slots,
+"""Our router in shadow (``cluster/backends/dynamo/shadow.py``), in-process: instance ids bound to
+slots,
 KV events translated, Dynamo's choice followed and compared, the route event's breakdown."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cluster.dynamo.shadow import DynamoPolicy, ShadowRouterActor, dynamo_override
+from cluster.backends.dynamo.shadow import DynamoPolicy, ShadowRouterActor, dynamo_override
 from router import block_hashes, sequence_hashes
 
 BS = 16
@@ -77,7 +78,7 @@ def test_a_restarted_instance_rebinds_and_its_cache_is_forgotten() -> None:
         with pytest.raises(ValueError, match="role"):
             await shadow.bind_instance("middle", 0, 5)
         stats = await shadow.stats()
-        assert stats.dynamo.instances["prefill/0"] == new
+        assert stats.binding.instances["prefill/0"] == new
 
     _run(body)
 

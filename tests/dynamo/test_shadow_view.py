@@ -1,4 +1,5 @@
-"""Our router in shadow inside a Dynamo ingress replica (``cluster/dynamo/shadow_view.py``),
+"""Our router in shadow inside a Dynamo ingress replica
+(``cluster/backends/dynamo/shadow_view.py``),
 in-process: the instance bindings synced from the shadow router actor's view, Dynamo's KV events
 translated, every pick followed without an actor call, the agreement on ``/metrics``."""
 
@@ -7,8 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from cluster.backends.dynamo.shadow_view import ShadowView, shadow_metrics_text
 from cluster.dataplane.routing import PoolRouting
-from cluster.dynamo.shadow_view import ShadowView, shadow_metrics_text
 from cluster.events import RouteEvent
 from cluster.ray.actor_support import ActorBus
 from cluster.ray.metrics_export import merge_metrics_texts

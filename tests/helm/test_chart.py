@@ -21,21 +21,23 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from cluster.backends.dynamo.discovery import Discovery
+from cluster.backends.dynamo.install import DYNAMO_VERSION
+from cluster.backends.dynamo.settings import DynamoSettings, worker_command
+from cluster.backends.dynamo.worker_spec import DynamoWorkerSpec, dynamo_worker_settings
+from cluster.backends.registry import engine_spec
+from cluster.config import ServeConfig
 from cluster.dataplane.settings import AdmissionSettings, RoutingSettings
-from cluster.dynamo.discovery import Discovery
-from cluster.dynamo.install import DYNAMO_VERSION
-from cluster.dynamo.settings import DynamoSettings, worker_command
 from cluster.models import validate_model
 from cluster.nats_auth import ROLES, chart_authorization, chart_password_env
 from cluster.ray.auction_settings import AuctionSettingsModel
 from cluster.ray.controller_pools import ResplitSection
 from cluster.ray.controller_settings import ControllerSettings
-from cluster.ray.worker_factory import DynamoWorkerSpec, WorkerSpec, dynamo_worker_settings
 from cluster.serve import app_builder
-from cluster.serve.config import ServeConfig
 from cluster.serve.limits import LimitSettings
 from cluster.serve.users import UsersFile
 from cluster.sim.profile import available_profiles, load_profile
+from cluster.worker_spec import WorkerSpec
 from telemetry.metrics import REGISTRY
 from tests.helm.chart import CHART, EXAMPLES, NAMESPACE, RELEASE, ROOT, run_helm
 
@@ -300,14 +302,15 @@ def test_the_worker_actors_start_dynamos_engines_found_through_the_charts_etcd(
     (server,) = one(docs, "StatefulSet", f"{FULLNAME}-etcd")["spec"]["template"]["spec"][
         "containers"]  # fmt: skip
     assert f"--advertise-client-urls={d.etcd_endpoints}" in server["command"]
-    # What each worker actor runs: cluster/ray/worker_factory.py and cluster/dynamo/settings.py
+    # What each worker actor runs: cluster/backends/dynamo/worker_spec.py and
+    # cluster/backends/dynamo/settings.py
     # turn the rendered config into the engine's command, TP from the profile.
     tp = load_profile(cfg.profile).tp
     spec = WorkerSpec(profile=cfg.profile, tp=tp, speedup=1.0, epoch_wall=1.0, seed=0,
                       nats_url=cfg.nats_url, namespace=cfg.namespace,
-                      dynamo=DynamoWorkerSpec(settings=d.model_dump(),
-                                              discovery=Discovery.etcd(d.etcd_endpoints or ""),
-                                              log_dir="/tmp/logs"))  # fmt: skip
+                      engine=engine_spec("dynamo", DynamoWorkerSpec(
+                          settings=d.model_dump(), discovery=Discovery.etcd(d.etcd_endpoints or ""),
+                          log_dir="/tmp/logs").model_dump()))  # fmt: skip
     settings = DynamoSettings.model_validate(dynamo_worker_settings(spec))
     for role in ("prefill", "decode"):
         argv = worker_command(settings, role, d.model_path or "/tmp/tiny")

@@ -149,7 +149,7 @@ def rehearse(c: ClusterCheck, args: argparse.Namespace) -> None:
     import ray
 
     from auction.ledger import Ledger
-    from cluster.serve.config import ServeConfig
+    from cluster.config import ServeConfig
     from cluster.serve.users import Users
     from cluster.service import Service
 

@@ -109,7 +109,7 @@ def rehearse(c: ClusterCheck, args: argparse.Namespace) -> None:
     import httpx
     import ray
 
-    from cluster.serve.config import ServeConfig
+    from cluster.config import ServeConfig
     from cluster.service import Service
 
     result, mark = c.result, c.mark

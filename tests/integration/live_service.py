@@ -28,11 +28,11 @@ from typing import Any
 
 import httpx
 
+from cluster.config import ServeConfig
 from cluster.nats_server import NatsServer, free_port
 from cluster.ray.auction_settings import AuctionSettingsModel
 from cluster.ray.controller_pools import ResplitSection
 from cluster.ray.controller_settings import ControllerSettings
-from cluster.serve.config import ServeConfig
 from cluster.serve.users import Users
 from cluster.service import Service
 

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from ray.exceptions import GetTimeoutError, RayActorError
 
+from cluster.backends.sim.workers import DecodeWorkerActor, PrefillWorkerActor
 from cluster.dataplane.routing import Route
 from cluster.ray.router_actor import RouterActor
 from cluster.ray.status import RouterStats
-from cluster.ray.workers import DecodeWorkerActor, PrefillWorkerActor
 from cluster.sim.profile import load_profile
 
 pytestmark = pytest.mark.integration

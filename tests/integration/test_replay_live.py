@@ -21,9 +21,9 @@ import httpx
 import pytest
 
 from bench.common import lower_service_priority
+from cluster.config import ServeConfig
 from cluster.hub_cache import hub_cache_entry
 from cluster.nats_server import free_port
-from cluster.serve.config import ServeConfig
 from cluster.service import Service
 from cluster.traces import ReplayWindow, TraceReader, trace_requests
 

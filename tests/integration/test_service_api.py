@@ -609,7 +609,8 @@ def test_clients_that_hang_up_after_one_chunk_leave_no_decode_running(
     live_service: LiveService,
 ) -> None:
     """[14] "a disconnect stops the work": 50 streams cut after their first chunk are withdrawn
-    from the decode engines (cluster/ray/token_streams.py), not decoded to ``max_tokens``."""
+    from the decode engines (cluster/backends/sim/token_streams.py), not decoded to
+    ``max_tokens``."""
     decode = live_service.handles.decode
     max_tokens = 2000  # left to run, each would decode for ~4 s of wall time at speed-up 4
 

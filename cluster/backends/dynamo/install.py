@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import importlib.util
 
-__all__ = ["DYNAMO_VERSION", "INSTALL_COMMANDS", "DynamoMissingError", "dynamo_available",
-           "require_dynamo"]
+__all__ = [
+    "DYNAMO_VERSION",
+    "INSTALL_COMMANDS",
+    "DynamoMissingError",
+    "dynamo_available",
+    "require_dynamo",
+]
 
 DYNAMO_VERSION = "1.6.1"
 INSTALL_COMMANDS = (

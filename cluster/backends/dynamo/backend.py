@@ -18,13 +18,13 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from auction import engine_priority
+from cluster.backends.dynamo.discovery import Discovery
+from cluster.backends.dynamo.routing import DynamoRoutes
+from cluster.backends.dynamo.settings import DynamoSettings
+from cluster.backends.dynamo.shadow import dynamo_override
+from cluster.backends.dynamo.shadow_view import ShadowView, shadow_metrics_text
 from cluster.coalesce import coalesced
 from cluster.dataplane.routing import ROLES, PoolRouting
-from cluster.dynamo.discovery import Discovery
-from cluster.dynamo.routing import DynamoRoutes
-from cluster.dynamo.settings import DynamoSettings
-from cluster.dynamo.shadow import dynamo_override
-from cluster.dynamo.shadow_view import ShadowView, shadow_metrics_text
 from cluster.kv_wire import kv_subject
 from cluster.ray.actor_support import ActorBus
 from cluster.serve.backend import Excluded, Placement
@@ -111,7 +111,7 @@ async def make_dynamo_path(
     chunk_interval_s: float = 0.0,
 ) -> ActorRequestPath:
     """The path an ingress replica builds at start (picklable through ``functools.partial``);
-    ``handles`` as :func:`cluster.serve.replica_path.make_actor_path` takes them, "router" being the
+    ``handles`` as :func:`cluster.backends.sim.path.make_actor_path` takes them, "router" being the
     shadow router."""
     del profile  # the engines are Dynamo's: no simulated profile on this path
     bus = ActorBus(nats_url, namespace, role="ingress", name="ingress")

@@ -1,11 +1,12 @@
 """An etcd for Dynamo's discovery, started beside the service (docs/design.md §6 "Dynamo":
-discovery across hosts; ``cluster/dynamo/discovery.py``).
+discovery across hosts; ``cluster/backends/dynamo/discovery.py``).
 
 The service starts one when ``dynamo.discovery`` is ``etcd`` and ``dynamo.etcd_endpoints`` is not
 set, as it starts NATS when ``nats_url`` is not: a one-member cluster with its data in a private
 folder (removed at close), its client and peer ports free ports, on loopback or on the node's
 address (``bind: node``, so workers on other hosts reach it). It runs under the same owner-death
-watchdog as Dynamo's processes (``cluster.dynamo.process.DynamoProcess`` runs any command), so a
+watchdog as Dynamo's processes (``cluster.backends.dynamo.process.DynamoProcess`` runs any
+command), so a
 killed owner leaves no etcd behind. Ready when ``GET /health`` answers ``{"health": "true"}``.
 
 The binary is Debian's ``etcd-server`` package (``make etcd``); a cluster runs its own etcd and
@@ -22,8 +23,8 @@ from types import TracebackType
 
 import httpx
 
-from cluster.dynamo.discovery import LOOPBACK
-from cluster.dynamo.process import DynamoProcess, DynamoStartError
+from cluster.backends.dynamo.discovery import LOOPBACK
+from cluster.backends.dynamo.process import DynamoProcess, DynamoStartError
 from cluster.nats_server import free_port
 
 __all__ = ["ETCD_INSTALL_HINT", "EtcdServer", "etcd_binary"]

@@ -3,7 +3,8 @@ backend").
 
 On the Dynamo backend, Dynamo's ``KvRouter`` picks the workers, with the controller's
 (tau, omega) as a per-request ``router_config_override``, and each ingress replica follows every
-pick with our router in-process (``cluster/dynamo/shadow_view.py: ShadowView``). This actor is
+pick with our router in-process (``cluster/backends/dynamo/shadow_view.py: ShadowView``). This
+actor is
 what the replicas sync to, off the request path:
 
 1. ``view()``: the policy, the pools and which Dynamo instance each slot runs as;
@@ -36,7 +37,7 @@ from cluster.events import MAX_WORKER_ID
 from cluster.kv_wire import kv_subject
 from cluster.ray.actor_support import MAX_PROMPT_TOKENS, check_int
 from cluster.ray.router_actor import ROLES, RouterActor
-from cluster.ray.status import DynamoBinding, RouterStats
+from cluster.ray.status import InstanceBinding, RouterStats
 
 __all__ = ["DynamoPolicy", "ShadowRouterActor", "dynamo_override"]
 
@@ -159,9 +160,9 @@ class ShadowRouterActor(RouterActor):
         }
 
     async def stats(self) -> RouterStats:
-        binding = DynamoBinding(
+        binding = InstanceBinding(
             instances={f"{r}/{s}": i for (r, s), i in self.instance_of.items()},
             unbound=dict(self.unbound),
             kv_subjects=dict(self.kv_subjects),
         )
-        return dataclasses.replace(await super().stats(), dynamo=binding)
+        return dataclasses.replace(await super().stats(), binding=binding)

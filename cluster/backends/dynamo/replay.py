@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from cluster.dynamo.install import require_dynamo
+from cluster.backends.dynamo.install import require_dynamo
 from cluster.sim.dynamo_profile import write_dynamo_profile
 from cluster.sim.pools import Topology
 from cluster.sim.profile import HardwareProfile

@@ -2,7 +2,8 @@
 
 It is the baseline "Dynamo's own frontend" that ``bench/dynamo.py`` compares the project's ingress
 against: same workers, same discovery, Dynamo's KV router instead of ours. The frontend finds
-workers through the service's discovery (cluster/dynamo/discovery.py); it lists a model under
+workers through the service's discovery (cluster/backends/dynamo/discovery.py); it lists a model
+under
 ``GET /v1/models`` only once a worker serving it has registered, so readiness means "the model
 is listed", which needs workers up.
 """
@@ -17,10 +18,10 @@ from typing import Any
 
 import httpx
 
-from cluster.dynamo.discovery import Discovery
-from cluster.dynamo.install import require_dynamo
-from cluster.dynamo.process import DynamoProcess, DynamoStartError
-from cluster.dynamo.settings import DynamoSettings, dynamo_env, frontend_command
+from cluster.backends.dynamo.discovery import Discovery
+from cluster.backends.dynamo.install import require_dynamo
+from cluster.backends.dynamo.process import DynamoProcess, DynamoStartError
+from cluster.backends.dynamo.settings import DynamoSettings, dynamo_env, frontend_command
 from cluster.nats_server import free_port
 
 __all__ = ["DynamoFrontend"]
@@ -67,8 +68,11 @@ class DynamoFrontend:
 
     def _timed_out(self, timeout_s: float) -> DynamoStartError:
         self.process.kill()
-        return DynamoStartError(self.process.describe(
-            f"did not list model {self.settings.model_name!r} within {timeout_s} s"))
+        return DynamoStartError(
+            self.process.describe(
+                f"did not list model {self.settings.model_name!r} within {timeout_s} s"
+            )
+        )
 
     async def wait_ready(self, timeout_s: float) -> None:
         """Wait until ``GET /v1/models`` lists the model; :class:`DynamoStartError` otherwise."""

@@ -29,6 +29,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from cluster.backends.sim.token_streams import DecodeOrder, Frame, StreamHost
 from cluster.coalesce import coalesced
 from cluster.dataplane.engine_loads import EngineReporter
 from cluster.dataplane.routing import Role
@@ -45,7 +46,6 @@ from cluster.ray.actor_support import (
     ready_record,
 )
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
-from cluster.ray.token_streams import DecodeOrder, Frame, StreamHost
 from cluster.sim.engines import DecodeEngine, PrefillEngine, PrefillResult, Token
 from cluster.sim.profile import HardwareProfile, load_profile
 from cluster.sim.wallclock import Clock, EngineLoad
@@ -124,9 +124,7 @@ class _WorkerActor:
         self.seed = check_int("seed", seed, 0, 2**63 - 1)
         self.profile: HardwareProfile = load_profile(profile)
         self.clock = _clock(speedup, epoch_wall)
-        self.bus = ActorBus(
-            nats_url, namespace, role="worker", name=f"{self.role}-{worker_id}"
-        )
+        self.bus = ActorBus(nats_url, namespace, role="worker", name=f"{self.role}-{worker_id}")
         self.kv_subject = kv_subject(namespace, component=self.role)
         self._pending: list[KvEvent] = []
         self._flush_scheduled = False
@@ -275,7 +273,8 @@ class DecodeWorkerActor(_WorkerActor):
         hashes = check_hashes("seq_hashes", seq_hashes, self._max_blocks)
         return self.engine.uncached_tokens(hashes, prompt)
 
-    # -- the replicas' shared streams (cluster/ray/token_streams.py) ---------------------------
+    # -- the replicas' shared streams (cluster/backends/sim/token_streams.py)
+    # ---------------------------
 
     def _check_order(self, order: DecodeOrder) -> None:
         self._check_prompt(order.request_id, order.prompt_tokens, list(order.local_hashes),
@@ -379,9 +378,7 @@ def _check_interval(value: object, name: str = "chunk_interval_s") -> float:
         or not isinstance(value, int | float)
         or not 0.0 <= value <= MAX_CHUNK_INTERVAL_S
     ):
-        raise ValueError(
-            f"{name} must be a number in [0, {MAX_CHUNK_INTERVAL_S}], got {value!r}"
-        )
+        raise ValueError(f"{name} must be a number in [0, {MAX_CHUNK_INTERVAL_S}], got {value!r}")
     return float(value)
 
 

@@ -1,5 +1,5 @@
 """An ingress replica's token streams, one per decode worker (docs/design.md "Tokens"; the worker
-side and the frame rule: ``cluster/ray/token_streams.py``).
+side and the frame rule: ``cluster/backends/sim/token_streams.py``).
 
 A request joins the stream of its decode worker: its order waits for the link's next ``submit``
 (one call in flight per link; orders that arrive meanwhile ride the next one, so a lone request
@@ -24,8 +24,8 @@ from typing import Any
 
 from ray.exceptions import RayTaskError
 
+from cluster.backends.sim.token_streams import MAX_ORDERS_PER_SUBMIT, DecodeOrder, Frame, StreamPart
 from cluster.dataplane.calls import call_detached, detached_task
-from cluster.ray.token_streams import MAX_ORDERS_PER_SUBMIT, DecodeOrder, Frame, StreamPart
 from cluster.serve.backend import WorkerFailed
 from cluster.serve.worker_handles import RAY_FAILURES, Workers, ray_cancel
 
@@ -220,4 +220,3 @@ class DecodeStreams:
         with contextlib.suppress(Exception):
             await asyncio.gather(*tasks, return_exceptions=True)
         self._links.clear()
-

@@ -38,6 +38,8 @@ from typing import Any
 
 import httpx
 
+from cluster.nats_server import WATCHDOG
+
 __all__ = [
     "DynamoProcess",
     "DynamoStartError",
@@ -47,7 +49,6 @@ __all__ = [
     "read_log_tail",
 ]
 
-_WATCHDOG = Path(__file__).resolve().parent.parent / "nats_watchdog.py"
 HTTP_TIMEOUT_S = 2.0
 LOG_TAIL_BYTES = 64 * 1024  # read at most this much of a log's end: logs are never truncated
 PORT_TAKEN_MARK = "System status server startup failed"
@@ -163,9 +164,11 @@ class DynamoProcess:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log_path, "ab") as log:  # fail here, not inside the watchdog
                 self._log_offset = log.tell()  # the log is shared by restarts: read ours only
-                log.write(f"--- start {time.strftime('%Y-%m-%dT%H:%M:%S')}: "
-                          f"{' '.join(self.argv)}\n".encode())
-            command = [sys.executable, "-I", "-S", str(_WATCHDOG), "--owner-pid", str(os.getpid())]
+                log.write(
+                    f"--- start {time.strftime('%Y-%m-%dT%H:%M:%S')}: "
+                    f"{' '.join(self.argv)}\n".encode()
+                )
+            command = [sys.executable, "-I", "-S", str(WATCHDOG), "--owner-pid", str(os.getpid())]
             if threading.current_thread() is threading.main_thread():
                 command.append("--arm-pdeathsig")  # see nats_watchdog: the main-thread caveat
             command += ["--log", str(self.log_path), "--", *self.argv]
@@ -296,8 +299,10 @@ class DynamoProcess:
     def describe(self, what: str) -> str:
         """``what`` happened, with the exit status and the log's last 20 lines."""
         tail = "\n".join("  " + line for line in self.log_tail(20)) or "  (empty)"
-        return (f"{' '.join(self.argv[:4])}... {what} (returncode {self.returncode}); "
-                f"last lines of {self.log_path}:\n{tail}")
+        return (
+            f"{' '.join(self.argv[:4])}... {what} (returncode {self.returncode}); "
+            f"last lines of {self.log_path}:\n{tail}"
+        )
 
     async def _get(self, path: str, port: int | None = None) -> httpx.Response:
         port = self.system_port if port is None else port
@@ -347,8 +352,7 @@ class DynamoProcess:
                 raise DynamoStartError(self.describe("exited before it was ready"))
             if self.port_taken():
                 await asyncio.to_thread(self.kill)
-                raise DynamoStartError(self.describe(f"found system port {self.system_port} "
-                                                      "taken"))
+                raise DynamoStartError(self.describe(f"found system port {self.system_port} taken"))
             endpoints = (await self.health()).get("endpoints")
             if isinstance(endpoints, dict) and endpoints.get(self.endpoint) == "ready":
                 found = await self.instance_id()

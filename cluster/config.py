@@ -13,13 +13,14 @@ load that saturates the modelled GPUs: at 0.25 the 70B 1P/5D ceiling of 47 req/s
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from auction import prefill_slots_per_worker
+from cluster.backends.dynamo.settings import DynamoSettings
+from cluster.backends.registry import backend_names
 from cluster.dataplane.settings import AdmissionSettings, RoutingSettings
-from cluster.dynamo.settings import DynamoSettings
 from cluster.ledger.location import MAX_URL_CHARS, SCHEMA_PATTERN, check_postgres_url
 from cluster.models import StrictModel, load_yaml_model
 from cluster.ray.auction_settings import AuctionSettingsModel
@@ -32,6 +33,12 @@ __all__ = ["DEFAULT_CONFIG", "ServeConfig", "load_config"]
 
 
 DYNAMO_DEFAULT_MAX_NUM_SEQS = 256  # dynamo.mocker's and vLLM's default --max-num-seqs
+
+
+def _known_backend(name: str) -> str:
+    if name not in backend_names():  # cluster.backends: one registry entry per backend
+        raise ValueError(f"unknown backend {name!r}; known: {', '.join(backend_names())}")
+    return name
 
 
 def _known_profile(name: str) -> str:
@@ -91,7 +98,7 @@ class ServeConfig(StrictModel):
     # it decoded at most every this many wall seconds, one Ray object each (0: one per decode
     # iteration). 50 ms: a stream read by a person then updates 20 times a second, as often
     # as a screen needs, while each Ray object (and SSE event) carries several decode steps
-    # (8.5 ms each on the 70B profile). cluster/ray/workers.py; docs/design.md "Data flow"
+    # (8.5 ms each on the 70B profile). cluster/backends/sim/workers.py; docs/design.md "Data flow"
     # has the measurement (TTFT is not affected: the first token never waits).
     stream_chunk_s: float = Field(default=0.05, ge=0.0, le=1.0)
     # How each ingress replica's routing view stays current (cluster/dataplane/settings.py).
@@ -101,7 +108,7 @@ class ServeConfig(StrictModel):
     # "sim": the simulated engines of ``profile``; "dynamo": real Dynamo worker processes
     # (``dynamo.mocker`` on CPU, ``dynamo.vllm`` on GPU nodes) routed by Dynamo's KvRouter with
     # the controller's override, our router in shadow (docs/design.md §6 "Dynamo backend").
-    backend: Literal["sim", "dynamo"] = "sim"
+    backend: Annotated[str, AfterValidator(_known_backend)] = "sim"
     dynamo: DynamoSettings = DynamoSettings()
 
     @field_validator("topology")

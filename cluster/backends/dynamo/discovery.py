@@ -8,7 +8,7 @@ discovery backend, which routers and frontends watch. Two of its backends serve 
   worker on another host writes to a folder nobody else reads.
 - ``etcd``: an etcd cluster (``ETCD_ENDPOINTS``, comma-separated client URLs). Any number of
   hosts: the Helm chart runs one as a StatefulSet; on one machine the service starts one itself
-  (``cluster/etcd_server.py``) when ``dynamo.etcd_endpoints`` is not set.
+  (``cluster/backends/dynamo/etcd_server.py``) when ``dynamo.etcd_endpoints`` is not set.
 
 A worker announces the address it listens on (``DYN_TCP_RPC_HOST``, and the ingress's
 ``DYN_TCP_RESPONSE_STREAM_HOST`` where workers stream answers back). ``bind: loopback`` keeps

@@ -2,20 +2,24 @@
 
 :class:`cluster.service.Service` composes the same service — NATS, Ray, the auction, PoA and
 controller actors, the OpenAI ingress — whatever its engines; :class:`DynamoEngines` is what
-it is given for Dynamo (``cluster.engines.engines_for`` picks it when ``backend`` is
+it is given for Dynamo (``cluster.backends.engines_for`` picks it when ``backend`` is
 ``dynamo``), and changes three parts:
 
-- workers: one :class:`cluster.dynamo.worker_actor.DynamoWorkerActor` per slot, each owning one
+- workers: one :class:`cluster.backends.dynamo.worker_actor.DynamoWorkerActor` per slot, each
+owning one
   Dynamo process (``dynamo.mocker`` or ``dynamo.vllm``) placed by the same accelerator resources;
-- the router: :class:`cluster.dynamo.shadow.ShadowRouterActor`, fed by Dynamo's KV events, told
+- the router: :class:`cluster.backends.dynamo.shadow.ShadowRouterActor`, fed by Dynamo's KV events,
+told
   each worker's instance id (and again after every restart of its process);
 - the request path: :class:`cluster.serve.path.ActorRequestPath` over
-  :class:`cluster.dynamo.backend.DynamoBackend`, which routes with Dynamo's
+  :class:`cluster.backends.dynamo.backend.DynamoBackend`, which routes with Dynamo's
   ``KvRouter`` and the controller's override.
 
-The Dynamo processes of one service share its discovery (``cluster/dynamo/discovery.py``): a
+The Dynamo processes of one service share its discovery (``cluster/backends/dynamo/discovery.py``):
+a
 fresh file-discovery folder (removed at stop: a stale entry would name a dead worker), or etcd
-at ``dynamo.etcd_endpoints``, or an etcd the engines start themselves (``cluster/etcd_server.py``,
+at ``dynamo.etcd_endpoints``, or an etcd the engines start themselves
+(``cluster/backends/dynamo/etcd_server.py``,
 stopped at stop). They keep their logs under ``<ledger folder>/dynamo-logs`` on their nodes.
 """
 
@@ -26,19 +30,23 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
-from cluster.dynamo.discovery import Discovery, listen_host
-from cluster.dynamo.install import require_dynamo
-from cluster.dynamo.shadow import ShadowRouterActor
-from cluster.etcd_server import EtcdServer
-from cluster.ray.worker_factory import DynamoWorkerSpec, WorkerSpec
-from cluster.serve.config import ServeConfig
+from cluster.backends.dynamo.discovery import Discovery, listen_host
+from cluster.backends.dynamo.etcd_server import EtcdServer
+from cluster.backends.dynamo.install import require_dynamo
+from cluster.backends.dynamo.shadow import ShadowRouterActor
+from cluster.backends.dynamo.worker_spec import DynamoWorkerSpec
+from cluster.backends.registry import engine_spec
+from cluster.ray.launcher import READY_TIMEOUT_S
+from cluster.ray.service_handles import ServiceHandles
 from cluster.serve.deployment import PathFactory
-from cluster.service import READY_TIMEOUT_S, Service
-from cluster.service_handles import ServiceHandles
+from cluster.worker_spec import WorkerSpec
+
+if TYPE_CHECKING:
+    from cluster.config import ServeConfig
 
 __all__ = ["DynamoEngines"]
 
@@ -60,11 +68,11 @@ class DynamoEngines:
 
     def worker_spec(self, base: WorkerSpec) -> WorkerSpec:
         Path(self.log_dir).mkdir(parents=True, exist_ok=True)
-        dynamo = DynamoWorkerSpec(
+        own = DynamoWorkerSpec(
             settings=self.config.dynamo.model_dump(), discovery=self._discovery(),
             log_dir=self.log_dir,
         )  # fmt: skip
-        return base.model_copy(update={"dynamo": dynamo})
+        return base.model_copy(update={"engine": engine_spec("dynamo", own.model_dump())})
 
     def _discovery(self) -> Discovery:
         if self.discovery is None:
@@ -103,14 +111,14 @@ class DynamoEngines:
         # From now on each worker re-binds its instance id after a restart of its process.
         ray.get([w.attach.remote(handles.router) for w in workers], timeout=READY_TIMEOUT_S)
 
-    def path_factory(self, service: Service) -> PathFactory:
-        from cluster.dynamo.backend import make_dynamo_path
+    def path_factory(self, handles: Mapping[str, Any], nats_url: str | None) -> PathFactory:
+        from cluster.backends.dynamo.backend import make_dynamo_path
 
         cfg = self.config
-        assert service.nats_url is not None and self.discovery is not None  # set at start
+        assert nats_url is not None and self.discovery is not None  # set at start
         return functools.partial(
-            make_dynamo_path, handles=service.handle_map(), profile=cfg.profile,
-            nats_url=service.nats_url, namespace=cfg.namespace,
+            make_dynamo_path, handles=dict(handles), profile=cfg.profile,
+            nats_url=nats_url, namespace=cfg.namespace,
             settings=cfg.dynamo.model_dump(), discovery=self.discovery,
             model_name=cfg.dynamo.model_name, exchange_period_s=cfg.admission.exchange_period_s,
             chunk_interval_s=cfg.stream_chunk_s,

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cluster.dynamo.discovery import Discovery, listen_host
-from cluster.dynamo.install import require_dynamo
-from cluster.dynamo.process import DynamoProcess, DynamoStartError, parse_metrics
-from cluster.dynamo.settings import (
+from cluster.backends.dynamo.discovery import Discovery, listen_host
+from cluster.backends.dynamo.install import require_dynamo
+from cluster.backends.dynamo.process import DynamoProcess, DynamoStartError, parse_metrics
+from cluster.backends.dynamo.settings import (
     DynamoSettings,
     Role,
     dynamo_env,
@@ -42,6 +42,7 @@ from cluster.dynamo.settings import (
     worker_command,
 )
 from cluster.ray.actor_support import restore_after_restart
+from cluster.ray.status import EngineInflight
 
 __all__ = ["DynamoWorkerActor", "EngineProcess", "EngineProcessState", "dynamo_worker_name"]
 
@@ -75,16 +76,6 @@ class EngineProcessState(EngineProcess):
     health: Mapping[str, Any]
     failed: str | None
 
-
-@dataclass(frozen=True)
-class EngineInflight:
-    """A Dynamo engine's load as its own ``/metrics`` tells it: requests in flight on its
-    generate endpoint (None while it does not say)."""
-
-    slot: int
-    role: str
-    instance_id: int | None
-    inflight: float | None
 
 PORT_ATTEMPTS = 3  # a free port can be taken between our probe and Dynamo's bind: try again
 MAX_BACKOFF_S = 30.0
@@ -210,10 +201,22 @@ class DynamoWorkerActor:
         host = listen_host(self.settings.bind)
         for attempt in range(PORT_ATTEMPTS):
             port = free_system_port()
-            env = dynamo_env(self.settings, nats_url=self.nats_url, discovery=self.discovery,
-                             system_port=port, host=host)
-            process = DynamoProcess(argv, env, self.log_path, port, component=self.component,
-                                    endpoint=self.settings.endpoint, cwd=self.work_dir)
+            env = dynamo_env(
+                self.settings,
+                nats_url=self.nats_url,
+                discovery=self.discovery,
+                system_port=port,
+                host=host,
+            )
+            process = DynamoProcess(
+                argv,
+                env,
+                self.log_path,
+                port,
+                component=self.component,
+                endpoint=self.settings.endpoint,
+                cwd=self.work_dir,
+            )
             self.process = process
             await asyncio.to_thread(process.start)
             try:
@@ -366,9 +369,11 @@ class DynamoWorkerActor:
     async def load(self) -> EngineInflight:
         """Best effort, to pick the least-loaded worker."""
         text = await self.metrics_text()
-        values = [value for name, labels, value in parse_metrics(text)
-                  if name == INFLIGHT_METRIC
-                  and labels.get("dynamo_endpoint") == self.settings.endpoint]
+        values = [
+            value
+            for name, labels, value in parse_metrics(text)
+            if name == INFLIGHT_METRIC and labels.get("dynamo_endpoint") == self.settings.endpoint
+        ]
         return EngineInflight(self.slot, self.role, self.instance_id,
                               sum(values) if values else None)  # fmt: skip
 

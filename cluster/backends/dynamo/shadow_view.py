@@ -190,9 +190,7 @@ AGREEMENT = "disagg_dynamo_router_agreement_total"
 COST_GAP = "disagg_dynamo_router_cost_gap"
 
 
-def shadow_metrics_text(
-    agreement: dict[str, Counter[str]], cost_gap: dict[str, CostGap]
-) -> str:
+def shadow_metrics_text(agreement: dict[str, Counter[str]], cost_gap: dict[str, CostGap]) -> str:
     """One replica's agreement counts and cost gaps as Prometheus text (the ingress sums the
     replicas'); names and help as registered in ``telemetry/metrics.py``."""
     lines = [
@@ -200,8 +198,11 @@ def shadow_metrics_text(
         "worker, a tie in our cost, or different",
         f"# TYPE {AGREEMENT} counter",
     ]
-    lines += [f'{AGREEMENT}{{agree="{a}",role="{r}"}} {n}'
-              for r, counts in sorted(agreement.items()) for a, n in sorted(counts.items())]
+    lines += [
+        f'{AGREEMENT}{{agree="{a}",role="{r}"}} {n}'
+        for r, counts in sorted(agreement.items())
+        for a, n in sorted(counts.items())
+    ]
     lines += [
         f"# HELP {COST_GAP} Our cost of Dynamo's pick minus our lowest cost, by role",
         f"# TYPE {COST_GAP} summary",

@@ -23,8 +23,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from cluster.backends.dynamo.discovery import ETCD_URLS_PATTERN, LOOPBACK, Discovery
 from cluster.bus import redact_url
-from cluster.dynamo.discovery import ETCD_URLS_PATTERN, LOOPBACK, Discovery
 from cluster.models import StrictModel
 from cluster.nats_auth import dynamo_auth_env
 
@@ -79,7 +79,8 @@ class DynamoSettings(StrictModel):
     # checks in a row (one per health_period_s) is hung, and is killed and restarted.
     health_period_s: float = Field(default=5.0, gt=0.0, le=3600.0)
     health_failures: int = Field(default=3, ge=1, le=1000)
-    # Where the processes find each other (cluster/dynamo/discovery.py): "file", a folder on one
+    # Where the processes find each other (cluster/backends/dynamo/discovery.py): "file", a folder
+    # on one
     # host; "etcd", across hosts, at etcd_endpoints (None: the service starts an etcd itself).
     discovery: Literal["file", "etcd"] = "file"
     etcd_endpoints: str | None = Field(default=None, max_length=1024, pattern=ETCD_URLS_PATTERN)
@@ -162,22 +163,36 @@ def worker_command(settings: DynamoSettings, role: str, model_path: str) -> list
     r = _check_role(role)
     if settings.engine == "mocker":
         return [
-            sys.executable, "-m", "dynamo.mocker",
-            "--model-path", model_path,
-            "--model-name", settings.model_name,
-            "--block-size", str(settings.block_size),
-            "--num-gpu-blocks-override", str(settings.num_gpu_blocks),
-            "--speedup-ratio", repr(settings.speedup_ratio),
-            "--disaggregation-mode", r,
+            sys.executable,
+            "-m",
+            "dynamo.mocker",
+            "--model-path",
+            model_path,
+            "--model-name",
+            settings.model_name,
+            "--block-size",
+            str(settings.block_size),
+            "--num-gpu-blocks-override",
+            str(settings.num_gpu_blocks),
+            "--speedup-ratio",
+            repr(settings.speedup_ratio),
+            "--disaggregation-mode",
+            r,
             *_endpoint_flag(settings, r),
             *_engine_flags(settings),
         ]
     return [
-        sys.executable, "-m", "dynamo.vllm",
-        "--model", model_path,
-        "--served-model-name", settings.model_name,
-        "--block-size", str(settings.block_size),
-        "--disaggregation-mode", r,
+        sys.executable,
+        "-m",
+        "dynamo.vllm",
+        "--model",
+        model_path,
+        "--served-model-name",
+        settings.model_name,
+        "--block-size",
+        str(settings.block_size),
+        "--disaggregation-mode",
+        r,
         *_endpoint_flag(settings, r),
         *_engine_flags(settings),
         *_vllm_scheduling(settings),
@@ -194,10 +209,15 @@ def frontend_command(
     if router_mode not in ("kv", "round-robin", "random", "power-of-two"):
         raise ValueError(f"router_mode {router_mode!r} is not one this project uses")
     return [
-        sys.executable, "-m", "dynamo.frontend",
-        "--router-mode", router_mode,
-        "--http-host", LOOPBACK,
-        "--http-port", str(http_port),
+        sys.executable,
+        "-m",
+        "dynamo.frontend",
+        "--router-mode",
+        router_mode,
+        "--http-host",
+        LOOPBACK,
+        "--http-port",
+        str(http_port),
     ]
 
 
@@ -207,7 +227,7 @@ def dynamo_env(
 ) -> dict[str, str]:  # fmt: skip
     """The variables a Dynamo process needs besides the inherited environment: its
     ``discovery``, NATS for events (as the ``dynamo`` role when the bus has credentials), TCP
-    requests on ``host`` (cluster/dynamo/discovery.py: loopback or the node's address), the
+    requests on ``host`` (cluster/backends/dynamo/discovery.py: loopback or the node's address), the
     system port on loopback, offline Hugging Face."""
     if not nats_url.startswith(("nats://", "tls://")):
         raise ValueError(f"nats_url must be a nats:// URL, got {redact_url(nats_url)!r}")
@@ -225,7 +245,9 @@ def dynamo_env(
     }
     if system_port is not None:
         if not 1 <= system_port <= MAX_SYSTEM_PORT:
-            raise ValueError(f"system_port must lie in [1, {MAX_SYSTEM_PORT}] (Dynamo 1.6.1 parses "
-                             f"DYN_SYSTEM_PORT as an i16), got {system_port}")
+            raise ValueError(
+                f"system_port must lie in [1, {MAX_SYSTEM_PORT}] (Dynamo 1.6.1 parses "
+                f"DYN_SYSTEM_PORT as an i16), got {system_port}"
+            )
         env["DYN_SYSTEM_PORT"] = str(system_port)
     return env

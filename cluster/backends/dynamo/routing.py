@@ -17,7 +17,8 @@ as :class:`DynamoWorkerFailed` naming the role and instance, and ``choose(..., e
 picks among the others, so the ingress retries once elsewhere.
 
 The runtime joins the deployment through the same environment the workers get
-(``cluster.dynamo.settings.dynamo_env``: file or etcd discovery, NATS event plane, TCP request
+(``cluster.backends.dynamo.settings.dynamo_env``: file or etcd discovery, NATS event plane, TCP
+request
 plane).
 """
 
@@ -30,9 +31,9 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 from auction.priority import NON_PAYING
-from cluster.dynamo.discovery import Discovery, listen_host
-from cluster.dynamo.install import require_dynamo
-from cluster.dynamo.settings import DynamoSettings, dynamo_env
+from cluster.backends.dynamo.discovery import Discovery, listen_host
+from cluster.backends.dynamo.install import require_dynamo
+from cluster.backends.dynamo.settings import DynamoSettings, dynamo_env
 from cluster.serve.backend import WorkerFailed
 
 __all__ = ["DynamoRoutes", "DynamoWorkerFailed"]
@@ -116,16 +117,14 @@ class DynamoRoutes:
         from dynamo.runtime import DistributedRuntime
 
         s = self.settings
-        self.runtime = DistributedRuntime(
-            asyncio.get_running_loop(), self.discovery.backend, "tcp"
-        )
+        self.runtime = DistributedRuntime(asyncio.get_running_loop(), self.discovery.backend, "tcp")
         components = {"prefill": s.prefill_component, "decode": s.decode_component}
         for role, component in components.items():
             endpoint = self.runtime.endpoint(f"{s.namespace}.{component}.{s.endpoint}")
             # Decode workers publish no KV events in disaggregated mode: their router balances
             # load only (Dynamo's own frontend does the same).
-            config = KvRouterConfig() if role == "prefill" else KvRouterConfig(
-                overlap_score_credit=0.0
+            config = (
+                KvRouterConfig() if role == "prefill" else KvRouterConfig(overlap_score_credit=0.0)
             )
             self.routers[role] = KvRouter(endpoint, s.block_size, config)
 

@@ -2,7 +2,7 @@
 places a request (``cluster.dataplane.replica.ReplicaRouter``, in-process), the prefill worker
 actor computes the prompt, the KV transfer is slept in the engines' virtual time, and the decode
 worker streams the tokens through the replica's shared stream to it
-(``cluster/serve/decode_streams.py``; docs/design.md "Data flow", "Tokens").
+(``cluster/backends/sim/decode_streams.py``; docs/design.md "Data flow", "Tokens").
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from collections.abc import AsyncIterator, Collection
 from ray.exceptions import RayTaskError
 
 from auction import engine_priority
+from cluster.backends.sim.decode_streams import DecodeStreams
+from cluster.backends.sim.token_streams import DecodeOrder
 from cluster.dataplane.replica import ReplicaRouter
 from cluster.dataplane.routing import Route
-from cluster.ray.token_streams import DecodeOrder
 from cluster.serve.backend import Excluded, Placement, WorkerFailed
-from cluster.serve.decode_streams import DecodeStreams
 from cluster.serve.path_types import PathRequest, TokenChunk
 from cluster.serve.replica_metrics import routing_cost_text, view_requests_text
 from cluster.serve.worker_handles import RAY_FAILURES, Workers, not_taking_work

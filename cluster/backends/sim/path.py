@@ -1,0 +1,52 @@
+"""The simulated backend's request path in each ingress replica: the replica's own router over
+the service's pools (``cluster.dataplane.replica``) and :class:`cluster.backends.sim.backend.
+SimBackend` over the simulated worker actors (docs/design.md "Data flow (serve mode)")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cluster.backends.sim.backend import SimBackend
+from cluster.dataplane.replica import ReplicaRouter
+from cluster.dataplane.routing import PoolRouting
+from cluster.dataplane.settings import EXCHANGE_PERIOD_S, RoutingSettings
+from cluster.ray.actor_support import ActorBus
+from cluster.serve.path import ActorRequestPath
+from cluster.serve.replica_path import compose_path
+
+__all__ = ["make_actor_path"]
+
+
+async def make_actor_path(
+    *,
+    handles: dict[str, Any],
+    profile: str,
+    speedup: float,
+    nats_url: str | None,
+    namespace: str,
+    block_size: int,
+    local_prefill_max_tokens: int,
+    seed: int = 0,
+    routing: dict[str, Any] | None = None,
+    chunk_interval_s: float = 0.0,
+    exchange_period_s: float = EXCHANGE_PERIOD_S,
+) -> ActorRequestPath:
+    """The path an ingress replica builds at start (picklable through ``functools.partial``):
+    ``handles``: "router", "auction", "poa", "controller" → a handle each; "prefill", "decode" →
+    {worker id: handle}. The replica's router starts from the router actor's view."""
+    from cluster.sim.profile import load_profile
+
+    bus = ActorBus(nats_url, namespace, role="ingress", name="ingress")
+    settings = RoutingSettings.model_validate(routing or {})
+    pools = PoolRouting(
+        block_size=block_size, local_prefill_max_tokens=local_prefill_max_tokens, seed=seed,
+        prefill_workers=sorted(handles["prefill"]), decode_workers=sorted(handles["decode"]),
+    )  # fmt: skip
+    router = ReplicaRouter(pools, bus, control=handles["router"], settings=settings)
+    loaded = load_profile(profile)
+    return await compose_path(
+        handles=handles, namespace=namespace, bus=bus, view=router,
+        backend=lambda workers: SimBackend(router=router, workers=workers, profile=loaded,
+                                           speedup=speedup, chunk_interval_s=chunk_interval_s),
+        exchange_period_s=exchange_period_s,
+    )  # fmt: skip

@@ -16,8 +16,8 @@ Public API::
     PacingBidder(gamma, T)                        budget-pacing autobidder (alpha = 1/(1+mu))
     repeated.simulate(draw_batch, T, pacing)      repeated auctions; autobidder_regret(...)
     pacing_welfare_bound(tree, values, bids)      (1/(n-1))·Σ_u L_u*(v)/κ_u
-    Ledger(path)                                  exactly-once charges against budgets, on disk;
-                                                  holds: reserve, capture, release
+    Account, Charge, Hold, LedgerError, ...       money's units, records and refusals; the
+                                                  books that keep them are cluster/ledger/
     AdmissionQueue(AuctionSettings())             admission (service and simulator): FCFS or
                                                   auctioned batches
     engine_priority(bid)                          the priority a request carries to the engines
@@ -34,14 +34,13 @@ from auction.admission import (
     prefill_slots_per_worker,
     split_payments,
 )
-from auction.ledger import (
+from auction.money import (
     Account,
     BudgetExceeded,
     Charge,
     ChargeConflictError,
     Hold,
     HoldError,
-    Ledger,
     LedgerCorruptError,
     LedgerError,
     UnknownAccountError,
@@ -86,7 +85,6 @@ __all__ = [
     "ChargeConflictError",
     "Hold",
     "HoldError",
-    "Ledger",
     "LedgerCorruptError",
     "LedgerError",
     "PacingBidder",

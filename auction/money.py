@@ -12,7 +12,8 @@ Keys are non-empty strings only: an integer id would be stored as its decimal te
 with the string of the same digits (1 and "1" were one key); a caller with integer batch numbers
 converts them itself, once, the same way everywhere (e.g. ``f"batch-{k}"``).
 
-Everything here is re-exported by ``auction.ledger`` (and the public names by ``auction``).
+The ledgers that keep the books (SQLite, PostgreSQL) are ``cluster/ledger/``; they re-export
+these names, and ``auction`` the public ones.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ Why 1e9:
   admission stage forms) that is 65 536²·1e9 ≈ 4.3e18, so every such sum, its prefix sums and
   their differences stay finite with about 290 orders of magnitude to spare below float64's
   1.8e308. A bid of 1e308 (accepted before) made payments ``inf`` or ``nan``.
-- Resolution. Money is counted in micro-units (auction/ledger.py). float64 resolves 1e-6 only
+- Resolution. Money is counted in micro-units (auction/money.py). float64 resolves 1e-6 only
   up to 2³³ ≈ 8.6e9 (the spacing of floats near 1e9 is 1.2e-7), so 1e9 is the largest power of
   ten at which a float bid still carries every micro-unit.
 - One maximal bid is a thousandth of the ledger's ``MAX_AMOUNT``: any single bid can be charged.

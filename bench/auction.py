@@ -27,7 +27,7 @@ import numpy as np
 from auction import build_radix_tree, dfs_bid_order, vcg_payments, vcg_payments_naive
 from bench.common import add_output_flags, at_least, at_most, emit, verdict
 from cluster.progress import progress_bar
-from cluster.workloads import make_workload
+from cluster.sim.workloads import make_workload
 
 WORKLOADS = ("mixshare-50", "mixshare-90", "chains", "trees-short", "trees-long")
 SPEEDUP_MIN = 100.0

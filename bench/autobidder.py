@@ -1,6 +1,7 @@
 """Autobidder benchmark: regret of budget pacing against the best fixed α, as T grows.
 
-A stationary workload (a few radix trees from ``cluster.workloads``, fresh values 1 + Pareto(1.5)
+A stationary workload (a few radix trees from ``cluster.sim.workloads``, fresh values 1 +
+Pareto(1.5)
 every batch), some pacing users and the rest truthful. Each pacing user's per-batch budget γ is a
 fraction of what it pays when everyone bids truthfully (measured on a pilot run), so the budget
 binds. For every horizon T the repeated auction is run over several seeds, and each pacing user's
@@ -41,7 +42,7 @@ from auction.regret import autobidder_regret, loglog_slope
 from auction.repeated import RepeatedResult, simulate, stationary_source
 from bench.common import add_output_flags, at_most, emit, verdict
 from cluster.progress import progress_bar
-from cluster.workloads import make_workload, pareto_values
+from cluster.sim.workloads import make_workload, pareto_values
 
 SLOPE_TARGET = 0.6
 

@@ -21,7 +21,7 @@ from auction import prefill_slots_per_worker
 from cluster.backends.dynamo.settings import DynamoSettings
 from cluster.backends.registry import backend_names
 from cluster.dataplane.settings import AdmissionSettings, RoutingSettings
-from cluster.ledger.location import MAX_URL_CHARS, SCHEMA_PATTERN, check_postgres_url
+from cluster.ledger.urls import MAX_URL_CHARS, SCHEMA_PATTERN, check_postgres_url
 from cluster.models import StrictModel, load_yaml_model
 from cluster.ray.auction_settings import AuctionSettingsModel
 from cluster.ray.controller_actor import ControllerSettings

@@ -8,7 +8,7 @@ so nothing is left running. Actors are named ``<namespace>-<role>[-<id>]`` in th
 ``disaggctl`` so that ``disaggctl status`` and tests can find them.
 
 ``start_actors`` and ``ingress_application`` are the two halves on their own: ``serve deploy``
-(``cluster/serve/app_builder.py``) runs them with ``lifetime="detached"`` on a Ray cluster, with
+(``cluster/app_builder.py``) runs them with ``lifetime="detached"`` on a Ray cluster, with
 an external NATS server, and leaves the rest (HTTP options, shutdown) to Serve.
 """
 
@@ -171,7 +171,7 @@ class Service:
         """Start the worker and control-plane actors on the Ray session already joined, talking
         to ``self.nats_url``; ``model_dir`` None: each node builds the default one.
 
-        ``lifetime="detached"`` (``serve deploy``, :mod:`cluster.serve.app_builder`): the actors
+        ``lifetime="detached"`` (``serve deploy``, :mod:`cluster.app_builder`): the actors
         and their placement groups outlive the job that starts them, and an actor whose name
         already exists in the namespace is reused (``ray.get_actor``) instead of started again.
         A reused actor keeps the clock epoch it was started with."""

@@ -7,7 +7,7 @@ Every message carries ``v``, ``publisher`` (an id that is new each time a publis
 message, the event's fields beside those three. The data plane's (:data:`BATCHED`: ``route``,
 ``first_token``, ``complete``, ``load``, ``engine_load``) go in batches: ``{"v", "publisher",
 "seq", "events": [...]}``, one message per publisher and subject every few tens of milliseconds
-(``cluster.ray.actor_support.ActorBus``), validated once per message, at most
+(``cluster.actor_bus.ActorBus``), validated once per message, at most
 :data:`MAX_BATCH_EVENTS` events and :data:`MAX_MESSAGE_BYTES` bytes, one ``seq`` per batch.
 
 :func:`decode_all` never trusts the wire and never lets anything but :class:`MalformedEventError`

@@ -84,7 +84,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _auction(args: argparse.Namespace) -> int:
     from cluster.sim.auction_queue import plan_queue, simulate_queue
-    from cluster.workloads import ValueModel, make_workload
+    from cluster.sim.workloads import ValueModel, make_workload
 
     o = from_args(AuctionOptions, args)
     queue = o.n if o.queue is None else o.queue

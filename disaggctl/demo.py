@@ -20,7 +20,7 @@ from auction import SCHEDULERS
 from cluster.models import validate_model
 from cluster.progress import progress_bar
 from cluster.sim.auction_queue import plan_queue, simulate_queue
-from cluster.workloads import Workload, make_workload
+from cluster.sim.workloads import Workload, make_workload
 from disaggctl.jsonout import strict_dumps
 from disaggctl.options import MAX_N, DemoOptions
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import httpx
 
 from cluster.model_dir import load_words
-from cluster.workloads import output_length_range
+from cluster.sim.workloads import output_length_range
 
 __all__ = [
     "Bidder",
@@ -168,7 +168,7 @@ async def _one_request(
 def output_lengths(max_tokens: int, range_ratio: float, seed: int) -> Callable[[], int]:
     """Each call, the next request's ``max_tokens``: uniform over the integers in
     [L(1 - r), L(1 + r)], L = ``max_tokens``, r = ``range_ratio``
-    (``cluster.workloads.output_length_range``), from a seeded stream of its own so that the
+    (``cluster.sim.workloads.output_length_range``), from a seeded stream of its own so that the
     users' draws do not depend on r."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")

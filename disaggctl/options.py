@@ -26,7 +26,7 @@ from cluster.sim.profile import (
     available_profiles,
     normalise_topology,
 )
-from cluster.workloads import GENERATORS
+from cluster.sim.workloads import GENERATORS
 
 __all__ = [
     "MAX_CONCURRENCY",

@@ -12,8 +12,8 @@ from typing import Literal
 
 import pytest
 
-from auction.ledger_book import LedgerBook
 from cluster.ledger import open_ledger
+from cluster.ledger.book import LedgerBook
 
 Backend = Literal["sqlite", "postgres"]
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.integration)]

@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from cluster.actor_bus import ActorBus, cancel_all, subscribe_when_connected
 from cluster.dataplane.calls import FailureCount, ask, detached_task
 from cluster.dataplane.engine_loads import EngineLoads, engine_snapshot
 from cluster.dataplane.peers import PeerLoads, PeerReport, ReportGate
@@ -44,7 +45,6 @@ from cluster.events import (
     WorkerLoad,
 )
 from cluster.kv_wire import kv_subject
-from cluster.ray.actor_support import ActorBus, cancel_all, subscribe_when_connected
 from router import LoadView
 
 __all__ = ["ReplicaRouter"]

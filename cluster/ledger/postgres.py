@@ -1,7 +1,8 @@
-"""The ledger in PostgreSQL, for clusters: the contract of ``auction.ledger`` over a server that
+"""The ledger in PostgreSQL, for clusters: the contract of ``cluster.ledger.sqlite`` over a server
+that
 outlives pods and takes writers from any node (docs/design.md §1 "Ledger", "Security model").
 
-The queries are the SQLite ledger's (``auction/ledger_book.py``, ``auction/holds.py``); this
+The queries are the SQLite ledger's (``cluster/ledger/book.py``, ``cluster/ledger/holds.py``); this
 module supplies the connection, the transactions and the schema (``postgres_schema.py``).
 
 Guarantees, and what provides them here:
@@ -36,11 +37,11 @@ from typing import Any
 import psycopg
 from psycopg import pq
 
-from auction.ledger_book import LedgerBook, check_timeout
-from auction.ledger_sql import Rows
 from auction.money import LedgerCorruptError, LedgerError
-from cluster.ledger.location import SCHEMA_PATTERN, check_postgres_url
+from cluster.ledger.book import LedgerBook, check_timeout
 from cluster.ledger.postgres_schema import COLUMNS, TABLES
+from cluster.ledger.sql import Rows
+from cluster.ledger.urls import SCHEMA_PATTERN, check_postgres_url
 
 __all__ = ["PostgresLedger"]
 
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 
 
 class _Connection:
-    """psycopg's connection speaking the ledger's ``?`` placeholders (auction/ledger_sql.py).
+    """psycopg's connection speaking the ledger's ``?`` placeholders (cluster/ledger/sql.py).
     No query with parameters holds a literal ``?`` or ``%``, so the translation is exact; a
     statement without parameters (the schema's, whose functions say ``'%'``) goes as it is."""
 

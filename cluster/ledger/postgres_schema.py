@@ -1,5 +1,5 @@
 """The ledger's PostgreSQL schema: the tables, constraints and triggers of SQLite's version 3
-(``auction/ledger_schema.py``) in PostgreSQL's dialect, in a schema (namespace) of their own.
+(``cluster/ledger/schema.py``) in PostgreSQL's dialect, in a schema (namespace) of their own.
 
 Differences, each for a reason: amounts are ``BIGINT`` (micro-units up to 10¹⁸, as SQLite's
 INTEGER holds them); ``"user"`` is quoted (a reserved word here); holds carry a ``seq`` identity

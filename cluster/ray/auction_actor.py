@@ -1,5 +1,5 @@
 """The auction actor: admission (``auction.admission.AdmissionQueue``) and money
-(``auction.ledger.Ledger`` holds) behind async methods (docs/design.md "Serve runtime", §1).
+(``cluster.ledger.sqlite.Ledger`` holds) behind async methods (docs/design.md "Serve runtime", §1).
 
 Two ways in, each a mixin: one request at a time (``admit`` → ``started`` → ``finished``,
 ``cluster/ray/auction_unary.py``, which states one request's money), or, from the ingress
@@ -40,12 +40,12 @@ from auction.admission import (
     Release,
     derived_max_in_prefill,
 )
-from auction.ledger import BudgetExceeded, UnknownAccountError
 from auction.realised import RealisedBatch, RealisedWelfare
 from cluster.bus import BusError, EventBus
 from cluster.dataplane.admission import LEASE_TTL_S, LeaseBook
 from cluster.events import AuctionEvent
 from cluster.ledger import open_ledger
+from cluster.ledger.sqlite import BudgetExceeded, UnknownAccountError
 from cluster.models import validate_model
 from cluster.ray.actor_support import Ready, ready_record
 from cluster.ray.auction_exchange import Box, Entry, ReplicaExchange

@@ -21,18 +21,18 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from auction.admission import AdmissionQueue, AuctionSettings, QueueFull, Release
-from auction.ledger import (
+from auction.realised import RealisedBatch, RealisedWelfare
+from auction.request import Request
+from cluster.dataplane.admission import ANONYMOUS_USERS, Lease, LeaseBook
+from cluster.dataplane.exchange import Bid, ExchangeIn, ExchangeOut, Refused, Settled, Settlement
+from cluster.ledger.book import LedgerBook
+from cluster.ledger.sqlite import (
     BudgetExceeded,
     Charge,
     Hold,
     LedgerError,
     UnknownAccountError,
 )
-from auction.ledger_book import LedgerBook
-from auction.realised import RealisedBatch, RealisedWelfare
-from auction.request import Request
-from cluster.dataplane.admission import ANONYMOUS_USERS, Lease, LeaseBook
-from cluster.dataplane.exchange import Bid, ExchangeIn, ExchangeOut, Refused, Settled, Settlement
 from telemetry import metrics
 
 __all__ = ["AuctionCore", "ReplicaExchange"]

@@ -8,9 +8,9 @@ from typing import Literal, get_args
 from pydantic import ConfigDict, Field
 
 from auction.admission import SETTING_BOUNDS, AuctionSettings
-from auction.ledger import MAX_AMOUNT
 from auction.schedulers import SCHEDULERS
 from cluster.events import MAX_ID_CHARS
+from cluster.ledger.sqlite import MAX_AMOUNT
 from cluster.models import StrictModel
 
 __all__ = ["AuctionSettingsModel", "UserAccount"]

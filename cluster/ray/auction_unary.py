@@ -19,8 +19,8 @@ import logging
 from collections import OrderedDict
 
 from auction.admission import QueueFull, Release
-from auction.ledger import BudgetExceeded, LedgerError
 from auction.request import Request
+from cluster.ledger.sqlite import BudgetExceeded, LedgerError
 from cluster.ray.auction_exchange import AuctionCore, Entry
 from telemetry import metrics
 

@@ -31,19 +31,17 @@ import logging
 import math
 from typing import Any
 
-from cluster.events import CompleteEvent, Event, FirstTokenEvent, RegimeEvent, RouteEvent
-from cluster.models import validate_model
-from cluster.plausibility import Plausibility
-from cluster.ray.actor_support import (
+from cluster.actor_bus import (
     ActorBus,
-    Ready,
     cancel_all,
-    ready_record,
     start_loops,
     subscribe_when_connected,
     wait_subscribed,
-    wake_after_restart,
 )
+from cluster.events import CompleteEvent, Event, FirstTokenEvent, RegimeEvent, RouteEvent
+from cluster.models import validate_model
+from cluster.plausibility import Plausibility
+from cluster.ray.actor_support import Ready, ready_record, wake_after_restart
 from cluster.ray.controller_pools import ArrivalMeter, build_pools
 from cluster.ray.controller_settings import DEFAULT_THETA_S, ControllerSettings
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text

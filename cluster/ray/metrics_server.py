@@ -11,7 +11,7 @@ and histograms summed, a gauge from its one owner):
   each replica *pushes* its text every ``push_period_s`` (:meth:`MetricsServerActor.push`);
   a replica silent for ``replica_ttl_s`` (dead, or scaled down) drops out;
 - the control plane's and the workers' families, fetched at most once a second
-  (``cluster.serve.scrape_cache.ScrapeCache``) whatever the number of scrapers. A worker
+  (``cluster.ray.scrape_cache.ScrapeCache``) whatever the number of scrapers. A worker
   that a re-split restarted under the other role is found again by its name.
 
 Sizes are bounded: a pushed text of at most :data:`MAX_TEXT_BYTES`, at most
@@ -31,8 +31,8 @@ from typing import Any
 from ray.exceptions import RayActorError
 
 from cluster.ray.metrics_export import merge_metrics_texts
-from cluster.serve.scrape_cache import ScrapeCache
-from cluster.serve.worker_handles import Workers, named_worker_resolver
+from cluster.ray.scrape_cache import ScrapeCache
+from cluster.ray.worker_handles import Workers, named_worker_resolver
 
 __all__ = [
     "MAX_REPLICAS",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from cluster.ray.actor_support import BATCH_PERIOD_S
+from cluster.actor_bus import BATCH_PERIOD_S
 from games.poa import MAX_AGE_S
 
 __all__ = ["EVENT_SLACK_S", "PendingRoutes"]

@@ -37,18 +37,16 @@ import math
 import time
 from collections.abc import Callable
 
-from cluster.events import CompleteEvent, Event, FirstTokenEvent, RouteEvent
-from cluster.plausibility import Plausibility
-from cluster.ray.actor_support import (
+from cluster.actor_bus import (
     ActorBus,
-    Ready,
     cancel_all,
-    ready_record,
     start_loops,
     subscribe_when_connected,
     wait_subscribed,
-    wake_after_restart,
 )
+from cluster.events import CompleteEvent, Event, FirstTokenEvent, RouteEvent
+from cluster.plausibility import Plausibility
+from cluster.ray.actor_support import Ready, ready_record, wake_after_restart
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
 from cluster.ray.status import PoaSnapshot
 from games.join import EventJoiner

@@ -22,19 +22,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from cluster.actor_bus import ActorBus, subscribe_when_connected
 from cluster.dataplane.peers import PeerLoads
 from cluster.dataplane.replica import peer_report
 from cluster.dataplane.routing import ROLES, PoolRouting, Route, RoutingView
 from cluster.events import MAX_LABEL_CHARS, Event, LoadEvent, RouteEvent
 from cluster.kv_wire import kv_subject
-from cluster.ray.actor_support import (
-    ActorBus,
-    Ready,
-    check_request_id,
-    ready_record,
-    subscribe_when_connected,
-    wake_after_restart,
-)
+from cluster.ray.actor_support import Ready, check_request_id, ready_record, wake_after_restart
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
 from cluster.ray.status import KvEventCounts, PolicyView, RouterStats
 from router import Policy, Router

@@ -36,15 +36,17 @@ import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
+from cluster.actor_bus import ActorBus
 from cluster.dataplane.admission import AdmissionGate
 from cluster.dataplane.auction_link import AuctionLink
 from cluster.dataplane.exchange import Refusal
 from cluster.dataplane.lease import LeaseKeeper
 from cluster.dataplane.settings import EXCHANGE_PERIOD_S
 from cluster.lifecycle import Lifecycle
-from cluster.ray.actor_support import ActorBus
 from cluster.ray.metrics_export import merge_metrics_texts
 from cluster.ray.metrics_server import actors_metrics_text
+from cluster.ray.scrape_cache import ScrapeCache
+from cluster.ray.worker_handles import Workers
 from cluster.serve.backend import Backend, WorkerFailed
 from cluster.serve.path_types import (
     Admitted,
@@ -55,8 +57,6 @@ from cluster.serve.path_types import (
     Routed,
 )
 from cluster.serve.replica_metrics import actor_calls_text
-from cluster.serve.scrape_cache import ScrapeCache
-from cluster.serve.worker_handles import Workers
 
 __all__ = ["ActorRequestPath", "WorkerFailed", "Workers"]
 

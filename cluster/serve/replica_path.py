@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from cluster.actor_bus import ActorBus
 from cluster.dataplane.admission import AdmissionGate
 from cluster.dataplane.lease import LeaseKeeper
 from cluster.dataplane.replica import ReplicaRouter
-from cluster.ray.actor_support import ActorBus
+from cluster.ray.worker_handles import Workers, named_worker_resolver
 from cluster.serve.backend import Backend
 from cluster.serve.path import ActorRequestPath
-from cluster.serve.worker_handles import Workers, named_worker_resolver
 
 __all__ = ["compose_path"]
 

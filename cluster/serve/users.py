@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from auction.ledger import MAX_AMOUNT
+from cluster.ledger.sqlite import MAX_AMOUNT
 from cluster.models import StrictModel, load_yaml_model, validate_model
 
 __all__ = [

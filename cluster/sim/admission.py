@@ -19,18 +19,34 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 from auction.admission import AdmissionQueue, AuctionSettings, derived_max_in_prefill
+from cluster.sim.loop import EventLoop
+from cluster.sim.records import RequestRecord
+from cluster.sim.request import SimRequest
+from cluster.sim.views import RouterViews
 from telemetry import metrics
 
-if TYPE_CHECKING:
-    from cluster.sim.cluster import SimCluster, SimRequest
-    from cluster.sim.records import RequestRecord
+
+class AdmissionHost(Protocol):
+    """What an admission stage sees of the simulated cluster it fronts (``SimCluster``)."""
+
+    @property
+    def now(self) -> float: ...
+
+    loop: EventLoop
+    views: RouterViews
+    first_token_listeners: list[Callable[[RequestRecord], None]]
+
+    def release(
+        self, request: SimRequest, batch_id: int | None = None, payment: float = 0.0
+    ) -> None: ...
 
 
 class Admission(ABC):
-    def attach(self, cluster: SimCluster) -> None:
+    def attach(self, cluster: AdmissionHost) -> None:
         self.cluster = cluster
 
     @abstractmethod
@@ -102,7 +118,7 @@ class AuctionAdmission(Admission):
         self.planned: list[str] = []
         self.revenue = 0.0
 
-    def attach(self, cluster: SimCluster) -> None:
+    def attach(self, cluster: AdmissionHost) -> None:
         super().attach(cluster)
         cluster.first_token_listeners.append(self._first_token)
 

@@ -47,7 +47,7 @@ from cluster.sim.admission import AuctionAdmission
 from cluster.sim.cluster import SimCluster
 from cluster.sim.profile import HardwareProfile, load_profile
 from cluster.sim.records import percentile, summarize
-from cluster.workloads import Workload
+from cluster.sim.workloads import Workload
 
 # One GPU (one TP group) that prefills and decodes: the auction study's single worker. Every
 # profile's decode model can prefill locally, so this is a valid topology for each of them.

@@ -25,10 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
-from auction import Request, engine_priority
+from auction import engine_priority
 from cluster.sim.admission import Admission, FcfsAdmission
 from cluster.sim.decode import DecodeSeq, DecodeWorker
 from cluster.sim.loop import EventLoop
@@ -36,12 +33,12 @@ from cluster.sim.pools import PoolChange, PoolManager, Topology
 from cluster.sim.prefill import PrefillJob, PrefillWorker
 from cluster.sim.profile import HardwareProfile
 from cluster.sim.records import RequestRecord
+from cluster.sim.request import SimRequest, sim_requests
 from cluster.sim.views import Role, RouterReplica, RouterViews, ViewSettings
 from router import (
     Cleared,
     KvEvent,
     Policy,
-    PromptHashes,
     Router,
     Selection,
     block_hashes,
@@ -62,32 +59,6 @@ __all__ = [
 # Worker w's jitter seed is seed·7919 + w (the wall-time engines replay it); each restart in a
 # new role adds this stride, so a re-split worker draws a stream of its own.
 _RESTART_SEED_STRIDE = 1_000_003
-
-
-@dataclass(frozen=True, eq=False)
-class SimRequest:
-    """``hashes``: the prompt's router hashes when its maker already has them (they must be the
-    tokens' own, ``router.PromptHashes``); used when their block size is the cluster's."""
-
-    request_id: str
-    tokens: npt.NDArray[np.uint32]
-    output_tokens: int
-    user: str = "anonymous"
-    bid: float = 0.0
-    hashes: PromptHashes | None = None
-
-    def __post_init__(self) -> None:
-        if len(self.tokens) == 0:
-            raise ValueError(f"request {self.request_id!r}: empty prompt")
-        if self.output_tokens < 1:
-            raise ValueError(f"request {self.request_id!r}: output_tokens must be >= 1")
-
-
-def sim_requests(requests: Sequence[Request], output_tokens: int) -> list[SimRequest]:
-    """Auction requests (a workload's batch) as simulator requests with ``output_tokens`` each,
-    in arrival order (the order to submit them in)."""
-    ordered = sorted(requests, key=lambda r: r.arrival)
-    return [SimRequest(r.id, r.token_array, output_tokens, user=r.user, bid=r.bid) for r in ordered]
 
 
 @dataclass(eq=False)

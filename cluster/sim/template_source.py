@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from cluster.sim.workloads import VOCAB, TokenArray, output_length_range
 from cluster.values import pareto_values
-from cluster.workloads import VOCAB, TokenArray, output_length_range
 
 if TYPE_CHECKING:
     from cluster.sim.cluster import SimRequest

@@ -71,7 +71,7 @@ COST = {"chains": 3.0, "trees-long": 3.5}  # relative to the stars and short tre
 
 
 def plan(settings: Settings) -> Plan:
-    from cluster.workloads import make_workload
+    from cluster.sim.workloads import make_workload
 
     g = QUICK if settings.quick else FULL
     Q = g["Q"]
@@ -132,8 +132,8 @@ def run_queue(
 ) -> dict[str, Any]:
     """One queue through every scheduler: per scheduler the ``QueueResult`` figures."""
     from cluster.sim.auction_queue import simulate_queue
+    from cluster.sim.workloads import make_workload
     from cluster.values import ValueModel
-    from cluster.workloads import make_workload
 
     w = make_workload(workload, Q, seed=seed, values=ValueModel(values, rho))
     out = {}

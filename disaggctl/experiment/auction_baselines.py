@@ -28,7 +28,7 @@ BASELINE_SEEDS = 200
 
 def arrival_bids(name: str, Q: int, seed: int) -> np.ndarray:
     """The bids of workload ``name`` (Q requests, ``seed``) in arrival order."""
-    from cluster.workloads import make_workload
+    from cluster.sim.workloads import make_workload
 
     queue = sorted(make_workload(name, Q, seed=seed).requests, key=lambda r: r.arrival)
     return np.array([r.bid for r in queue], dtype=np.float64)

@@ -105,7 +105,7 @@ def run_repeated(spread: str, T: int, seed: int, pacers: int = 3) -> dict[str, A
     from auction.repeated import simulate, stationary_source
     from auction.schedulers import dfs_bid_order
     from auction.welfare import welfare
-    from cluster.workloads import make_workload, pareto_values
+    from cluster.sim.workloads import make_workload, pareto_values
 
     trees = [
         build_radix_tree(make_workload(WORKLOAD, N, users=USERS, seed=seed + k).requests)

@@ -12,7 +12,7 @@ shows which policies no other beats beyond the noise (better on one axis by more
 cells' combined standard errors, and not worse by that on the other); the policy table's entries
 are (0, 1) below and (0.8, 0.1) saturated.
 
-The traffic is agent trajectories (``cluster.trajectories.TrajectorySource``, the chains shape
+The traffic is agent trajectories (``cluster.sim.trajectories.TrajectorySource``, the chains shape
 of docs/design.md §8): a shared 1k-token system prompt, a 1.5k-token task context per
 trajectory (a retrieved document or a few source files), then four steps of 256 new tokens, each
 prompt extending the last. Its hit rate depends on the router, which is the point: a step's
@@ -33,7 +33,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from cluster.trajectories import TrajectoryShape, TrajectorySource
+from cluster.sim.trajectories import TrajectoryShape, TrajectorySource
 from disaggctl.experiment.base import Plan, Settings, regime_of
 from disaggctl.experiment.fanout import Job
 from disaggctl.experiment.frontier import mark_frontier
@@ -90,7 +90,7 @@ def plan(settings: Settings) -> Plan:
         "warm-up s (ramp 2 s)": warm,
         "hold s (measured)": hold,
         "drain s (C = 0)": DRAIN_S,
-        "workload": "agent trajectories, round robin (cluster.trajectories): "
+        "workload": "agent trajectories, round robin (cluster.sim.trajectories): "
         + ", ".join(f"{k} {v}" for k, v in asdict(WORKLOAD).items()),
         "thresholds": "θ1, θ2 = 5×, 15× the calm TTFT P99 of the same view and workload "
         "(C = 32, 30 s)",

@@ -20,7 +20,7 @@ from auction.repeated import Batch, RepeatedResult, simulate, stationary_source
 from auction.request import Request
 from auction.schedulers import dfs_bid_order
 from auction.welfare import priorities, welfare
-from cluster.workloads import make_workload, pareto_values
+from cluster.sim.workloads import make_workload, pareto_values
 from tests.auction.strategies import batches
 
 USERS = [f"user{i}" for i in range(5)]

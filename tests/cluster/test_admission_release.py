@@ -11,7 +11,7 @@ from auction import AdmissionQueue, AuctionSettings, batch_seed, prefill_slots_p
 from cluster.sim.admission import AuctionAdmission, FcfsAdmission
 from cluster.sim.cluster import SimCluster
 from cluster.sim.profile import load_profile
-from cluster.workloads import make_workload
+from cluster.sim.workloads import make_workload
 
 AUCTION_ALWAYS = AuctionSettings(batch_size=8, batch_window_ms=0.0, queue_threshold=0)
 

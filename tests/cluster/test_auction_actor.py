@@ -14,8 +14,8 @@ import pytest
 
 from auction import Request, run_auction
 from auction.admission import QueueFull, Release, split_payments
-from auction.ledger import BudgetExceeded, Ledger, LedgerError, UnknownAccountError
 from cluster.events import AuctionEvent
+from cluster.ledger.sqlite import BudgetExceeded, Ledger, LedgerError, UnknownAccountError
 from cluster.models import ConfigError, validate_model
 from cluster.ray.auction_actor import AdmissionCancelledError, AuctionActor
 from cluster.ray.auction_settings import AuctionSettingsModel

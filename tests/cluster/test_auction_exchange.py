@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from auction.ledger import Ledger
 from cluster.dataplane.auction_link import AuctionLink
 from cluster.dataplane.exchange import Bid, ExchangeIn, Refusal, Settlement
+from cluster.ledger.sqlite import Ledger
 from cluster.ray.auction_actor import AuctionActor
 
 SATURATED = {"max_in_prefill": 2, "queue_threshold": 0, "batch_window_ms": 1.0}

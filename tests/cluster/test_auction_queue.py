@@ -8,7 +8,7 @@ import pytest
 
 from auction import SCHEDULERS
 from cluster.sim.auction_queue import QueueResult, plan_queue, simulate_queue
-from cluster.workloads import ValueModel, make_workload
+from cluster.sim.workloads import ValueModel, make_workload
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
+from cluster.backends.sim import decode_streams
 from cluster.backends.sim.decode_streams import DecodeStreams
 from cluster.backends.sim.token_streams import DecodeOrder
-from cluster.backends.sim import decode_streams
+from cluster.ray.worker_handles import Workers
 from cluster.serve.backend import WorkerFailed
-from cluster.serve.worker_handles import Workers
 from tests.cluster.test_request_path import Decode
 
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
+from cluster import app_builder
 from cluster.config import ServeConfig
 from cluster.models import ConfigError, validate_model
-from cluster.serve import app_builder
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "ray"
 NODES = 3
@@ -75,7 +75,7 @@ def test_serve_yaml_passes_serve_validation() -> None:
     from ray.serve.schema import ServeDeploySchema
 
     schema = ServeDeploySchema.model_validate(_load("serve.yaml"))
-    assert [a.import_path for a in schema.applications] == ["cluster.serve.app_builder:build"]
+    assert [a.import_path for a in schema.applications] == ["cluster.app_builder:build"]
 
 
 def test_serve_yaml_import_path_imports_a_one_argument_builder() -> None:

@@ -15,9 +15,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from auction.ledger import Ledger, LedgerCorruptError, LedgerError
 from cluster.ledger import check_postgres_url, is_postgres_url, open_ledger
 from cluster.ledger.postgres import PostgresLedger
+from cluster.ledger.sqlite import Ledger, LedgerCorruptError, LedgerError
 from cluster.nats_server import free_port
 from tests.postgres_server import PostgresServer
 

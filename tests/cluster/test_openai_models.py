@@ -15,7 +15,7 @@ from openai.types.chat import ChatCompletion as OpenAIChat
 from openai.types.chat import ChatCompletionChunk as OpenAIChunk
 from pydantic import ValidationError
 
-from auction.ledger import MAX_AMOUNT
+from cluster.ledger.sqlite import MAX_AMOUNT
 from cluster.model_dir import ChatTokenizer, build_model_dir
 from cluster.serve.errors import param_of, validation_error
 from cluster.serve.openai_models import (

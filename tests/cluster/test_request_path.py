@@ -450,7 +450,7 @@ def test_make_actor_path_builds_from_handles_without_nats() -> None:
 def test_cancelling_outside_a_ray_session_does_not_start_one() -> None:
     import ray
 
-    from cluster.serve.worker_handles import ray_cancel
+    from cluster.ray.worker_handles import ray_cancel
 
     assert not ray.is_initialized()
     ray_cancel(object())

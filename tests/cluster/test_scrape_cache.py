@@ -1,5 +1,5 @@
 """The actors' metrics behind ``/metrics`` are fetched at most once a second
-(cluster/serve/scrape_cache.py): later scrapes get the cached text, concurrent ones share one
+(cluster/ray/scrape_cache.py): later scrapes get the cached text, concurrent ones share one
 fetch, and a failed fetch is not kept."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from cluster.serve.scrape_cache import ScrapeCache
+from cluster.ray.scrape_cache import ScrapeCache
 
 
 class Clock:

@@ -11,7 +11,7 @@ from cluster.sim.loop import EventLoop
 from cluster.sim.profile import PROFILE_DIR, load_profile, parse_profile
 from cluster.sim.records import summarize
 from cluster.sim.template_source import TemplateSource
-from cluster.workloads import make_workload
+from cluster.sim.workloads import make_workload
 
 PROFILE = "b200-llama70b-fp8-tp4"
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
+from cluster.backends.sim import token_streams, workers
 from cluster.backends.sim.token_streams import MAX_ORDERS_PER_SUBMIT, DecodeOrder, Frame, StreamPart
 from cluster.backends.sim.workers import DecodeWorkerActor
 from cluster.model_dir import ChatTokenizer, default_model_dir
-from cluster.backends.sim import token_streams, workers
 from router import block_hashes, sequence_hashes
 
 PROFILE = "b200-llama70b-fp8-tp4"

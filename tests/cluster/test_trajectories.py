@@ -1,4 +1,4 @@
-"""Agent trajectories as a closed loop's source (cluster/trajectories.py): the prompts' shape,
+"""Agent trajectories as a closed loop's source (cluster/sim/trajectories.py): the prompts' shape,
 and that on the simulator their cache hit rate depends on the router, where the calibration
 workload's does not (docs/design.md §8, the pareto experiment)."""
 
@@ -10,8 +10,8 @@ import pytest
 from cluster.sim.loadgen import Phase
 from cluster.sim.profile import load_profile
 from cluster.sim.scenario import NamedPhase, run_scenario
+from cluster.sim.trajectories import TrajectoryShape, TrajectorySource
 from cluster.sim.views import ViewSettings
-from cluster.trajectories import TrajectoryShape, TrajectorySource
 from controller.detector import Thresholds
 from controller.policy import PolicyTable, RegimePolicy
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from auction.ledger import MAX_AMOUNT
+from cluster.ledger.sqlite import MAX_AMOUNT
 from cluster.models import ConfigError
 from cluster.serve.users import (
     ANONYMOUS,

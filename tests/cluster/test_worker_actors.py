@@ -14,12 +14,13 @@ from typing import Any
 
 import pytest
 
+from cluster.actor_bus import ActorBus
 from cluster.backends.sim.workers import DecodeWorkerActor, PrefillWorkerActor, kv_messages
 from cluster.bus import EventBus
 from cluster.kv_wire import kv_subject
 from cluster.model_dir import ChatTokenizer, default_model_dir
 from cluster.nats_server import NatsServer
-from cluster.ray.actor_support import MAX_PROMPT_TOKENS, ActorBus
+from cluster.ray.actor_support import MAX_PROMPT_TOKENS
 from cluster.sim.engines import PrefillResult
 from cluster.sim.wallclock import EngineClosed, EngineDraining, EngineLoad
 from router import KvIndex, Removed, Stored, block_hashes, parse_kv_event, sequence_hashes

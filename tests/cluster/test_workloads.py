@@ -9,7 +9,7 @@ from scipy import stats
 
 from auction import Request, build_radix_tree
 from cluster.sim.template_source import TemplateSource
-from cluster.workloads import OUTPUT_TOKENS, ValueModel, make_workload
+from cluster.sim.workloads import OUTPUT_TOKENS, ValueModel, make_workload
 
 # The shapes of docs/design.md §8 at the experiment's queue size (Q = 1024, seed 0), measured:
 #   workload      shared  mean prompt  distinct tokens

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from auction.admission import Release
+from cluster.actor_bus import ActorBus
 from cluster.backends.dynamo.backend import DynamoBackend
 from cluster.backends.dynamo.discovery import Discovery
 from cluster.backends.dynamo.routing import DynamoRoutes, DynamoWorkerFailed
@@ -23,10 +24,9 @@ from cluster.backends.dynamo.worker_actor import DynamoWorkerActor
 from cluster.dataplane.exchange import ExchangeIn, ExchangeOut, Settled
 from cluster.dataplane.routing import PoolRouting
 from cluster.events import RouteEvent
-from cluster.ray.actor_support import ActorBus
+from cluster.ray.worker_handles import Workers
 from cluster.serve.path import ActorRequestPath
 from cluster.serve.path_types import Admitted, Finished, PathError, PathRequest, Routed, TokenChunk
-from cluster.serve.worker_handles import Workers
 from tests.dynamo.conftest import WorkerFactory
 
 pytestmark = pytest.mark.integration

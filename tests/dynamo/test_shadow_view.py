@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from cluster.actor_bus import ActorBus
 from cluster.backends.dynamo.shadow_view import ShadowView, shadow_metrics_text
 from cluster.dataplane.routing import PoolRouting
 from cluster.events import RouteEvent
-from cluster.ray.actor_support import ActorBus
 from cluster.ray.metrics_export import merge_metrics_texts
 from tests.dynamo.test_shadow import BS, DEC_A, DEC_B, PREFILL, TOKENS, _shadow, _stored
 

@@ -21,6 +21,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from cluster import app_builder
 from cluster.backends.dynamo.discovery import Discovery
 from cluster.backends.dynamo.install import DYNAMO_VERSION
 from cluster.backends.dynamo.settings import DynamoSettings, worker_command
@@ -33,7 +34,6 @@ from cluster.nats_auth import ROLES, chart_authorization, chart_password_env
 from cluster.ray.auction_settings import AuctionSettingsModel
 from cluster.ray.controller_pools import ResplitSection
 from cluster.ray.controller_settings import ControllerSettings
-from cluster.serve import app_builder
 from cluster.serve.limits import LimitSettings
 from cluster.serve.users import UsersFile
 from cluster.sim.profile import available_profiles, load_profile
@@ -636,10 +636,10 @@ def test_builder_hands_the_projects_builder_a_valid_config(
     assert args["users_file"] == "/etc/disaggctl/users/users.yaml"
     args |= {"config_file": str(config_file), "users_file": str(users_file)}
     fields = builder.service_args(args)
-    config, users = app_builder.parse_args(fields)  # what cluster.serve.app_builder:build checks
+    config, users = app_builder.parse_args(fields)  # what cluster.app_builder:build checks
     assert config.nats_url == f"nats://{FULLNAME}-nats.{NAMESPACE}.svc:4222"
     assert users == str(users_file)
-    # the real builder is what runs: build() delegates to cluster.serve.app_builder.build
+    # the real builder is what runs: build() delegates to cluster.app_builder.build
     seen: list[dict[str, Any]] = []
     monkeypatch.setattr(app_builder, "build", lambda a: seen.append(a) or "app")
     assert builder.build(args) == "app" and seen == [fields]
@@ -700,7 +700,7 @@ def test_schema_mirrors_the_projects_config_models() -> None:
     chart_set = {"nats_url", "ledger_path", "ledger_url", "ledger_schema", "accelerator_resource",
                  "request_gpus", "metrics_host", "metrics_port", "backend", "dynamo"}  # fmt: skip
     # direct_port turns on a flag of the Serve controller, which KubeRay starts: serve deploy
-    # refuses it (cluster/serve/app_builder.py), so the chart does not offer it.
+    # refuses it (cluster/app_builder.py), so the chart does not offer it.
     not_in_chart = {"direct_port"}
     assert set(config) == set(ServeConfig.model_fields) - chart_set - not_in_chart
     assert set(config["auction"]["properties"]) == set(AuctionSettingsModel.model_fields)

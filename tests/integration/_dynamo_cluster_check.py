@@ -148,8 +148,8 @@ def rehearse(c: ClusterCheck, args: argparse.Namespace) -> None:
     import httpx
     import ray
 
-    from auction.ledger import Ledger
     from cluster.config import ServeConfig
+    from cluster.ledger.sqlite import Ledger
     from cluster.serve.users import Users
     from cluster.service import Service
 

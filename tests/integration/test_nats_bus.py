@@ -9,11 +9,11 @@ import random
 
 import pytest
 
+from cluster.actor_bus import ActorBus
 from cluster.bus import EventBus
 from cluster.events import CompleteEvent, FirstTokenEvent, RouteEvent
 from cluster.kv_wire import kv_subject
 from cluster.nats_server import NatsServer
-from cluster.ray.actor_support import ActorBus
 from cluster.sim.cluster import SimCluster
 from cluster.sim.loadgen import ClosedLoop, Phase
 from cluster.sim.profile import load_profile

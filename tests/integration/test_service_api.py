@@ -24,8 +24,8 @@ import ray
 from prometheus_client import generate_latest
 
 from auction import MAX_BID
-from auction.ledger import MAX_AMOUNT, Ledger
 from cluster.dataplane.admission import LEASE_TTL_S
+from cluster.ledger.sqlite import MAX_AMOUNT, Ledger
 from cluster.model_dir import MAX_TEXT_CHARS
 from cluster.ray.status import AuctionStats, UserBalance
 from cluster.serve.app import body_limit

@@ -1,5 +1,5 @@
 """``disaggctl serve`` killed with SIGKILL mid-burst, then restarted on the same ledger
-(docs/design.md "Serve runtime", auction/holds.py "Crash safety").
+(docs/design.md "Serve runtime", cluster/ledger/holds.py "Crash safety").
 
 The service runs as a subprocess in its own session (so the test can kill its whole process
 group at once, like a node losing power), with a users file of two bidders and a config whose
@@ -54,7 +54,7 @@ from typing import Any
 import httpx
 import pytest
 
-from auction.ledger import Ledger
+from cluster.ledger.sqlite import Ledger
 from cluster.nats_server import free_port
 from cluster.serve.users import hash_key
 

@@ -24,7 +24,7 @@ import httpx
 import pytest
 import ray
 
-from auction.ledger import Ledger
+from cluster.ledger.sqlite import Ledger
 from tests.integration.live_service import (
     HTTP_TIMEOUT_S,
     LiveService,

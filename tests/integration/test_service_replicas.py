@@ -36,7 +36,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from auction.ledger import Ledger
+from cluster.ledger.sqlite import Ledger
 from cluster.ray.metrics_server import PUSH_PERIOD_S
 from cluster.serve.users import hash_key
 from tests.integration.test_service_crash import ServeProcess, describe

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from auction import engine_priority
+from cluster.actor_bus import ActorBus
 from cluster.backends.dynamo.discovery import Discovery
 from cluster.backends.dynamo.routing import DynamoRoutes
 from cluster.backends.dynamo.settings import DynamoSettings
@@ -26,7 +27,6 @@ from cluster.backends.dynamo.shadow_view import ShadowView, shadow_metrics_text
 from cluster.coalesce import coalesced
 from cluster.dataplane.routing import ROLES, PoolRouting
 from cluster.kv_wire import kv_subject
-from cluster.ray.actor_support import ActorBus
 from cluster.serve.backend import Excluded, Placement
 from cluster.serve.path import ActorRequestPath
 from cluster.serve.path_types import PathRequest, TokenChunk

@@ -18,10 +18,10 @@ from cluster.backends.sim.decode_streams import DecodeStreams
 from cluster.backends.sim.token_streams import DecodeOrder
 from cluster.dataplane.replica import ReplicaRouter
 from cluster.dataplane.routing import Route
+from cluster.ray.worker_handles import RAY_FAILURES, Workers, not_taking_work
 from cluster.serve.backend import Excluded, Placement, WorkerFailed
 from cluster.serve.path_types import PathRequest, TokenChunk
 from cluster.serve.replica_metrics import routing_cost_text, view_requests_text
-from cluster.serve.worker_handles import RAY_FAILURES, Workers, not_taking_work
 from cluster.sim.profile import HardwareProfile
 
 __all__ = ["SimBackend"]

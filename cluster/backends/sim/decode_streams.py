@@ -26,8 +26,8 @@ from ray.exceptions import RayTaskError
 
 from cluster.backends.sim.token_streams import MAX_ORDERS_PER_SUBMIT, DecodeOrder, Frame, StreamPart
 from cluster.dataplane.calls import call_detached, detached_task
+from cluster.ray.worker_handles import RAY_FAILURES, Workers, ray_cancel
 from cluster.serve.backend import WorkerFailed
-from cluster.serve.worker_handles import RAY_FAILURES, Workers, ray_cancel
 
 __all__ = ["DecodeStreams"]
 

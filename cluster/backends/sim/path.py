@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from cluster.actor_bus import ActorBus
 from cluster.backends.sim.backend import SimBackend
 from cluster.dataplane.replica import ReplicaRouter
 from cluster.dataplane.routing import PoolRouting
 from cluster.dataplane.settings import EXCHANGE_PERIOD_S, RoutingSettings
-from cluster.ray.actor_support import ActorBus
 from cluster.serve.path import ActorRequestPath
 from cluster.serve.replica_path import compose_path
 

@@ -29,6 +29,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from cluster.actor_bus import ActorBus
 from cluster.backends.sim.token_streams import DecodeOrder, Frame, StreamHost
 from cluster.coalesce import coalesced
 from cluster.dataplane.engine_loads import EngineReporter
@@ -38,7 +39,6 @@ from cluster.kv_wire import kv_subject
 from cluster.model_dir import ChatTokenizer, default_model_dir
 from cluster.ray.actor_support import (
     MAX_PROMPT_TOKENS,
-    ActorBus,
     Ready,
     check_hashes,
     check_int,

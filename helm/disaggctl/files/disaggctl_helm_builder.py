@@ -1,5 +1,5 @@
 """The Helm chart's Serve application builder: reads the service config from the chart's
-ConfigMap and hands over to the project's builder, ``cluster.serve.app_builder:build`` (which
+ConfigMap and hands over to the project's builder, ``cluster.app_builder:build`` (which
 starts or reuses the actors and returns the ingress).
 
 It exists so that no secret travels in the RayService: ``serveConfigV2`` names only file paths,
@@ -46,6 +46,6 @@ def service_args(args: dict[str, Any], wait_s: float = CONFIG_WAIT_S) -> dict[st
 
 
 def build(args: dict[str, Any]) -> Any:
-    from cluster.serve.app_builder import build as project_build
+    from cluster.app_builder import build as project_build
 
     return project_build(service_args(args))

@@ -1,9 +1,11 @@
 """The SQL connection the ledger's queries run on, whichever database holds the ledger.
 
-The ledger's logic (``auction/ledger_book.py``, ``auction/holds.py``) is written once, in the SQL
+The ledger's logic (``cluster/ledger/book.py``, ``cluster/ledger/holds.py``) is written once, in
+the SQL
 that SQLite and PostgreSQL share: ``?`` placeholders (the PostgreSQL backend translates them),
 the ``"user"`` column quoted (a reserved word in PostgreSQL) and ``INSERT … RETURNING``. A
-backend supplies a connection of this shape, its transactions and its schema: ``auction.ledger``
+backend supplies a connection of this shape, its transactions and its schema:
+``cluster.ledger.sqlite``
 (SQLite, the laptop default) and ``cluster.ledger.postgres`` (PostgreSQL, for clusters).
 """
 

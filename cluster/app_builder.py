@@ -1,6 +1,6 @@
 """``serve deploy`` on a Ray cluster: the application builder (docs/design.md "Serve runtime").
 
-``deploy/ray/serve.yaml`` names ``import_path: cluster.serve.app_builder:build`` and ``args``: the
+``deploy/ray/serve.yaml`` names ``import_path: cluster.app_builder:build`` and ``args``: the
 fields of a :class:`cluster.config.ServeConfig` plus ``users_file`` (a users YAML, see
 ``cluster/serve/users.py``; omitted or null: no users, every request anonymous). Serve imports
 this module on the cluster, calls ``build(args)`` inside a Ray task and deploys the application
@@ -19,7 +19,7 @@ it returns. ``build``:
 4. returns :meth:`cluster.service.Service.ingress_application`, the OpenAI ingress over them.
 
 ``serve shutdown`` removes the ingress, not the detached actors (they are not Serve's):
-:func:`teardown` (``python -m cluster.serve.app_builder --teardown``) removes them and their
+:func:`teardown` (``python -m cluster.app_builder --teardown``) removes them and their
 placement groups. Tear down before deploying another profile or topology, or the reused actors
 keep the old one.
 """

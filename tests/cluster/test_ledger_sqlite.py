@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from auction.ledger import (
+from cluster.ledger.book import LedgerBook
+from cluster.ledger.sqlite import (
     MAX_AMOUNT,
     BudgetExceeded,
     Charge,
@@ -24,7 +25,6 @@ from auction.ledger import (
     UnknownAccountError,
     to_micros,
 )
-from auction.ledger_book import LedgerBook
 from tests.ledger_backends import BACKENDS, Backend, LedgerAt, reap
 from tests.ledger_backends import ledger_at as fresh_ledger_at
 
@@ -315,7 +315,7 @@ def test_batch_ids_are_strings_only_so_1_and_the_string_1_cannot_collide(
 
 WRITER = r"""
 import sys
-from auction.ledger import BudgetExceeded
+from cluster.ledger.sqlite import BudgetExceeded
 from cluster.ledger import open_ledger
 
 location, schema, user, start, stop = *sys.argv[1:4], int(sys.argv[4]), int(sys.argv[5])

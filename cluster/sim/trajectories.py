@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cluster.workloads import VOCAB, TokenArray
+from cluster.sim.workloads import VOCAB, TokenArray
 
 if TYPE_CHECKING:
-    from cluster.sim.cluster import SimRequest
+    from cluster.sim.request import SimRequest
 
 __all__ = ["TrajectoryShape", "TrajectorySource"]
 
@@ -85,7 +85,7 @@ class TrajectorySource:
         return np.concatenate((self._system, self._draw(self.shape.task_tokens)))
 
     def __call__(self) -> SimRequest:
-        from cluster.sim.cluster import SimRequest
+        from cluster.sim.request import SimRequest
 
         j = self.count % len(self._prompts)
         if self._taken[j] == self.shape.steps:

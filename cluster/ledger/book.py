@@ -1,9 +1,10 @@
 """Accounts, charges and the journal's replay, written once for every ledger backend (design §1).
 
-The arithmetic and the guarantees are stated in ``auction/ledger.py`` (budgets B_i, spent S_i,
-the journal) and ``auction/holds.py`` (holds H_i, S_i + H_i ≤ B_i). A backend subclasses
-``LedgerBook`` with its connection, transactions and schema (``auction/ledger_sql.py``):
-``auction.ledger.Ledger`` keeps the ledger in a SQLite file, ``cluster.ledger.postgres.
+The arithmetic and the guarantees are stated in ``cluster/ledger/sqlite.py`` (budgets B_i, spent
+S_i,
+the journal) and ``cluster/ledger/holds.py`` (holds H_i, S_i + H_i ≤ B_i). A backend subclasses
+``LedgerBook`` with its connection, transactions and schema (``cluster/ledger/sql.py``):
+``cluster.ledger.sqlite.Ledger`` keeps the ledger in a SQLite file, ``cluster.ledger.postgres.
 PostgresLedger`` in a PostgreSQL schema. Both run these same queries, so both keep one contract.
 """
 
@@ -15,8 +16,6 @@ from abc import abstractmethod
 from types import TracebackType
 from typing import Self
 
-from auction.holds import HoldBook
-from auction.ledger_sql import Db
 from auction.money import (
     MAX_MICROS,
     Account,
@@ -30,6 +29,8 @@ from auction.money import (
     to_micros,
     units,
 )
+from cluster.ledger.holds import HoldBook
+from cluster.ledger.sql import Db
 
 __all__ = ["LedgerBook", "check_timeout"]
 

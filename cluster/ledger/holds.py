@@ -35,10 +35,10 @@ Batches. ``reserve_many`` and ``settle_many`` run many holds' operations in one 
 commit, one fsync): each item's outcome is returned in its place, an error as a value, so one
 refused bid does not undo the others.
 
-The methods here run on a backend's connection and transactions (``auction/ledger_sql.py``:
-SQLite in ``auction.ledger``, PostgreSQL in ``cluster.ledger.postgres``);
+The methods here run on a backend's connection and transactions (``cluster/ledger/sql.py``:
+SQLite in ``cluster.ledger.sqlite``, PostgreSQL in ``cluster.ledger.postgres``);
 this module holds the arithmetic of holds and their part of the replay check, and
-``auction/ledger_schema.py`` their tables and triggers.
+``cluster/ledger/schema.py`` their tables and triggers.
 """
 
 from __future__ import annotations
@@ -50,7 +50,6 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import ClassVar, cast
 
-from auction.ledger_sql import Db
 from auction.money import (
     BudgetExceeded,
     Charge,
@@ -67,6 +66,7 @@ from auction.money import (
     to_micros,
     units,
 )
+from cluster.ledger.sql import Db
 
 HOLD_STATES: tuple[HoldState, ...] = ("open", "captured", "released")
 MAX_OWNER_CHARS = 256
@@ -84,7 +84,7 @@ _HOLD_COLUMNS = 'hold_id, "user", amount, state, charge_seq, owner, expires'
 
 
 class HoldBook(ABC):
-    """The hold operations of a ledger (``auction.ledger_book.LedgerBook``, whose backend
+    """The hold operations of a ledger (``cluster.ledger.book.LedgerBook``, whose backend
     provides the connection)."""
 
     where: str  # the ledger's location, for messages: a file path or a database URL

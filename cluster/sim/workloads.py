@@ -56,7 +56,7 @@ __all__ = [
     "trees",
 ]
 if TYPE_CHECKING:
-    from cluster.sim.cluster import SimRequest
+    from cluster.sim.request import SimRequest
 
 VOCAB = 32_000
 OUTPUT_TOKENS = 32  # generated per request: short answers, so the queue's TTFT is prefill-bound
@@ -119,7 +119,7 @@ class Workload:
 
     def sim_requests(self) -> list[SimRequest]:
         """The batch as simulator requests in arrival order, ``output_tokens`` each."""
-        from cluster.sim.cluster import sim_requests
+        from cluster.sim.request import sim_requests
 
         return sim_requests(self.requests, self.output_tokens)
 

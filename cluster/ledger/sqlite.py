@@ -3,7 +3,8 @@
 An account holds a budget B_i. A plain charge is keyed by (batch_id, user), so the same batch can
 never bill a user twice, whoever retries it (the simulator's use). The service reserves a bid as a
 hold when a request is admitted and captures the request's VCG share from it when the request is
-answered (``auction/holds.py``: the arithmetic, the capture key and the invariant S_i + H_i ≤ B_i).
+answered (``cluster/ledger/holds.py``: the arithmetic, the capture key and the invariant S_i + H_i
+≤ B_i).
 Charges and captures share one append-only journal in SQLite (WAL mode), replayed (re-added and
 checked, holds included) when a ledger is opened.
 
@@ -24,8 +25,8 @@ Guarantees, and what provides them:
   the running balances agree with the accounts.
 
 Money is integer micro-units, bounded by ``MAX_AMOUNT``; keys are non-empty strings
-(``auction/money.py``). The queries are the backends' common ones (``auction/ledger_book.py``,
-``auction/holds.py``); clusters keep the same contract in PostgreSQL (``cluster.ledger``).
+(``auction/money.py``). The queries are the backends' common ones (``cluster/ledger/book.py``,
+``cluster/ledger/holds.py``); clusters keep the same contract in PostgreSQL (``cluster.ledger``).
 
 Files. Opening a file that is not a ledger (garbage, or a SQLite database with other tables) raises
 ``LedgerCorruptError`` naming the path and changes nothing in it; any other SQLite failure (a
@@ -43,8 +44,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from auction.ledger_book import LedgerBook, check_timeout
-from auction.ledger_schema import UPGRADES, VERSION, schema, schema_of
 from auction.money import (
     MAX_AMOUNT,
     MICROS,
@@ -60,6 +59,8 @@ from auction.money import (
     UnknownHoldError,
     to_micros,
 )
+from cluster.ledger.book import LedgerBook, check_timeout
+from cluster.ledger.schema import UPGRADES, VERSION, schema, schema_of
 
 __all__ = [
     "MAX_AMOUNT",
@@ -104,7 +105,7 @@ class Ledger(LedgerBook):
             raise ValueError(f"path must be a file path, got {path!r}")
         self.path = Path(path)
         self.where = str(self.path)
-        if sqlite3.sqlite_version_info < (3, 35):  # INSERT … RETURNING (auction/ledger_sql.py)
+        if sqlite3.sqlite_version_info < (3, 35):  # INSERT … RETURNING (cluster/ledger/sql.py)
             raise LedgerError(f"{self.path}: SQLite {sqlite3.sqlite_version} is older than 3.35")
         with self._sqlite_errors():
             # Autocommit mode: every transaction below is explicit (BEGIN IMMEDIATE ... COMMIT).

@@ -4,7 +4,8 @@ and the upgrades from 1 and 2.
 Version 1 (before holds) had no ``holds`` table and keyed the journal by (batch_id, user);
 version 2 had holds without ``owner`` and ``expires``. Both are recognised so that an old ledger
 file is upgraded in place instead of refused. The invariants the
-schema backs (``auction/ledger.py``, ``auction/holds.py``): S_i ≤ B_i (CHECK), S_i + H_i ≤ B_i
+schema backs (``cluster/ledger/sqlite.py``, ``cluster/ledger/holds.py``): S_i ≤ B_i (CHECK), S_i +
+H_i ≤ B_i
 (triggers), an append-only journal, holds that only close, once.
 """
 
@@ -19,7 +20,7 @@ VERSION = 3
 
 # A hold's owner is who answers for its request (an ingress replica's lease, or the auction
 # instance that admitted it); ``expires`` is the wall-clock second (Unix time) after which an
-# open hold counts as abandoned: its owner stopped renewing (auction/holds.py). NULL: never.
+# open hold counts as abandoned: its owner stopped renewing (cluster/ledger/holds.py). NULL: never.
 HOLDS_TABLE = """CREATE TABLE IF NOT EXISTS holds (
         hold_id     TEXT PRIMARY KEY CHECK (hold_id != ''),
         user        TEXT NOT NULL REFERENCES accounts(user),
@@ -147,7 +148,7 @@ UPGRADE_V2 = (
     "DROP TABLE holds_v2",
     *SCHEMA,
 )
-# From the version found to the current one, in one transaction (``auction.ledger``).
+# From the version found to the current one, in one transaction (``cluster.ledger.sqlite``).
 UPGRADES: dict[int, tuple[str, ...]] = {0: SCHEMA, 1: UPGRADE_V1, 2: UPGRADE_V2}
 
 SchemaObjects = frozenset[tuple[str, str, str, str | None]]

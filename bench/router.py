@@ -32,7 +32,7 @@ if not __package__:  # run as a file: put the project root first so ``router`` i
 
 from bench.common import add_output_flags, at_least, at_most, emit, verdict
 from cluster.progress import progress_bar
-from router import Router, block_hashes, sequence_hashes
+from router import Policy, Router, block_hashes, sequence_hashes
 
 BLOCK = 16
 VOCAB = 128_000
@@ -122,7 +122,7 @@ def bench_case(
     # argmin and softmax: tau set by the controller (set_policy); override: tau per request.
     variants = (("argmin", 0.0, None), ("softmax", 0.5, None), ("override", 0.0, {"tau": 0.5}))
     for name, tau, override in variants:
-        router.set_policy(tau, 1.0, version=1)
+        router.set_policy(Policy(tau, 1.0, version=1))
         hashes: list[float] = []
         decides: list[float] = []
         for r in range(rounds):

@@ -29,6 +29,7 @@ from pydantic import Field, model_validator
 from cluster.models import StrictModel
 from games.join import CompletionRecord, RouteRecord
 from games.poa import CandidateLoad
+from router import Policy
 
 VERSION = 1
 KINDS = (
@@ -240,6 +241,10 @@ class RegimeEvent(EventModel):
             ttft_p99_smoothed_s=float(change.ttft_p99_smoothed_s),
             policy_version=int(getattr(change, "version", 0)),
         )
+
+    def policy(self) -> Policy:
+        """The policy this event carries, as every router takes it."""
+        return Policy(self.tau, self.omega, self.policy_version, self.regime)
 
 
 class AuctionEvent(EventModel):

@@ -33,11 +33,12 @@ from controller.detector import Regime, SaturationDetector
 from controller.drain import Drain
 from controller.policy import PolicyTable
 from controller.resplit import Resplitter
+from router import Policy
 from telemetry import metrics
 
 
 class PolicyTarget(Protocol):
-    def set_policy(self, tau: float, omega: float, version: int) -> None: ...
+    def set_policy(self, policy: Policy) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -210,7 +211,7 @@ class Controller:
         regime = self.detector.regime
         policy = self.table[regime]
         self.version += 1
-        self.target.set_policy(policy.tau, policy.omega, self.version)
+        self.target.set_policy(Policy(policy.tau, policy.omega, self.version, regime.label))
         change = RegimeChange(
             now,
             regime,

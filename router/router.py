@@ -40,6 +40,7 @@ from router.kv_index import KvIndex
 from router.load import LoadTracker
 
 _DRAW_BATCH: Final = 1024
+MAX_REGIME_CHARS: Final = 32
 
 # How a decision picks its worker: by the cost (the policy's τ, ω), or in turn regardless of it
 # (Dynamo's ``round_robin`` router mode, the baseline a KV-aware router is compared against;
@@ -59,11 +60,15 @@ _OVERRIDE_KEYS: Final = {
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """The routing policy the controller sets: temperature tau, overlap weight omega."""
+    """The routing policy the controller sets, one record from the controller to every router
+    (across actors and, as the ``regime`` event, on the wire): temperature tau, overlap weight
+    omega, the controller's version of it, and the regime it was chosen for (a label the
+    routers carry, not one they read). A new weight is a new field here, with its default."""
 
     tau: float = 0.0
     omega: float = 1.0
     version: int = 0
+    regime: str = "below"
 
     def __post_init__(self) -> None:
         # Stored as floats: equal policies compare and hash equal whatever number type built them.
@@ -71,6 +76,8 @@ class Policy:
         object.__setattr__(self, "omega", policy_value("omega", self.omega))
         if type(self.version) is not int or self.version < 0:
             raise ValueError(f"policy version must be an int >= 0, got {self.version!r}")
+        if not isinstance(self.regime, str) or not 0 < len(self.regime) <= MAX_REGIME_CHARS:
+            raise ValueError(f"policy regime must be a short label, got {self.regime!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,9 +286,11 @@ class Router:
     def policy(self) -> Policy:
         return self._policy
 
-    def set_policy(self, tau: float, omega: float, version: int) -> None:
+    def set_policy(self, policy: Policy) -> None:
         """Replace the default policy; decisions from now on use it."""
-        self._policy = Policy(tau, omega, version)
+        if not isinstance(policy, Policy):
+            raise ValueError(f"a policy is a router.Policy, got {policy!r}")
+        self._policy = policy
 
     # -- decisions ---------------------------------------------------------------------------
 

@@ -164,7 +164,7 @@ class ReplicaRouter:
             for listener in self.regime_listeners:
                 listener(event.regime)
             if event.policy_version > self.routing.policy.version:
-                self.routing.set_policy(event.tau, event.omega, event.policy_version, event.regime)
+                self.routing.set_policy(event.policy())
         elif isinstance(event, PoolsEvent):
             self.routing.set_workers(event.prefill_workers, event.decode_workers)
 

@@ -82,10 +82,7 @@ class RoutingView:
     """The control plane's routing state: the controller's policy and the pools' members (the
     router actor's ``view``; an ingress replica syncs to it)."""
 
-    tau: float
-    omega: float
-    version: int
-    regime: str
+    policy: Policy
     prefill_workers: tuple[int, ...]
     decode_workers: tuple[int, ...]
     # (role, slot, instance id) where the engines name a worker otherwise than by its slot
@@ -129,7 +126,6 @@ class PoolRouting:
             "decode": Router(block_size, policy, seed=seed),
             "prefill": Router(block_size, policy, seed=seed + 1),
         }
-        self.regime = "below"
         self._rng = np.random.default_rng((seed, 2))  # draws for retries that exclude workers
         for role, ids in (("prefill", prefill_workers), ("decode", decode_workers)):
             for worker in ids:
@@ -181,20 +177,18 @@ class PoolRouting:
     def policy(self) -> Policy:
         return self.routers["decode"].policy
 
-    def set_policy(self, tau: float, omega: float, version: int, regime: str) -> None:
-        """(τ, ω) on both pools. With one prefill worker the prefill pool's policy changes
+    @property
+    def regime(self) -> str:
+        return self.policy.regime
+
+    def set_policy(self, policy: Policy) -> None:
+        """The policy on both pools. With one prefill worker the prefill pool's policy changes
         nothing; setting it anyway keeps it right when the pool grows."""
-        policy = Policy(tau, omega, version)  # validates before either router changes
         for router in self.routers.values():
-            router.set_policy(policy.tau, policy.omega, policy.version)
-        self.regime = regime
+            router.set_policy(policy)
 
     def view(self) -> RoutingView:
-        policy = self.policy
-        return RoutingView(
-            policy.tau, policy.omega, policy.version, self.regime,
-            self.workers("prefill"), self.workers("decode"),
-        )  # fmt: skip
+        return RoutingView(self.policy, self.workers("prefill"), self.workers("decode"))
 
     def apply_view(self, view: RoutingView) -> None:
         """Sync to the control plane's view, policy and pools: it is the truth. A regime event
@@ -204,13 +198,10 @@ class PoolRouting:
         actor that has not heard from the controller yet (it just restarted): its policy is
         not taken over one the replica has."""
         self.set_workers(view.prefill_workers, view.decode_workers)
-        policy = self.policy
-        if view.version == 0 and policy.version > 0:
+        if view.policy.version == 0 and self.policy.version > 0:
             return  # a router actor just restarted, before the controller's re-push: not news
-        if (view.tau, view.omega, view.version, view.regime) != (
-            policy.tau, policy.omega, policy.version, self.regime,
-        ):  # fmt: skip
-            self.set_policy(view.tau, view.omega, view.version, view.regime)
+        if view.policy != self.policy:
+            self.set_policy(view.policy)
 
     def feed_kv(self, role: str, payload: object) -> bool:
         """Apply one KV payload (Dynamo shape) to ``role``'s index; never raises (the index

@@ -61,6 +61,7 @@ from controller.controller import Controller, RegimeChange
 from controller.detector import SaturationDetector
 from controller.drain import DrainWatch, TickWaits, calm_limit_s
 from controller.resplit import ResplitDecision, Resplitter
+from router import Policy
 from telemetry.metrics import OLDEST_WAIT, POOL_WORKERS
 
 __all__ = ["DEFAULT_THETA_S", "ControllerActor", "ControllerSettings"]
@@ -124,7 +125,7 @@ class ControllerActor:
             hysteresis=s.hysteresis,
             dwell=s.dwell,
         )
-        self.push = PolicyPush(router, auction, s.call_timeout_s, lambda: detector.regime.label)
+        self.push = PolicyPush(router, auction, s.call_timeout_s)
         self.arrivals = ArrivalMeter()
         # A TTFT is used only for a request the deployment routed (cluster/plausibility.py).
         ids = None if workers is None else [w for pool in workers.values() for w in pool]
@@ -320,10 +321,9 @@ class ControllerActor:
     def _repush(self) -> None:
         policy = self.controller.table[self.controller.regime]
         self.controller.version += 1
-        self.push.target.pending = (
-            float(policy.tau), float(policy.omega), self.controller.version,
-            self.controller.regime.label,
-        )  # fmt: skip
+        self.push.target.pending = Policy(
+            policy.tau, policy.omega, self.controller.version, self.controller.regime.label
+        )
 
     async def _queue_depth(self) -> float | None:
         stats = await self._ask(self.auction, "stats")

@@ -1,5 +1,5 @@
 """The controller actor's changes out (docs/design.md §4): the newest policy to the router actor
-(``set_policy(tau, omega, version, regime)``), the regime to the auction actor
+(``set_policy(policy)``, one ``router.Policy``), the regime to the auction actor
 (``set_regime``), delivered in the background and retried tick after tick.
 
 The plain ``Controller`` calls its target's ``set_policy`` synchronously, inside its tick, so the
@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import Any
 
-__all__ = ["PendingTarget", "Policy", "PolicyPush", "call_remote"]
+from router import Policy
+
+__all__ = ["PendingTarget", "PolicyPush", "call_remote"]
 
 log = logging.getLogger(__name__)
-
-Policy = tuple[float, float, int, str]  # tau, omega, version, regime label
 
 
 async def call_remote(method: Any, *args: Any) -> Any:
@@ -33,23 +32,20 @@ async def call_remote(method: Any, *args: Any) -> Any:
 class PendingTarget:
     """The Controller's target: remembers the newest policy for the background push."""
 
-    def __init__(self, regime: Callable[[], str]) -> None:
-        self._regime = regime
+    def __init__(self) -> None:
         self.pending: Policy | None = None
 
-    def set_policy(self, tau: float, omega: float, version: int) -> None:
-        self.pending = (float(tau), float(omega), int(version), self._regime())
+    def set_policy(self, policy: Policy) -> None:
+        self.pending = policy
 
 
 class PolicyPush:
     """Delivers the pending policy to ``router`` and regime to ``auction`` (module docstring);
     a handle that is None has nobody to tell, so nothing stays pending for it."""
 
-    def __init__(
-        self, router: Any | None, auction: Any | None, timeout_s: float, regime: Callable[[], str]
-    ) -> None:
+    def __init__(self, router: Any | None, auction: Any | None, timeout_s: float) -> None:
         self.router, self.auction, self.timeout_s = router, auction, timeout_s
-        self.target = PendingTarget(regime)
+        self.target = PendingTarget()
         self.regime_pending: str | None = None
         self.delivered_version = 0  # newest version the router acknowledged
         self.delivered_regime: str | None = None  # newest regime the auction acknowledged
@@ -69,8 +65,8 @@ class PolicyPush:
     async def push(self) -> None:
         """Deliver the pending policy and regime; what fails stays pending for the next kick."""
         policy = self.target.pending
-        if policy is not None and await self.deliver(self.router, "set_policy", *policy):
-            self.delivered_version = policy[2] if self.router is not None else 0
+        if policy is not None and await self.deliver(self.router, "set_policy", policy):
+            self.delivered_version = policy.version if self.router is not None else 0
             if self.target.pending == policy:  # a newer one may have come meanwhile
                 self.target.pending = None
         regime = self.regime_pending

@@ -26,11 +26,11 @@ from cluster.actor_bus import ActorBus, subscribe_when_connected
 from cluster.dataplane.peers import PeerLoads
 from cluster.dataplane.replica import peer_report
 from cluster.dataplane.routing import ROLES, PoolRouting, Route, RoutingView
-from cluster.events import MAX_LABEL_CHARS, Event, LoadEvent, RouteEvent
+from cluster.events import Event, LoadEvent, RouteEvent
 from cluster.kv_wire import kv_subject
 from cluster.ray.actor_support import Ready, check_request_id, ready_record, wake_after_restart
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
-from cluster.ray.status import KvEventCounts, PolicyView, RouterStats
+from cluster.ray.status import KvEventCounts, RouterStats
 from router import Policy, Router
 from telemetry.metrics import ROUTING_COST
 
@@ -181,11 +181,11 @@ class RouterActor:
 
     # -- control -----------------------------------------------------------------------------
 
-    async def set_policy(self, tau: float, omega: float, version: int, regime: str) -> None:
-        """New (tau, omega) from the controller, for both pools."""
-        if type(regime) is not str or len(regime) > MAX_LABEL_CHARS:
-            raise ValueError(f"regime must be a str of at most {MAX_LABEL_CHARS} characters")
-        self.pools.set_policy(tau, omega, version, regime)
+    async def set_policy(self, policy: Policy) -> None:
+        """The controller's new policy, for both pools."""
+        if not isinstance(policy, Policy):
+            raise ValueError(f"a policy is a router.Policy, got {type(policy).__name__}")
+        self.pools.set_policy(policy)
 
     async def add_worker(self, role: str, worker_id: int) -> None:
         self.pools.add_worker(self._role(role), worker_id)  # type: ignore[arg-type]
@@ -215,7 +215,7 @@ class RouterActor:
             for worker, n in self.pools.routed_to[role].items():
                 routed_to[role][worker] = routed_to[role].get(worker, 0) + n
         return RouterStats(
-            policy=PolicyView(policy.tau, policy.omega, policy.version, self.pools.regime),
+            policy=policy,
             workers={r: tuple(self.pools.workers(r)) for r in ROLES},
             kv_events={
                 r: KvEventCounts(

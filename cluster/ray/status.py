@@ -18,6 +18,7 @@ from cluster.events import PoolAction
 from controller.controller import RegimeChange
 from controller.drain import Drain
 from controller.resplit import ResplitCancel, ResplitDecision, Role
+from router import Policy
 
 __all__ = [
     "AuctionStats",
@@ -26,7 +27,6 @@ __all__ = [
     "InstanceBinding",
     "KvEventCounts",
     "PoaSnapshot",
-    "PolicyView",
     "PoolsSnapshot",
     "ResplitOutcome",
     "ResplitStep",
@@ -47,16 +47,6 @@ def as_json(record: object) -> Any:
     if isinstance(record, tuple | list):
         return [as_json(v) for v in record]
     return record
-
-
-@dataclass(frozen=True)
-class PolicyView:
-    """The routing policy a router applies: (τ, ω), its version and the regime it came with."""
-
-    tau: float
-    omega: float
-    version: int
-    regime: str
 
 
 # -- the PoA actor ---------------------------------------------------------------------------
@@ -121,7 +111,7 @@ class RouterStats:
     """The router actor's policy, pools and KV events, and the fleet's routing: its own
     routes plus what the ingress replicas' unexpired reports say."""
 
-    policy: PolicyView
+    policy: Policy
     workers: Mapping[Role, tuple[int, ...]]
     kv_events: Mapping[Role, KvEventCounts]
     in_flight: Mapping[Role, int]

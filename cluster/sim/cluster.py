@@ -139,9 +139,9 @@ class SimCluster:
     def policy(self) -> Policy:
         return self.decode_router.policy
 
-    def set_policy(self, tau: float, omega: float, version: int) -> None:
-        """The controller's (τ, ω): every decode and prefill router of every replica, at once."""
-        self.views.set_policy(tau, omega, version)
+    def set_policy(self, policy: Policy) -> None:
+        """The controller's policy: every decode and prefill router of every replica, at once."""
+        self.views.set_policy(policy)
 
     # -- pools -------------------------------------------------------------------------------
 

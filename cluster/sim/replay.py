@@ -38,6 +38,7 @@ from controller.detector import Thresholds
 from controller.drain import calm_limit_s
 from controller.resplit import ResplitDecision, ResplitSettings
 from games.poa import MAX_AGE_S, PoaEstimator
+from router import Policy
 
 __all__ = [
     "ReplayArm",
@@ -273,7 +274,7 @@ def replay_on_sim(
         selection="round_robin" if arm.round_robin else "cost",
     )
     if not arm.adaptive and not arm.round_robin:
-        cluster.set_policy(arm.tau, arm.omega, 0)
+        cluster.set_policy(Policy(arm.tau, arm.omega))
     arrivals = TraceArrivals(cluster, requests, prompts)
     controller = None
     loop_ref: list[ControlLoop] = []

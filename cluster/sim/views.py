@@ -199,12 +199,11 @@ class RouterViews:
         """Workers the routers of ``role`` route to (every replica has the same set)."""
         return self.replicas[0].router(role).workers
 
-    def set_policy(self, tau: float, omega: float, version: int) -> None:
-        """(τ, ω) on every router of every replica (DESIGN §4: every router with a choice)."""
-        policy = Policy(tau, omega, version)  # validated once, before any router changes
+    def set_policy(self, policy: Policy) -> None:
+        """The policy on every router of every replica (DESIGN §4: every router with a choice)."""
         for replica in self.replicas:
             for role in ROLES:
-                replica.router(role).set_policy(policy.tau, policy.omega, policy.version)
+                replica.router(role).set_policy(policy)
 
     # -- routing -----------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from cluster.nats_auth import connect_options
 from cluster.ray.controller_actor import DEFAULT_THETA_S, ControllerActor, ControllerSettings
 from cluster.ray.status import AuctionStats, PoaSnapshot
 from controller.policy import PolicyTable
+from router import Policy
 from tests.cluster.test_events import ROUTE
 from tests.waiting import until
 
@@ -53,12 +54,12 @@ class FakeRouter:
         self.hang = False
         self.set_policy = Method(self._set_policy)
 
-    async def _set_policy(self, tau: float, omega: float, version: int, regime: str) -> None:
+    async def _set_policy(self, policy: Policy) -> None:
         if self.hang:
             await asyncio.sleep(10)
         if self.failing:
             raise RuntimeError("RayActorError: the actor died")
-        self.calls.append((tau, omega, version, regime))
+        self.calls.append((policy.tau, policy.omega, policy.version, policy.regime))
 
 
 class FakeAuction:

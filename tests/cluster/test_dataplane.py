@@ -17,7 +17,7 @@ from cluster.dataplane.settings import RoutingSettings
 from cluster.events import EngineLoadEvent, LoadEvent, PoolsEvent, RegimeEvent, RouteEvent
 from cluster.serve.replica_metrics import view_requests_text
 from cluster.wire import decode, encode
-from router import LoadView
+from router import LoadView, Policy
 
 BLOCK = 16
 PROMPT = list(range(64))  # four blocks
@@ -187,7 +187,7 @@ def test_the_policy_follows_newer_regime_events_and_the_pools_follow_pools_event
 
 
 def test_a_replica_starts_from_the_control_planes_view_and_keeps_routing_without_it() -> None:
-    view = RoutingView(0.5, 0.2, 7, "transition", (0,), (1, 2, 3))
+    view = RoutingView(Policy(0.5, 0.2, 7, "transition"), (0,), (1, 2, 3))
 
     class Control:
         def __init__(self) -> None:
@@ -224,10 +224,10 @@ def test_a_replica_starts_from_the_control_planes_view_and_keeps_routing_without
 
 def test_the_view_wins_over_the_policy_except_a_restarted_routers_version_zero() -> None:
     pools = _pools()
-    pools.set_policy(0.8, 0.1, 5, "saturated")
-    pools.apply_view(RoutingView(0.0, 1.0, 0, "below", (0,), (1, 2)))
+    pools.set_policy(Policy(0.8, 0.1, 5, "saturated"))
+    pools.apply_view(RoutingView(Policy(0.0, 1.0, 0, "below"), (0,), (1, 2)))
     assert pools.policy.version == 5  # the router actor restarted: it knows no policy yet
-    pools.apply_view(RoutingView(0.3, 0.5, 2, "transition", (0,), (1, 2)))
+    pools.apply_view(RoutingView(Policy(0.3, 0.5, 2, "transition"), (0,), (1, 2)))
     assert (pools.policy.version, pools.regime) == (2, "transition")  # a restarted controller
 
 

@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 from cluster.ray.policy_push import PolicyPush
+from router import Policy
 
 
 class _Method:
@@ -33,32 +34,33 @@ class _Peer:
 def test_a_failed_delivery_stays_pending_and_the_newest_policy_goes_out_once_back() -> None:
     async def scenario() -> None:
         router, auction = _Peer(), _Peer()
-        push = PolicyPush(router, auction, timeout_s=1.0, regime=lambda: "saturated")
+        push = PolicyPush(router, auction, timeout_s=1.0)
         router.down = auction.down = True
-        push.target.set_policy(0.8, 0.1, 2)
+        push.target.set_policy(Policy(0.8, 0.1, 2, "saturated"))
         push.regime_changed("saturated")
         await push.push()
-        assert push.target.pending == (0.8, 0.1, 2, "saturated") and push.regime_pending
+        assert push.target.pending == Policy(0.8, 0.1, 2, "saturated") and push.regime_pending
         assert push.failures == 2 and push.delivered_version == 0
-        push.target.set_policy(0.0, 1.0, 3)  # a newer one while the router is down
+        newest = Policy(0.0, 1.0, 3, "saturated")
+        push.target.set_policy(newest)  # a newer one while the router is down
         router.down = auction.down = False
         push.kick()
         assert push.task is not None
         await push.task
-        assert router.calls == [("set_policy", 0.0, 1.0, 3, "saturated")]
+        assert router.calls == [("set_policy", newest)]
         assert auction.calls == [("set_regime", "saturated")]
         assert push.target.pending is None and push.regime_pending is None
         assert (push.delivered_version, push.delivered_regime) == (3, "saturated")
         push.kick()  # nothing pending: no delivery starts
-        assert push.task.done() and router.calls == [("set_policy", 0.0, 1.0, 3, "saturated")]
+        assert push.task.done() and router.calls == [("set_policy", newest)]
 
     asyncio.run(scenario())
 
 
 def test_without_a_receiver_nothing_stays_pending_and_nothing_fails() -> None:
     async def scenario() -> None:
-        push = PolicyPush(None, None, timeout_s=1.0, regime=lambda: "below")
-        push.target.set_policy(0.0, 1.0, 1)
+        push = PolicyPush(None, None, timeout_s=1.0)
+        push.target.set_policy(Policy(0.0, 1.0, 1))
         push.regime_changed("below")
         await push.push()
         assert push.target.pending is None and push.regime_pending is None

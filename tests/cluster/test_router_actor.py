@@ -17,8 +17,7 @@ from cluster.events import RouteEvent
 from cluster.nats_server import NatsServer
 from cluster.ray.actor_support import MAX_PROMPT_TOKENS
 from cluster.ray.router_actor import RouterActor
-from cluster.ray.status import PolicyView
-from router import block_hashes, sequence_hashes
+from router import Policy, block_hashes, sequence_hashes
 from telemetry.metrics import ROUTING_COST
 
 BS = 16
@@ -165,7 +164,7 @@ def test_exclude_with_a_temperature_samples_among_the_rest() -> None:
 def test_set_policy_applies_to_later_decisions_and_refuses_bad_values() -> None:
     async def body() -> None:
         router = _router()
-        await router.set_policy(0.3, 2.0, 5, "saturated")
+        await router.set_policy(Policy(0.3, 2.0, 5, "saturated"))
         r = await router.route("a", TOKENS)
         assert (r.decision.tau, r.decision.omega, r.policy_version, r.regime) == (
             0.3,
@@ -180,9 +179,11 @@ def test_set_policy_applies_to_later_decisions_and_refuses_bad_values() -> None:
             ((0.0, 1.0, 6, "x" * 65), "regime"),
         ):
             with pytest.raises(ValueError, match=field):
-                await router.set_policy(*bad)
+                await router.set_policy(Policy(*bad))
+        with pytest.raises(ValueError, match="a policy is a"):
+            await router.set_policy((0.0, 1.0, 6, "x"))  # type: ignore[arg-type]
         stats = await router.stats()
-        assert stats.policy == PolicyView(tau=0.3, omega=2.0, version=5, regime="saturated")
+        assert stats.policy == Policy(tau=0.3, omega=2.0, version=5, regime="saturated")
         assert router.routers["prefill"].policy.version == 5
 
     _run(body)

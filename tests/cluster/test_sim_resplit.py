@@ -16,6 +16,7 @@ from cluster.sim.loop import EventLoop
 from cluster.sim.profile import PROFILE_DIR, load_profile, parse_profile
 from cluster.sim.records import summarize
 from cluster.sim.scenario import template_source
+from router import Policy
 from telemetry import metrics
 
 PROFILE = "b200-llama70b-fp8-tp4"
@@ -185,7 +186,7 @@ def test_the_source_is_the_least_busy_worker_highest_id_on_ties() -> None:
     # A hot softmax scatters requests unevenly (seeded, so these counts are fixed).
     for n, least in ((7, {4}), (9, {2, 4, 5})):
         busy = _quick("1P/5D")
-        busy.set_policy(5.0, 1.0, 1)
+        busy.set_policy(Policy(5.0, 1.0, 1))
         source = template_source(busy.profile, 0)
         held = Counter(r.decode_worker for r in busy.submit_many([source() for _ in range(n)]))
         fewest = min(held[w] for w in busy.decode)

@@ -90,7 +90,7 @@ def test_decode_only_policy_still_reproduces_the_old_runs() -> None:
     """Before, a policy reached the decode router only; setting it there alone still does that."""
     profile = _without_attention()
     cluster = SimCluster(profile, "2P/4D", seed=7, loop=EventLoop(record=True))
-    cluster.decode_router.set_policy(0.5, 0.3, 0)
+    cluster.decode_router.set_policy(Policy(0.5, 0.3, 0))
     ClosedLoop(cluster, template_source(profile, 7), [Phase(4.0, 48, ramp=0.5)])
     cluster.loop.run()
     assert _fingerprint(cluster)[0] == "47a0a0490843b080"
@@ -118,7 +118,7 @@ def _per_period_imbalance(
 def _herd(tau: float, views: ViewSettings | None) -> tuple[float, float]:
     profile = load_profile(PROFILE)
     cluster = SimCluster(profile, "2P/4D", seed=0, views=views)
-    cluster.set_policy(tau, 1.0, 1)
+    cluster.set_policy(Policy(tau, 1.0, 1))
     load = ClosedLoop(cluster, template_source(profile, 0), [Phase(8.0, 256, ramp=1.0)])
     cluster.loop.run(load.end)
     records = cluster.records
@@ -220,11 +220,11 @@ def test_set_policy_reaches_every_router_of_every_replica() -> None:
     cluster = SimCluster(profile, "2P/4D", policy=start, views=ViewSettings(replicas=3))
     routers = [r.router(role) for r in cluster.routers for role in ("decode", "prefill")]
     assert len(routers) == 6 and all(r.policy == start for r in routers)
-    cluster.set_policy(0.7, 0.2, 4)
+    cluster.set_policy(Policy(0.7, 0.2, 4))
     assert cluster.policy == Policy(0.7, 0.2, 4)
     assert all(r.policy == Policy(0.7, 0.2, 4) for r in routers)
     with pytest.raises(ValueError, match="tau"):
-        cluster.set_policy(-1.0, 0.2, 5)
+        cluster.set_policy(Policy(-1.0, 0.2, 5))
     assert all(r.policy.version == 4 for r in routers)  # a bad policy changes nothing
     records = cluster.submit_many(_requests(6))
     assert all(rec.decision.policy_version == 4 for rec in records)

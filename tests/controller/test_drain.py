@@ -11,6 +11,7 @@ from controller.controller import Controller
 from controller.detector import Regime, SaturationDetector, Thresholds
 from controller.drain import Drain, DrainWatch, TickWaits, calm_limit_s
 from controller.policy import PolicyTable
+from router import Policy
 
 TH = Thresholds(theta1=0.5, theta2=2.0)
 
@@ -19,8 +20,8 @@ class Target:
     def __init__(self) -> None:
         self.calls: list[tuple[float, float, int]] = []
 
-    def set_policy(self, tau: float, omega: float, version: int) -> None:
-        self.calls.append((tau, omega, version))
+    def set_policy(self, policy: Policy) -> None:
+        self.calls.append((policy.tau, policy.omega, policy.version))
 
 
 def feed(watch: DrainWatch, readings: list[bool | None], start: float = 0.0) -> list[Drain]:

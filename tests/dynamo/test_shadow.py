@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from cluster.backends.dynamo.shadow import DynamoPolicy, ShadowRouterActor, dynamo_override
-from router import block_hashes, sequence_hashes
+from router import Policy, block_hashes, sequence_hashes
 
 BS = 16
 PREFILL, DEC_A, DEC_B = 0xA0000000000000F1, 0xB0000000000000D1, 0xB0000000000000D2
@@ -87,7 +87,7 @@ def test_policy_is_handed_to_dynamo_in_its_field_names() -> None:
     shadow = _shadow(tau=0.0, omega=1.0)
 
     async def body() -> None:
-        await shadow.set_policy(0.8, 0.1, 3, "saturated")
+        await shadow.set_policy(Policy(0.8, 0.1, 3, "saturated"))
         policy = await shadow.policy()
         assert policy == DynamoPolicy(
             {"router_temperature": 0.8, "overlap_score_weight": 0.1}, 3, "saturated"

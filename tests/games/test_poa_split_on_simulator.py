@@ -20,6 +20,7 @@ from cluster.sim.template_source import TemplateSource
 from cluster.sim.views import ViewSettings
 from controller.resplit import ResplitSettings
 from games.poa import MAX_AGE_S, PoaEstimator
+from router import Policy
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +36,7 @@ def _ticks(
     """The control loop's estimates from WARM to END, (τ, ω = 0.1) held on every router."""
     profile = load_profile(PROFILE)
     cluster = SimCluster(profile, topology, seed=seed, views=views)
-    cluster.views.set_policy(tau, 0.1, 1)
+    cluster.views.set_policy(Policy(tau, 0.1, 1))
     w = profile.workload
     source = TemplateSource(
         w.templates, w.template_tokens, w.input_tokens, w.output_tokens, seed=seed

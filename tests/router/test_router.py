@@ -111,7 +111,7 @@ def test_empty_overrides_and_dynamo_aliases() -> None:
 
 def test_set_policy_changes_the_default_and_its_version() -> None:
     router = hand_router()
-    router.set_policy(tau=0.0, omega=2.0, version=7)
+    router.set_policy(Policy(tau=0.0, omega=2.0, version=7))
     d = router.decide("r", PROMPT, reserve=False)
     assert (d.worker, d.omega, d.policy_version) == (2, 2.0, 7)
     d = router.decide("s", PROMPT, {"tau": 0.3}, reserve=False)
@@ -128,9 +128,9 @@ def test_caller_mistakes_raise_value_error() -> None:
     with pytest.raises(ValueError):
         router.decide("r", PROMPT, {"tau": -1.0})
     with pytest.raises(ValueError):
-        router.set_policy(tau=0.5, omega=-1.0, version=1)
+        router.set_policy(Policy(tau=0.5, omega=-1.0, version=1))
     with pytest.raises(ValueError):
-        router.set_policy(tau=math.nan, omega=1.0, version=1)
+        router.set_policy(Policy(tau=math.nan, omega=1.0, version=1))
     with pytest.raises(ValueError):
         Router().decide("r", PROMPT)  # no workers
     router.decide("r", PROMPT)
@@ -341,8 +341,12 @@ def test_any_override_is_applied_or_refused_with_value_error(override: dict[str,
 def test_set_policy_refuses_bad_values(tau: Any, omega: Any, version: Any, message: str) -> None:
     router = hand_router()
     with pytest.raises(ValueError, match=message):
-        router.set_policy(tau, omega, version)
+        router.set_policy(Policy(tau, omega, version))
     assert router.policy == Policy()  # the old policy stays
+    with pytest.raises(ValueError, match="a policy is a"):
+        router.set_policy((0.5, 1.0, 1))  # type: ignore[arg-type]  # the old tuple, refused
+    with pytest.raises(ValueError, match="regime must be a short label"):
+        Policy(0.5, 1.0, 1, "x" * 33)
 
 
 def test_policies_and_overrides_store_floats() -> None:

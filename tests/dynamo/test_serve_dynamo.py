@@ -184,7 +184,7 @@ def test_every_request_gets_our_breakdown_and_agreement_is_counted(
         if line.startswith("dynamo_component_requests_total{")
         and 'dynamo_endpoint="generate"' in line
     }
-    assert set(_stats(service).dynamo.instances.values()) <= served, served
+    assert set(_stats(service).binding.instances.values()) <= served, served
     # The replica's load reports reach the shadow router actor: the fleet's routing in its stats.
     deadline = time.monotonic() + 10.0
     while sum((stats := _stats(service)).routed_by_replica.values()) < 12:
@@ -307,7 +307,7 @@ def test_a_killed_mocker_is_restarted_and_rebound(service: Service) -> None:
     deadline = time.monotonic() + 60.0
     while True:
         new = ray.get(worker.info.remote())
-        bound = _stats(service).dynamo.instances.get("decode/1")
+        bound = _stats(service).binding.instances.get("decode/1")
         renewed = new.instance_id != old.instance_id
         if new.alive and renewed and bound == new.instance_id:
             break
@@ -332,7 +332,7 @@ def test_a_resplit_stops_a_decode_mocker_and_starts_a_prefill_one(
     assert moved.pools.prefill == (0, 2) and moved.pools.decode == (1,)
     stats = _stats(service)
     assert stats.workers == {"prefill": (0, 2), "decode": (1,)}
-    assert "prefill/2" in stats.dynamo.instances
+    assert "prefill/2" in stats.binding.instances
 
     async def traffic() -> list[dict[str, Any]]:
         c = _client(service)

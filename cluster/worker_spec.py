@@ -63,7 +63,7 @@ class WorkerPlug(Protocol):
 
     def worker_arguments(
         self, spec: WorkerSpec, role: str, worker_id: int
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    ) -> tuple[tuple[object, ...], dict[str, object]]:
         """The actor's constructor arguments."""
         ...
 

@@ -47,3 +47,34 @@ def test_the_metrics_room_is_prometheus_client_alone() -> None:
     for path in _modules("telemetry"):
         imported = _imports(path) - {"__future__", "logging", "telemetry", "typing"}
         assert imported <= {"prometheus_client"}, (path, imported)
+
+
+def test_cluster_has_no_import_cycle_and_no_import_back_up() -> None:
+    """docs/design.md "Layout": inside ``cluster/`` a module imports its own layer and those
+    below it (``bench.layout.LAYERS``), and no two modules import each other, at run time or
+    for the type checker."""
+    from bench.layout import measure
+
+    shape = measure(ROOT)
+    assert shape["cycles"] == [] and shape["typing_cycles"] == []
+    assert shape["back_up"] == []
+
+
+def test_a_back_up_import_and_a_cycle_are_seen(tmp_path: Path) -> None:
+    from bench.layout import measure
+
+    (tmp_path / "cluster" / "ray").mkdir(parents=True)
+    (tmp_path / "cluster" / "backends").mkdir()
+    (tmp_path / "cluster" / "__init__.py").write_text("")
+    (tmp_path / "cluster" / "ray" / "__init__.py").write_text("")
+    (tmp_path / "cluster" / "backends" / "__init__.py").write_text("")
+    (tmp_path / "cluster" / "ray" / "a.py").write_text("def f():\n    import cluster.backends.b\n")
+    (tmp_path / "cluster" / "backends" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from cluster.ray import a\n"
+    )
+    shape = measure(tmp_path)
+    assert shape["back_up"] == ["cluster.ray.a -> cluster.backends.b"]
+    assert shape["cycles"] == [] and shape["typing_cycles"] == [
+        ["cluster.backends.b", "cluster.ray.a"]
+    ]
+    assert shape["files"] == 5 and shape["any"] == 0

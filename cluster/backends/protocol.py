@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
@@ -31,7 +31,7 @@ class Engines(Protocol):
         """Called once every worker actor is ready, before the control plane starts."""
         ...
 
-    def router_actor(self, base: Mapping[str, Any]) -> tuple[type, dict[str, Any]]:
+    def router_actor(self, base: Mapping[str, object]) -> tuple[type, dict[str, object]]:
         """The router actor's class and arguments, from the service's common ``base``."""
         ...
 
@@ -39,7 +39,7 @@ class Engines(Protocol):
         """Called once the router, auction, PoA and controller actors are ready."""
         ...
 
-    def path_factory(self, handles: Mapping[str, Any], nats_url: str | None) -> PathFactory:
+    def path_factory(self, handles: Mapping[str, object], nats_url: str | None) -> PathFactory:
         """What each ingress replica calls to build its request path (picklable), given the
         service's actors (``Service.handle_map()``) and its bus."""
         ...

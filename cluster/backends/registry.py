@@ -5,7 +5,6 @@ CLI lists them before anything heavy loads."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from cluster.worker_spec import EngineSpec
 
@@ -24,6 +23,6 @@ def backend_names() -> tuple[str, ...]:
     return tuple(BACKENDS)
 
 
-def engine_spec(name: str, settings: Mapping[str, Any] | None = None) -> EngineSpec:
+def engine_spec(name: str, settings: Mapping[str, object] | None = None) -> EngineSpec:
     """The ``EngineSpec`` naming backend ``name`` (its workers' own ``settings``)."""
     return EngineSpec(backend=name, module=BACKENDS[name], settings=dict(settings or {}))

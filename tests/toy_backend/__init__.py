@@ -56,7 +56,7 @@ class ToyPlug:
 
     def worker_arguments(
         self, spec: WorkerSpec, role: str, worker_id: int
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    ) -> tuple[tuple[object, ...], dict[str, object]]:
         return (role, worker_id), {"greeting": str(spec.engine.settings["greeting"])}
 
     async def after_start(self, spec: WorkerSpec, handle: Any) -> None:

@@ -32,7 +32,7 @@ class DynamoPlug:
 
     def worker_arguments(
         self, spec: WorkerSpec, role: str, worker_id: int
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    ) -> tuple[tuple[object, ...], dict[str, object]]:
         # The actor restarts its process itself (its watch loop); Ray restarts the actor when
         # its own process or node dies, and the restarted actor starts a process again
         # (``restore``). Never two at once: a dead actor's process dies with it (the watchdog).

@@ -30,7 +30,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import ray
 
@@ -94,7 +94,7 @@ class DynamoEngines:
                     raise RuntimeError(f"{role} worker {slot} serves without a Dynamo instance id")
                 self.instances[role][slot] = info.instance_id
 
-    def router_actor(self, base: Mapping[str, Any]) -> tuple[type, dict[str, Any]]:
+    def router_actor(self, base: Mapping[str, object]) -> tuple[type, dict[str, object]]:
         kwargs = {k: v for k, v in base.items() if k != "local_prefill_max_tokens"}
         d = self.config.dynamo
         kwargs.update(
@@ -111,7 +111,7 @@ class DynamoEngines:
         # From now on each worker re-binds its instance id after a restart of its process.
         ray.get([w.attach.remote(handles.router) for w in workers], timeout=READY_TIMEOUT_S)
 
-    def path_factory(self, handles: Mapping[str, Any], nats_url: str | None) -> PathFactory:
+    def path_factory(self, handles: Mapping[str, object], nats_url: str | None) -> PathFactory:
         from cluster.backends.dynamo.backend import make_dynamo_path
 
         cfg = self.config

@@ -36,13 +36,13 @@ class SimEngines:
     def started_workers(self, handles: ServiceHandles) -> None:
         pass
 
-    def router_actor(self, base: Mapping[str, Any]) -> tuple[type, dict[str, Any]]:
+    def router_actor(self, base: Mapping[str, object]) -> tuple[type, dict[str, object]]:
         return RouterActor, dict(base)
 
     def started_control_plane(self, handles: ServiceHandles) -> None:
         pass
 
-    def path_factory(self, handles: Mapping[str, Any], nats_url: str | None) -> PathFactory:
+    def path_factory(self, handles: Mapping[str, object], nats_url: str | None) -> PathFactory:
         from cluster.backends.sim.path import make_actor_path
 
         cfg = self.config
@@ -75,8 +75,8 @@ class SimPlug:
 
     def worker_arguments(
         self, spec: WorkerSpec, role: str, worker_id: int
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        kwargs: dict[str, Any] = {
+    ) -> tuple[tuple[object, ...], dict[str, object]]:
+        kwargs: dict[str, object] = {
             "speedup": spec.speedup,
             "epoch_wall": spec.epoch_wall,
             "nats_url": spec.nats_url,

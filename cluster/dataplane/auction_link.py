@@ -8,6 +8,10 @@ requests per second) instead of three. The price is latency where it is cheap: a
 reaches the auction, learns its release and frees its slot up to one period later, against a
 queue wait that at saturation is seconds.
 
+An exchange carries at most ``MAX_ITEMS`` of each kind, the oldest first; what is left rides
+the next one, so a backlog (the settlements an outage left) drains in as many exchanges as it
+takes instead of making one message the auction must refuse.
+
 Failures. A lost call's bids are sent again (the hold id makes the resend reserve nothing
 twice); its settlements too (a capture is exactly once). A restarted auction (a new instance id)
 gets the requests that were waiting there again. After ``give_up_s`` without an answer the
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +34,7 @@ from typing import Any
 from auction.admission import Release
 from cluster.dataplane.calls import FailureCount, ask, detached_task
 from cluster.dataplane.exchange import (
+    MAX_ITEMS,
     Bid,
     ExchangeIn,
     ExchangeOut,
@@ -147,13 +153,14 @@ class AuctionLink:
             await self.exchange_once()
 
     async def exchange_once(self) -> bool:
-        """One exchange of everything pending; False if the auction did not answer."""
-        bids = list(self._unsent.values())
-        started, self._started = self._started, []
-        withdrawn, self._withdrawn = self._withdrawn, []
-        settlements = [s for s, _ in self._settling.values()]
-        self._sent.update(self._unsent)
-        self._unsent.clear()
+        """One exchange of what is pending, at most ``MAX_ITEMS`` of each kind (the oldest
+        first; the rest rides the next exchange); False if the auction did not answer."""
+        bids = list(itertools.islice(self._unsent.values(), MAX_ITEMS))
+        started, self._started = self._started[:MAX_ITEMS], self._started[MAX_ITEMS:]
+        withdrawn, self._withdrawn = self._withdrawn[:MAX_ITEMS], self._withdrawn[MAX_ITEMS:]
+        settlements = [s for s, _ in itertools.islice(self._settling.values(), MAX_ITEMS)]
+        for waiting in bids:
+            self._sent[waiting.bid.request_id] = self._unsent.pop(waiting.bid.request_id)
         message = ExchangeIn(
             self.replica, tuple(w.bid for w in bids), tuple(started), tuple(settlements),
             tuple(withdrawn), self.overflowed_lease() if bids else None,
@@ -162,7 +169,7 @@ class AuctionLink:
         ok, reply = await ask(lambda: self.auction.exchange.remote(message), 10 * self.period_s
                               + 2.0, self._failures)  # fmt: skip
         if not ok:
-            self._on_failure(bids, withdrawn)
+            self._on_failure(bids, started, withdrawn)
             return False
         if not isinstance(reply, ExchangeOut):
             raise TypeError(f"the auction answered {type(reply).__name__}, not an ExchangeOut")
@@ -197,13 +204,14 @@ class AuctionLink:
             if entry is not None and not entry[1].done():
                 entry[1].set_result(settled.charged)
 
-    def _on_failure(self, bids: list[_Waiting], withdrawn: list[str]) -> None:
-        # The call may or may not have reached the auction: send it all again (the settlements
-        # are still in ``_settling``).
+    def _on_failure(self, bids: list[_Waiting], started: list[str], withdrawn: list[str]) -> None:
+        # The call may or may not have reached the auction: send it all again, first (the
+        # settlements are still in ``_settling``; a first token told twice frees one slot).
         for waiting in bids:
             if self._sent.pop(waiting.bid.request_id, None) is not None:
                 self._unsent[waiting.bid.request_id] = waiting
-        self._withdrawn.extend(withdrawn)
+        self._started[:0] = started
+        self._withdrawn[:0] = withdrawn
         now = self.clock()
         if self._failing_since is None:
             self._failing_since = now

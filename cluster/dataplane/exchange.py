@@ -27,7 +27,16 @@ from dataclasses import dataclass
 
 from auction.admission import Release
 
-__all__ = ["Bid", "ExchangeIn", "ExchangeOut", "Refusal", "Refused", "Settled", "Settlement"]
+__all__ = [
+    "MAX_ITEMS",
+    "Bid",
+    "ExchangeIn",
+    "ExchangeOut",
+    "Refusal",
+    "Refused",
+    "Settled",
+    "Settlement",
+]
 
 MAX_ITEMS = 4096  # per list of one exchange: a replica sends what queued in one period
 

@@ -134,7 +134,7 @@ class ReplicaExchange(AuctionCore):
     def _lease_books(self, replica: str, until: float) -> dict[str, float]:
         self._ledger.renew_holds(replica, until)
         self._ledger.release_expired_holds(time.time())  # owners that stopped renewing
-        return {a.user: self._ledger.available(a.user) for a in self._ledger.accounts()}
+        return self._ledger.available_all()
 
     def _lend(self) -> None:
         self._queue.set_leased(self._leases.lent)

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from bench import adaptive, auction, autobidder, common, poa, replay, router, sim
+from bench import adaptive, auction, autobidder, common, layout, lease, poa, replay, router, sim
 
-BENCHES = (adaptive, auction, autobidder, poa, router, sim)
+BENCHES = (adaptive, auction, autobidder, layout, lease, poa, router, sim)
 
 # -- common ----------------------------------------------------------------------------------
 
@@ -463,3 +463,18 @@ def test_replay_judges_only_the_parts_it_ran() -> None:
     del report["live"], report["load"]
     assert set(replay.judge(report)["targets"]) == {"virtual_per_wall", "peak_rss_mib"}
     assert not replay.judge({})["met"]  # nothing measured is no pass
+
+
+# -- lease and layout ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("renewal_ms", "met"), [(10.5, True), (50.0, True), (153.6, False)])
+def test_lease_renewal_within_50_ms(renewal_ms: float, met: bool) -> None:
+    assert lease.judge({"renewal_ms": renewal_ms, "accounts": 10_000})["met"] is met
+
+
+def test_layout_needs_no_cycle_no_import_back_up_and_few_any() -> None:
+    clean = {"any": 80, "cycles": [], "typing_cycles": [], "back_up": []}
+    assert layout.judge(clean)["met"] is True
+    for miss in ({"any": 81}, {"typing_cycles": [["a", "b"]]}, {"back_up": ["a -> b"]}):
+        assert layout.judge(clean | miss)["met"] is False

@@ -49,12 +49,24 @@ def ledger(ledger_at: LedgerAt) -> Iterator[LedgerBook]:
 
 
 def _invariant(ledger: LedgerBook) -> None:
+    every = ledger.available_all()  # what a lease carries, read in one transaction
     for account in ledger.accounts():
         held = ledger.held(account.user)
         assert account.spent + held <= account.budget + 1e-9
         assert ledger.available(account.user) == pytest.approx(
             account.budget - account.spent - held
         )
+        assert every[account.user] == ledger.available(account.user)
+    assert set(every) == {a.user for a in ledger.accounts()}
+
+
+def test_every_available_budget_in_one_read(ledger: LedgerBook) -> None:
+    ledger.reserve("h1", "alice", 2.5, owner="r1")
+    ledger.reserve("h2", "alice", 1.0, owner="r2")
+    ledger.reserve("h3", "bob", 0.25, owner="r1")
+    ledger.capture("h2", "batch-1", 0.5)
+    assert ledger.available_all() == {"alice": 10.0 - 0.5 - 2.5, "bob": 0.75}
+    _invariant(ledger)
 
 
 # -- arithmetic ------------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ from cluster.serve.errors import (
     validation_error,
 )
 from cluster.serve.ingress_metrics import IngressMetrics
-from cluster.serve.limits import Limiter, Permit, RateLimited
+from cluster.serve.limits import BODY_TIMEOUT_S, Limiter, Permit, RateLimited
 from cluster.serve.path_types import (
     Admitted,
     Finished,
@@ -108,13 +108,15 @@ def build_app(
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
     metrics_route: bool = True,
     limiter: Limiter | None = None,
+    body_timeout_s: float = BODY_TIMEOUT_S,
 ) -> FastAPI:
     """The ingress app over ``path``. ``metrics_text`` returns the Prometheus text of everything
     the ingress does not own (the actors' families, merged; it must not repeat the ingress's
     own three). ``clock`` times TTFT/ITL (wall seconds); ``on_shutdown`` runs at app shutdown.
     ``metrics_route`` False: no ``/metrics`` here (the service's metrics server has its own
     port, docs/design.md "Security model"); ``app.state.edge.metrics`` still counts.
-    ``limiter``: per-identity limits (cluster/serve/limits.py), None: none."""
+    ``limiter``: per-identity limits (cluster/serve/limits.py), None: none; ``body_timeout_s``:
+    a body not in by then is a 408 (``LimitSettings.body_timeout_s``)."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -126,8 +128,9 @@ def build_app(
     install_handlers(app)
     app.add_middleware(DefaultHeaders)
     edge = _Edge(
-        path, users, tokenizer, model_name, max_body_bytes, IngressMetrics(registry), clock, limiter
-    )
+        path, users, tokenizer, model_name, max_body_bytes, IngressMetrics(registry), clock,
+        limiter, body_timeout_s,
+    )  # fmt: skip
     app.state.edge = edge
     created = int(time.time())
     model_card = {"id": model_name, "object": "model", "created": created, "owned_by": "disaggctl"}
@@ -188,10 +191,12 @@ class _Edge:
         metrics: IngressMetrics,
         clock: Callable[[], float],
         limiter: Limiter | None = None,
+        body_timeout_s: float = BODY_TIMEOUT_S,
     ) -> None:
         self.path, self.users, self.tokenizer = path, users, tokenizer
         self.model_name, self.max_body_bytes = model_name, max_body_bytes
         self.metrics, self.clock, self.limiter = metrics, clock, limiter
+        self.body_timeout_s = body_timeout_s
 
     async def complete(self, request: Request, *, chat: bool) -> Response:
         t0 = self.clock()
@@ -217,10 +222,13 @@ class _Edge:
     ) -> Response:
         try:
             user = self._user(request)
-            permit = self._admit(user)  # before the body is read: a refusal costs nothing
+            # The body first, within its deadline: a client that trickles it holds no place
+            # under the limits ([21] 3), and a refusal afterwards costs one bounded read.
+            raw = await read_body(request, self.max_body_bytes, self.body_timeout_s)
+            permit = self._admit(user)
             if permit is not None:
                 held.append(permit)
-            data = parse_json_object(await read_body(request, self.max_body_bytes))
+            data = parse_json_object(raw)
             model: type[om.ChatCompletionRequest | om.CompletionRequest] = (
                 om.ChatCompletionRequest if chat else om.CompletionRequest
             )

@@ -111,6 +111,7 @@ class OpenAIIngress:
             metrics_route=sink is None,
             on_shutdown=self._shutdown,
             limiter=self._limiter,
+            body_timeout_s=self._limiter.settings.body_timeout_s,
         )
         if sink is not None:
             own = _own_metrics(app.state.edge.metrics.text, path)

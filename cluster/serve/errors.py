@@ -9,6 +9,7 @@ BadRequestError, 404 NotFoundError, 402/413 APIStatusError, 503 InternalServerEr
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -46,6 +47,7 @@ _TYPES = {
     402: "payment_required",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "request_timeout",
     413: "request_too_large",
     429: "rate_limit_error",
     500: "server_error",
@@ -129,10 +131,21 @@ def _field(param: str) -> str:
     return param.split(".")[0].split("[")[0]
 
 
-async def read_body(request: Request, max_bytes: int) -> bytes:
+async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes:
     """The request body, refusing (413) more than ``max_bytes`` before reading it when
     Content-Length says so, and while reading it otherwise (chunked bodies, or a lying
-    Content-Length): at most ``max_bytes`` plus one network chunk are ever held."""
+    Content-Length): at most ``max_bytes`` plus one network chunk are ever held. A body not
+    in within ``timeout_s`` is a 408 (a client that trickles it holds nothing for longer)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_body(request, max_bytes)
+    except TimeoutError:
+        raise ApiError(
+            408, f"the request body did not arrive within {timeout_s:g} s", code="body_timeout"
+        ) from None
+
+
+async def _read_body(request: Request, max_bytes: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():

@@ -31,6 +31,9 @@ from cluster.models import StrictModel
 __all__ = ["LimitSettings", "Limiter", "Permit", "RateLimited"]
 
 
+BODY_TIMEOUT_S = 30.0
+
+
 class LimitSettings(StrictModel):
     """``limits:`` in the service's config (module docstring); 0 = no limit."""
 
@@ -42,6 +45,11 @@ class LimitSettings(StrictModel):
     anonymous_concurrency: int = Field(default=0, ge=0, le=1_000_000)
     # The share of each replica's max_ongoing_requests that anonymous traffic never takes.
     paid_reserved_share: float = Field(default=0.1, ge=0.0, lt=1.0)
+    # A request's whole body must arrive within this many seconds (else 408). The body is read
+    # before the request takes its place under the limits above, so a client that trickles it
+    # holds no place, and for no longer than this. 30 s carries a 131,072-token prompt's few
+    # MiB over a slow link with room to spare.
+    body_timeout_s: float = Field(default=BODY_TIMEOUT_S, gt=0.0, le=600.0)
 
     def per_replica(self, replicas: int) -> LimitSettings:
         """One of ``replicas`` replicas' part: rates and caps divided, never below one."""

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import AsyncIterator
 
+import httpx
 import openai
 import pytest
 from hypothesis import given, settings
@@ -185,3 +187,39 @@ def test_a_stream_holds_its_place_until_it_ends(tok: ChatTokenizer) -> None:
 
     asyncio.run(main())
     assert limiter.admit("alice", anonymous=False)  # free again
+
+
+def test_slow_bodies_hold_no_place_and_are_cut_at_the_body_deadline(tok: ChatTokenizer) -> None:
+    """[21] 3: 16 anonymous connections that send a POST's headers and then trickle its body
+    (one byte, then nothing) do not lock anonymous traffic out: a place under the limits is
+    taken once the body is in, and a body not in within ``limits.body_timeout_s`` is a 408."""
+    path = FakePath([[5]] * 4, Clock())
+    limiter = _limiter(Tick(), anonymous_concurrency=16)
+    app = make_app(tok, path, limiter=limiter, body_timeout_s=0.3)
+
+    async def trickle() -> httpx.Response:
+        async def body() -> AsyncIterator[bytes]:
+            yield b"{"
+            await asyncio.sleep(30.0)  # the rest never comes in time
+            yield b"}"
+
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://test") as http:  # fmt: skip
+            return await http.post("/v1/chat/completions", content=body())
+
+    async def main() -> None:
+        slow = [asyncio.ensure_future(trickle()) for _ in range(16)]
+        await asyncio.sleep(0.05)  # every slow body started
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://test") as http:  # fmt: skip
+            answer = await http.post(  # anonymous: no key
+                "/v1/chat/completions",
+                json={"model": MODEL, "messages": MESSAGES, "max_tokens": 1},
+            )
+        assert answer.status_code == 200, answer.text
+        cut = await asyncio.wait_for(asyncio.gather(*slow), timeout=5.0)
+        assert {r.status_code for r in cut} == {408}
+        assert {r.json()["error"]["code"] for r in cut} == {"body_timeout"}
+
+    asyncio.run(main())
+    assert limiter.admit(ANONYMOUS, anonymous=True)  # every place free again

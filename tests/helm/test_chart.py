@@ -721,6 +721,16 @@ def test_defaults_and_examples_satisfy_the_schema() -> None:
         validator.validate(yaml.safe_load(example.read_text(encoding="utf-8")))
 
 
+def test_by_default_one_key_cannot_hold_every_slot() -> None:
+    """[21] 3: the chart's defaults limit each key's rate and concurrency (0 would be no
+    limit), and its body deadline, as the service reads them."""
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    limits = LimitSettings.model_validate(defaults["config"]["limits"])
+    assert limits.user_rate > 0 and limits.user_concurrency > 0
+    assert limits.anonymous_rate > 0 and limits.anonymous_concurrency > 0
+    assert 0 < limits.body_timeout_s <= 60
+
+
 BAD_VALUES = {
     "unknown top-level key": (("colour=blue",), "additional properties 'colour' not allowed"),
     "wrong type": (("config.speedup=fast",), "at '/config/speedup': got string, want number"),

@@ -101,6 +101,10 @@ class ServeConfig(StrictModel):
     # (8.5 ms each on the 70B profile). cluster/backends/sim/workers.py; docs/design.md "Data flow"
     # has the measurement (TTFT is not affected: the first token never waits).
     stream_chunk_s: float = Field(default=0.05, ge=0.0, le=1.0)
+    # A decode worker's submit only queues orders (milliseconds, whatever the load); one that
+    # has not answered within this is wedged, and its requests are placed again or get a 503
+    # naming it (cluster/backends/sim/decode_streams.py).
+    submit_timeout_s: float = Field(default=10.0, gt=0.0, le=600.0)
     # How each ingress replica's routing view stays current (cluster/dataplane/settings.py).
     routing: RoutingSettings = RoutingSettings()
     # The auction's lease and the batched exchange at saturation (cluster/dataplane/settings.py).

@@ -140,3 +140,23 @@ def test_a_worker_that_leaves_its_role_has_its_stream_closed_once_its_requests_e
         await streams.aclose()
 
     asyncio.run(body())
+
+
+def test_a_submit_that_never_returns_fails_its_requests_within_the_deadline() -> None:
+    """[21] 3: a decode worker whose ``submit`` never returns (a wedged engine) gives every
+    request of its stream a ``WorkerFailed`` naming it within ``submit_timeout_s`` (the path
+    places the request again before its first token, else answers 503 naming the worker)."""
+
+    async def body() -> None:
+        decode = Decode()
+        decode.submit.impl = lambda *a: asyncio.sleep(3600)
+        streams = DecodeStreams(Workers({}, {1: decode}), "r0", interval_s=0.0,
+                                submit_timeout_s=0.2)  # fmt: skip
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(WorkerFailed, match=r"decode worker 1: .*did not take its orders"):
+            await asyncio.wait_for(_tokens(streams, _order("stuck")), timeout=5.0)
+        assert loop.time() - t0 < 1.0
+        await streams.aclose()
+
+    asyncio.run(body())

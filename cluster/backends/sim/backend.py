@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Collection
 from ray.exceptions import RayTaskError
 
 from auction import engine_priority
-from cluster.backends.sim.decode_streams import DecodeStreams
+from cluster.backends.sim.decode_streams import SUBMIT_TIMEOUT_S, DecodeStreams
 from cluster.backends.sim.token_streams import DecodeOrder
 from cluster.dataplane.replica import ReplicaRouter
 from cluster.dataplane.routing import Route
@@ -33,11 +33,15 @@ class SimBackend:
     def __init__(
         self, *, router: ReplicaRouter, workers: Workers, profile: HardwareProfile,
         speedup: float, chunk_interval_s: float = 0.0,
+        submit_timeout_s: float = SUBMIT_TIMEOUT_S,
     ) -> None:  # fmt: skip
         self.router, self.workers, self.profile = router, workers, profile
         self.speedup = speedup
         self._calls: collections.Counter[str] | None = None  # the lifecycle's (it sets it)
-        self.decode = DecodeStreams(workers, router.replica_id, interval_s=chunk_interval_s)
+        self.decode = DecodeStreams(
+            workers, router.replica_id, interval_s=chunk_interval_s,
+            submit_timeout_s=submit_timeout_s,
+        )  # fmt: skip
         self._link_bytes_per_s = profile.link.bandwidth_gbps * 1e9 / 8
         self._routes: dict[str, Route] = {}
 

@@ -10,6 +10,11 @@ the first token the lifecycle places it again; after it, the stream ends with an
 request whose consumer leaves early is withdrawn in the link's next ``submit``. A worker that
 leaves its role (a re-split's drain) says so in a frame: the link then takes no new request and
 closes once the requests on it have ended, which tells the worker that its last frame arrived.
+
+A ``submit`` only hands orders to the worker's queue, so it answers in milliseconds however
+loaded the engine is; one that has not answered within ``submit_timeout_s`` means a wedged
+worker, and the link is dropped as if the worker had died (its requests fail with
+``WorkerFailed`` naming it: placed again before their first token, else a 503).
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ from cluster.dataplane.calls import call_detached, detached_task
 from cluster.ray.worker_handles import RAY_FAILURES, Workers, ray_cancel
 from cluster.serve.backend import WorkerFailed
 
-__all__ = ["DecodeStreams"]
+__all__ = ["SUBMIT_TIMEOUT_S", "DecodeStreams"]
+
+SUBMIT_TIMEOUT_S = 10.0
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +104,16 @@ class _Link:
                 room -= len(orders)
                 withdrawn, self.withdrawn = self.withdrawn[:room], self.withdrawn[room:]
                 self.owner.count("submit")
+                deadline = self.owner.submit_timeout_s
                 try:
-                    refused = await self.handle.submit.remote(self.stream_id, orders, withdrawn)
+                    refused = await asyncio.wait_for(
+                        self.handle.submit.remote(self.stream_id, orders, withdrawn), deadline
+                    )
                 except _SUBMIT_FAILED as exc:
                     self.fail(type(exc).__name__, forget=not isinstance(exc, RayTaskError))
+                    return
+                except TimeoutError:
+                    self.fail(f"did not take its orders within {deadline:g} s", forget=True)
                     return
                 for order, why in zip(orders, refused, strict=True):
                     queue = self.queues.get(order.request_id)
@@ -154,9 +167,13 @@ class DecodeStreams:
     def __init__(
         self, workers: Workers, replica: str, *, interval_s: float,
         calls: collections.Counter[str] | None = None,
+        submit_timeout_s: float = SUBMIT_TIMEOUT_S,
     ) -> None:  # fmt: skip
+        if not submit_timeout_s > 0:
+            raise ValueError(f"submit_timeout_s must be > 0, got {submit_timeout_s!r}")
         self.workers, self.replica, self.interval_s = workers, replica, interval_s
         self.calls = calls
+        self.submit_timeout_s = submit_timeout_s
         self._links: dict[int, _Link] = {}
         self._background: set[asyncio.Task[None]] = set()
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from cluster.actor_bus import ActorBus
 from cluster.backends.sim.backend import SimBackend
+from cluster.backends.sim.decode_streams import SUBMIT_TIMEOUT_S
 from cluster.dataplane.replica import ReplicaRouter
 from cluster.dataplane.routing import PoolRouting
 from cluster.dataplane.settings import EXCHANGE_PERIOD_S, RoutingSettings
@@ -29,6 +30,7 @@ async def make_actor_path(
     seed: int = 0,
     routing: dict[str, Any] | None = None,
     chunk_interval_s: float = 0.0,
+    submit_timeout_s: float = SUBMIT_TIMEOUT_S,
     exchange_period_s: float = EXCHANGE_PERIOD_S,
 ) -> ActorRequestPath:
     """The path an ingress replica builds at start (picklable through ``functools.partial``):
@@ -47,6 +49,7 @@ async def make_actor_path(
     return await compose_path(
         handles=handles, namespace=namespace, bus=bus, view=router,
         backend=lambda workers: SimBackend(router=router, workers=workers, profile=loaded,
-                                           speedup=speedup, chunk_interval_s=chunk_interval_s),
+                                           speedup=speedup, chunk_interval_s=chunk_interval_s,
+                                           submit_timeout_s=submit_timeout_s),
         exchange_period_s=exchange_period_s,
     )  # fmt: skip

@@ -54,7 +54,7 @@ class SimEngines:
             nats_url=nats_url, namespace=cfg.namespace, block_size=profile.block_size,
             local_prefill_max_tokens=profile.decode.local_prefill_max_tokens,
             seed=cfg.seed, routing=cfg.routing.model_dump(),
-            chunk_interval_s=cfg.stream_chunk_s,
+            chunk_interval_s=cfg.stream_chunk_s, submit_timeout_s=cfg.submit_timeout_s,
             exchange_period_s=cfg.admission.exchange_period_s,
         )  # fmt: skip
 

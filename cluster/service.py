@@ -274,6 +274,7 @@ class Service:
                 ledger_schema=cfg.ledger_schema,
                 users=users,
                 lease_ttl_s=cfg.admission.lease_ttl_s,
+                hold_grace_s=cfg.admission.hold_grace_s,
                 slots_per_prefill_worker=cfg.prefill_slots_per_worker(),
                 prefill_workers=Pools(self.topology.prefill, self.topology.decode).prefilling,
                 **nats,

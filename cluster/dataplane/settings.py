@@ -28,13 +28,24 @@ from pydantic import Field, model_validator
 
 from cluster.models import StrictModel
 
-__all__ = ["EXCHANGE_PERIOD_S", "LEASE_TTL_S", "AdmissionSettings", "RoutingSettings"]
+__all__ = [
+    "EXCHANGE_PERIOD_S",
+    "HOLD_GRACE_S",
+    "LEASE_TTL_S",
+    "AdmissionSettings",
+    "RoutingSettings",
+]
 
 # The admission defaults (module docstring), stated once for the config and the code's defaults.
 # A replica renews every third of the lease: a live replica keeps its share through two lost
 # renewals, and a dead one's slots return to the auction within three seconds.
 LEASE_TTL_S = 3.0
 EXCHANGE_PERIOD_S = 0.1
+# A hold outlives its owner's lease by this much: the longest stall of the auction or its ledger
+# (an auction restart replaying a long journal, a PostgreSQL failover, a partition) that a live
+# replica's requests ride out and are still charged. The cost: a dead replica's users wait this
+# long for the budget its holds reserved.
+HOLD_GRACE_S = 60.0
 
 
 class RoutingSettings(StrictModel):
@@ -55,3 +66,4 @@ class RoutingSettings(StrictModel):
 class AdmissionSettings(StrictModel):
     lease_ttl_s: float = Field(default=LEASE_TTL_S, gt=0.0, le=600.0)
     exchange_period_s: float = Field(default=EXCHANGE_PERIOD_S, gt=0.0, le=5.0)
+    hold_grace_s: float = Field(default=HOLD_GRACE_S, ge=0.0, le=3600.0)

@@ -43,6 +43,7 @@ from auction.admission import (
 from auction.realised import RealisedBatch, RealisedWelfare
 from cluster.bus import BusError, EventBus
 from cluster.dataplane.admission import LEASE_TTL_S, LeaseBook
+from cluster.dataplane.settings import HOLD_GRACE_S
 from cluster.events import AuctionEvent
 from cluster.ledger import open_ledger
 from cluster.ledger.sqlite import BudgetExceeded, UnknownAccountError
@@ -83,6 +84,7 @@ class AuctionActor(UnaryAdmission, ReplicaExchange):
         speedup: float = 1.0,
         epoch_wall: float | None = None,
         lease_ttl_s: float = LEASE_TTL_S,
+        hold_grace_s: float = HOLD_GRACE_S,
         slots_per_prefill_worker: int | None = None,
         prefill_workers: int = 1,
     ) -> None:
@@ -98,6 +100,10 @@ class AuctionActor(UnaryAdmission, ReplicaExchange):
         derived = self._derived_slots(prefill_workers)
         self.settings = model.to_settings(derived) if derived else model.to_settings()
         self._instance = uuid.uuid4().hex[:8]  # hold and batch ids stay unique across restarts
+        if not (isinstance(hold_grace_s, float | int) and 0 <= hold_grace_s <= 3600):
+            raise ValueError(f"hold_grace_s must be in [0, 3600], got {hold_grace_s!r}")
+        self.hold_grace_s = float(hold_grace_s)
+        self._unreleased: set[str] = set()
         self._leases = LeaseBook(
             max_in_prefill=self.settings.max_in_prefill, ttl_s=lease_ttl_s, prefix=self._instance
         )

@@ -14,6 +14,7 @@ queued requests were refused.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +37,8 @@ from cluster.ledger.sqlite import (
 from telemetry import metrics
 
 __all__ = ["AuctionCore", "ReplicaExchange"]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 BOX_KEEP_S = 60.0  # a silent replica's undelivered answers are kept this long
@@ -95,6 +98,30 @@ class AuctionCore:
     _exec: ThreadPoolExecutor
     _entries: dict[str, Entry]
     _closed: bool
+    hold_grace_s: float
+    _unreleased: set[str]  # holds whose release failed: retried on the ledger thread
+
+    def _hold_expiry(self) -> float:
+        """When a hold reserved or renewed now expires: its owner's lease, and the grace."""
+        return time.time() + self._leases.ttl_s + self.hold_grace_s
+
+    def _release_later(self, hold_id: str) -> None:
+        """Release ``hold_id`` on the ledger thread, off the caller's path; a release that
+        fails is kept and retried with the next lease renewal (``_retry_releases``)."""
+        self._exec.submit(self._release_or_keep, hold_id)
+
+    def _release_or_keep(self, hold_id: str) -> None:
+        try:
+            self._ledger.release(hold_id)
+        except Exception as exc:  # a stalled or failing ledger: the hold must still close
+            log.warning("releasing hold %s failed, will retry: %r", hold_id, exc)
+            self._unreleased.add(hold_id)
+        else:
+            self._unreleased.discard(hold_id)
+
+    def _retry_releases(self) -> None:
+        for hold_id in sorted(self._unreleased):
+            self._release_or_keep(hold_id)
 
     async def _ledger_call(self, fn: Callable[..., T], *args: Any) -> T:
         raise NotImplementedError
@@ -124,8 +151,7 @@ class ReplicaExchange(AuctionCore):
         fcfs = self._queue.fcfs and self._queue.depth == 0 and not self._closed
         lease_id, slots = self._leases.grant(replica, now, fcfs)
         self._lend()
-        until = time.time() + self._leases.ttl_s
-        budgets = await self._ledger_call(self._lease_books, replica, until)
+        budgets = await self._ledger_call(self._lease_books, replica, self._hold_expiry())
         self._pump()
         return Lease(
             lease_id, replica, slots, self._queue.regime, fcfs, budgets, self._leases.ttl_s
@@ -133,7 +159,9 @@ class ReplicaExchange(AuctionCore):
 
     def _lease_books(self, replica: str, until: float) -> dict[str, float]:
         self._ledger.renew_holds(replica, until)
-        self._ledger.release_expired_holds(time.time())  # owners that stopped renewing
+        self._retry_releases()
+        # Owners that stopped renewing for longer than their lease and the grace: dead.
+        self._ledger.release_expired_holds(time.time())
         return self._ledger.available_all()
 
     def _lend(self) -> None:
@@ -150,8 +178,8 @@ class ReplicaExchange(AuctionCore):
                     )
                 else:
                     self._queue.slot_freed(rid)
-        for replica in gone:
-            self._exec.submit(self._ledger.release_holds_of, replica)
+        # Their holds stay until they expire (the lease and the grace): a replica that was
+        # only slow comes back and settles them; a dead one's are released then.
         owners = {e.owner for e in self._entries.values()}
         for replica, box in list(self._boxes.items()):
             if now - box.seen > BOX_KEEP_S and replica not in owners:
@@ -179,7 +207,7 @@ class ReplicaExchange(AuctionCore):
         for rid in message.withdrawn:
             entry = self._entries.get(rid)
             if self._forget(rid, replica) and entry is not None and entry.hold_id is not None:
-                self._exec.submit(self._ledger.release, entry.hold_id)
+                self._release_later(entry.hold_id)
         for rid in message.started:
             self._queue.slot_freed(rid)
             self._realised(self.realised.first_token(rid, loop.time()))
@@ -187,7 +215,7 @@ class ReplicaExchange(AuctionCore):
         bids = self._new_bids(message.bids, replica, box)
         reserved, settled = await self._ledger_call(
             self._exchange_books, bids, message.settlements, replica,
-            time.time() + self._leases.ttl_s,
+            self._hold_expiry(),
         )  # fmt: skip
         for bid, hold in zip(bids, reserved, strict=True):
             self._queue_bid(bid, hold, replica, box)
@@ -268,7 +296,7 @@ class ReplicaExchange(AuctionCore):
         except (QueueFull, ValueError) as exc:
             box.refused.append(refusal_of(bid.request_id, exc))
             if hold is not None:
-                self._exec.submit(self._ledger.release, hold.hold_id)
+                self._release_later(hold.hold_id)
             return
         self._entries[bid.request_id] = Entry(
             user, bid.bid, None if anonymous else bid.hold_id, now, owner=replica

@@ -40,13 +40,16 @@ class InProcess:
         return SimpleNamespace(remote=remote)
 
 
-def _actor(tmp_path: Path, ttl_s: float = 30.0, **settings: Any) -> AuctionActor:
+def _actor(
+    tmp_path: Path, ttl_s: float = 30.0, grace_s: float = 60.0, **settings: Any
+) -> AuctionActor:
     return AuctionActor(
         settings=SATURATED | settings,
         ledger=str(tmp_path / "ledger.sqlite"),
         users=[{"name": "alice", "budget": 10.0}, {"name": "bob", "budget": 1.0}],
         nats_url=None,
         lease_ttl_s=ttl_s,
+        hold_grace_s=grace_s,
     )
 
 
@@ -113,7 +116,8 @@ def test_settlements_capture_exactly_once_whatever_is_resent(tmp_path: Path) -> 
 
 def test_a_dead_replicas_lease_expiry_frees_its_slots_queue_and_holds(tmp_path: Path) -> None:
     async def body() -> None:
-        actor = _actor(tmp_path, ttl_s=0.3)
+        # No grace: its holds go with its lease (the grace is tests/cluster/test_hold_expiry.py).
+        actor = _actor(tmp_path, ttl_s=0.3, grace_s=0.0)
         await actor.lease("dead")
         out = await actor.exchange(ExchangeIn("dead", tuple(_bid(k, replica="dead")
                                                             for k in "abc")))  # fmt: skip
@@ -140,7 +144,7 @@ def test_a_replica_that_never_had_a_lease_is_dropped_when_it_stops_exchanging(
     tmp_path: Path,
 ) -> None:
     async def body() -> None:
-        actor = _actor(tmp_path, ttl_s=0.3)
+        actor = _actor(tmp_path, ttl_s=0.3, grace_s=0.0)  # no grace: its hold goes with it
         await actor.exchange(ExchangeIn("silent", (_bid("a", replica="silent"),)))
         await asyncio.sleep(0.01)
         assert len((await actor.exchange(ExchangeIn("silent"))).released) == 1

@@ -96,15 +96,27 @@ class PostgresLedger(LedgerBook):
 
     def _connect(self) -> psycopg.Connection[Any]:
         with self._errors():
+            timeout_ms = math.ceil(self._timeout * 1000)
             conn = psycopg.connect(
                 self.url,
                 autocommit=True,  # every transaction below is explicit (BEGIN … COMMIT)
                 connect_timeout=max(1, math.ceil(self._timeout)),
                 application_name="disaggctl-ledger",
+                # A partition must not block the one ledger thread for good: TCP keepalives
+                # find a peer that went away, and a request whose bytes go unacknowledged for
+                # the ledger's timeout fails the connection (the next call connects again).
+                keepalives=1,
+                keepalives_idle=max(1, math.ceil(self._timeout / 3)),
+                keepalives_interval=max(1, math.ceil(self._timeout / 9)),
+                keepalives_count=3,
+                tcp_user_timeout=timeout_ms,
             )
             try:
                 conn.execute(f'SET search_path TO "{self.schema}"')  # matched SCHEMA_PATTERN
-                conn.execute(f"SET lock_timeout = {math.ceil(self._timeout * 1000)}")
+                conn.execute(f"SET lock_timeout = {timeout_ms}")
+                # The ledger's statements take milliseconds; one the server runs for longer
+                # than the timeout is stuck (a lock, a full disk) and is cancelled there.
+                conn.execute(f"SET statement_timeout = {timeout_ms}")
             except BaseException:
                 conn.close()
                 raise

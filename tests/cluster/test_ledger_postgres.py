@@ -194,3 +194,22 @@ def test_open_ledger_picks_the_backend_from_the_location(
     (tmp_path / "file").write_text("")
     with pytest.raises(LedgerError, match="directory"):
         open_ledger(str(tmp_path / "file" / "l.db"))
+
+
+@pytest.mark.integration
+def test_a_partition_or_a_stuck_statement_cannot_hold_the_ledger_for_good(
+    postgres: PostgresServer, schema: str
+) -> None:
+    """[21] 2: the connection carries TCP keepalives and a TCP user timeout, and the session a
+    statement timeout, each at the ledger's timeout."""
+    ledger = PostgresLedger(postgres.url, schema=schema, timeout=6.0)
+    try:
+        conn = ledger._live()
+        assert conn.execute("SHOW statement_timeout").fetchone() == ("6s",)
+        assert conn.execute("SHOW lock_timeout").fetchone() == ("6s",)
+        params = conn.info.get_parameters()
+        assert (params["keepalives"], params["keepalives_count"]) == ("1", "3")
+        assert (params["keepalives_idle"], params["keepalives_interval"]) == ("2", "1")
+        assert params["tcp_user_timeout"] == "6000"
+    finally:
+        ledger.close()

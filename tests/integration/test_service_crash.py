@@ -72,7 +72,11 @@ namespace: crash
 ledger_path: {ledger}
 allow_anonymous: false
 auction: {{queue_threshold: 1, max_in_prefill: 2, batch_size: 8, batch_window_ms: 20}}
+admission: {{hold_grace_s: 5.0}}
 """
+# The holds' grace (admission.hold_grace_s, 60 s by default) is shorter here than a restart
+# takes (~30 s), so the restarted auction finds every dead replica's hold expired and releases
+# it at start; the grace itself is tests/cluster/test_hold_expiry.py.
 MAX_TOKENS = 24  # ~0.2 s of decode at speedup 0.5, plus queueing behind the auction
 BURST = 48
 # Requests leave in clumps of CLUMP every CLUMP × 40 ms: more at once than the release slots

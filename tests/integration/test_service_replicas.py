@@ -57,8 +57,10 @@ ingress_replicas: {replicas}
 max_ongoing_requests: {ongoing}
 auction:
   {{queue_threshold: {threshold}, max_in_prefill: {slots}, batch_size: 8, batch_window_ms: 20}}
-admission: {{lease_ttl_s: {ttl}}}
+admission: {{lease_ttl_s: {ttl}, hold_grace_s: 0.0}}
 """
+# No grace for the holds (admission.hold_grace_s): a dead replica's holds go with its lease,
+# which this test waits out; the grace itself is tests/cluster/test_hold_expiry.py.
 LEASE_TTL_S = 1.0
 CUT_STREAMS = 12  # long requests in flight when a replica is killed
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import os
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 from cluster.backends.dynamo.discovery import Discovery
-from cluster.backends.dynamo.process import DynamoProcess, DynamoStartError
+from cluster.backends.dynamo.process import DynamoProcess, DynamoStartError, child_environment
 from cluster.backends.dynamo.settings import (
     DynamoSettings,
     dynamo_env,
@@ -389,3 +390,29 @@ def test_a_hung_worker_fails_its_health_checks_and_is_restarted(
             await actor.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_an_engine_process_inherits_no_secret_but_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[21] 5: the bus's credentials folder, the ledger's password and anything named as a
+    secret stay in the owner; the process gets what its own ``env`` gives it (the ``dynamo``
+    role's NATS credentials, for an engine)."""
+    for name, value in {"DISAGG_NATS_CREDENTIALS": "/run/creds", "PGPASSWORD": "pg",
+                        "HF_TOKEN": "hf", "AWS_SECRET_ACCESS_KEY": "aws",
+                        "VLLM_KEEP_ME": "1"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    assert child_environment({"A_PASSWORD": "x", "PATH": "/bin"}, {"B_PASSWORD": "y"}) == {
+        "PATH": "/bin", "B_PASSWORD": "y"}  # fmt: skip
+    show = "import os, sys; print('ENV', sorted(os.environ)); sys.exit(3)"
+    process = DynamoProcess([sys.executable, "-c", show], {"NATS_AUTH_PASSWORD": "dyn"},
+                            tmp_path / "env.log", free_system_port(), component="x")  # fmt: skip
+    process.start()
+    with pytest.raises(DynamoStartError):
+        asyncio.run(process.wait_ready(READY_S))
+    log = (tmp_path / "env.log").read_text().splitlines()
+    (line,) = [ln for ln in log if ln.startswith("ENV ")]
+    names = set(ast.literal_eval(line.split("ENV", 1)[1].strip()))
+    assert "VLLM_KEEP_ME" in names and "NATS_AUTH_PASSWORD" in names
+    assert not names & {"DISAGG_NATS_CREDENTIALS", "PGPASSWORD", "HF_TOKEN",
+                        "AWS_SECRET_ACCESS_KEY"}  # fmt: skip

@@ -38,18 +38,26 @@ from typing import Any
 
 import httpx
 
+from cluster.nats_auth import CREDENTIALS_ENV
 from cluster.nats_server import WATCHDOG
 
 __all__ = [
     "DynamoProcess",
     "DynamoStartError",
     "MetricSample",
+    "child_environment",
     "instance_id_from_metrics",
     "parse_metrics",
     "read_log_tail",
 ]
 
 HTTP_TIMEOUT_S = 2.0
+# What a child process (an engine, Dynamo's frontend, etcd) never inherits ([21] 5; docs/design.md
+# "Security model"): the bus's credentials folder (every role's password), the ledger's
+# password, and anything named as a secret. It gets only what its own ``env`` adds (the
+# ``dynamo`` role's NATS credentials, for an engine).
+_NOT_INHERITED = frozenset({CREDENTIALS_ENV, "PGPASSWORD", "PGPASSFILE", "PGSERVICEFILE"})
+_SECRET_SUFFIXES = ("_PASSWORD", "_SECRET", "_TOKEN", "_CREDENTIALS", "_API_KEY", "_ACCESS_KEY")
 LOG_TAIL_BYTES = 64 * 1024  # read at most this much of a log's end: logs are never truncated
 PORT_TAKEN_MARK = "System status server startup failed"
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -114,6 +122,16 @@ def instance_id_from_metrics(text: str, component: str, endpoint: str = "generat
     return None
 
 
+def child_environment(inherited: Mapping[str, str], own: Mapping[str, str]) -> dict[str, str]:
+    """A child process's environment: ``inherited`` less every secret (``_NOT_INHERITED``, and
+    names ending as a secret's), then ``own`` (which may give it the secrets it needs)."""
+    kept = {
+        k: v for k, v in inherited.items()
+        if k not in _NOT_INHERITED and not k.upper().endswith(_SECRET_SUFFIXES)
+    }  # fmt: skip
+    return {**kept, **own}
+
+
 class DynamoProcess:
     """One Dynamo process under the watchdog; see the module docstring.
 
@@ -173,7 +191,9 @@ class DynamoProcess:
                 command.append("--arm-pdeathsig")  # see nats_watchdog: the main-thread caveat
             command += ["--log", str(self.log_path), "--", *self.argv]
             self.tmp_dir.mkdir(parents=True, exist_ok=True)
-            env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env, "TMPDIR": str(self.tmp_dir)}
+            env = child_environment(
+                os.environ, {"PYTHONUNBUFFERED": "1", **self.env, "TMPDIR": str(self.tmp_dir)}
+            )
             watchdog = subprocess.Popen(
                 command,
                 stdin=subprocess.PIPE,

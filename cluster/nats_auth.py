@@ -96,9 +96,13 @@ ROLE_PERMISSIONS: Mapping[str, Permissions] = {
     # Dashboards and tools: read everything, publish nothing.
     "observer": _reader(*KINDS, kv=True),
     # Dynamo's own processes (frontend, workers): their subjects, never ours. What Dynamo uses
-    # (KV events, JetStream, inboxes) is its business; ``disagg.>`` is ours.
+    # (KV events, inboxes) is its business; ``disagg.>`` is ours, and so is JetStream's API:
+    # with it a stream over ``disagg.>`` would read every event, and a push consumer could
+    # deliver into ``regime`` or ``pools`` under the server's name (nats-server #8274). Dynamo
+    # 1.6.1 as we run it (NATS event plane, TCP requests) needs none of it.
     "dynamo": Permissions(
-        publish=(">",), subscribe=(">",), publish_deny=("disagg.>",), subscribe_deny=("disagg.>",)
+        publish=(">",), subscribe=(">",), publish_deny=("disagg.>", "$JS.API.>"),
+        subscribe_deny=("disagg.>",),
     ),
 }
 ROLES = tuple(ROLE_PERMISSIONS)

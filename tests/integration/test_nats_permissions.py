@@ -222,3 +222,29 @@ def test_with_a_ca_in_the_credentials_the_bus_speaks_tls_and_plain_clients_are_r
 
     received, seen = asyncio.run(main())
     assert received == [route], seen
+
+
+def test_no_role_reaches_jetstream_so_no_stream_can_read_or_forge_our_events(
+    server: NatsServer,
+) -> None:
+    """[21] 6: as ``dynamo`` (which may publish any subject but ours) and as every other role,
+    ``$JS.API.STREAM.CREATE`` over ``disagg.>`` is refused by the server, so no stream reads
+    every event and no push consumer delivers into ``regime`` or ``pools``."""
+
+    async def main() -> dict[str, list[str]]:
+        refused: dict[str, list[str]] = {}
+        for role in ROLES:
+            errors: list[str] = []
+            client = await _connect(server.url, role, errors)
+            stream = b'{"name": "SNOOP", "subjects": ["disagg.>"]}'
+            with pytest.raises(nats.errors.Error):  # no answer comes: the request never passed
+                await client.request("$JS.API.STREAM.CREATE.SNOOP", stream, timeout=0.5)
+            await client.flush()
+            await asyncio.sleep(0.05)
+            await client.close()
+            refused[role] = errors
+        return refused
+
+    refused = asyncio.run(main())
+    for role, errors in refused.items():
+        assert any("permissions violation" in e for e in errors), (role, errors)

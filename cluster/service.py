@@ -35,6 +35,7 @@ from cluster.nats_server import NatsServer
 from cluster.ray.auction_actor import AuctionActor
 from cluster.ray.controller_actor import ControllerActor
 from cluster.ray.metrics_server import MetricsServerActor
+from cluster.ray.named_actor import NamedActor
 from cluster.ray.poa_actor import PoaActor
 from cluster.ray.runtime import LocalRay, init_ray
 from cluster.ray.service_handles import (
@@ -295,9 +296,11 @@ class Service:
             "controller",
             ControllerActor,
             dict(
-                router=h.router,
-                auction=h.auction,
-                poa=h.poa,
+                # By name, not by handle: a handle argument would sit in the object store,
+                # which a restarting actor may not find again (cluster/ray/named_actor.py).
+                router=NamedActor(control_actor_name(cfg.namespace, "router")),
+                auction=NamedActor(control_actor_name(cfg.namespace, "auction")),
+                poa=NamedActor(control_actor_name(cfg.namespace, "poa")),
                 settings=cfg.controller.model_dump(),
                 epoch_wall=self.epoch_wall,
                 pools={"prefill": len(h.prefill), "decode": len(h.decode)},

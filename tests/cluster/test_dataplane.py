@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from cluster.dataplane.engine_loads import EngineReporter
-from cluster.dataplane.peers import PeerLoads, PeerReport
+from cluster.dataplane.peers import MAX_PEERS, PeerLoads, PeerReport
 from cluster.dataplane.replica import ReplicaRouter, peer_report
 from cluster.dataplane.routing import PoolRouting, RoutingView
 from cluster.dataplane.settings import RoutingSettings
@@ -132,6 +132,19 @@ def test_peer_loads_sum_replicas_and_expire_with_their_ttl() -> None:
     assert peers.totals("decode") == {1: LoadView(40, 4, 4)}
     assert peers.expire(6.0) == ["a"]
     assert peers.totals("decode") == {1: LoadView(30, 3, 3)} and peers.replicas() == ("b",)
+
+
+def test_a_million_invented_replica_names_leave_the_peer_map_bounded() -> None:
+    """[21] 7: a publisher that invents a replica name per ``load`` event cannot grow a
+    replica's view of its peers past ``MAX_PEERS``; a live peer's next report brings it back."""
+    peers = PeerLoads()
+    loads = {"decode": {1: LoadView(10, 1, 1)}}
+    peers.update(PeerReport("live", loads, 1, 0, {"decode": {1: 1}}, 1e9))
+    for k in range(1_000_000):
+        peers.update(PeerReport(f"forged-{k}", loads, 1, 0, {}, 1e9))
+    assert len(peers.replicas()) == MAX_PEERS and peers.evicted == 1_000_000 - MAX_PEERS + 1
+    peers.update(PeerReport("live", loads, 1, 0, {"decode": {1: 1}}, 1e9))  # its heartbeat
+    assert "live" in peers.replicas() and len(peers.replicas()) == MAX_PEERS
 
 
 def test_two_replicas_see_each_others_load_through_their_reports() -> None:

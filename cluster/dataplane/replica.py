@@ -78,6 +78,7 @@ class ReplicaRouter:
         self.kv_subjects = dict(kv_subjects) if kv_subjects is not None else None
         self.peers = PeerLoads()
         self.engines = EngineLoads()
+        self.engine_loads_ignored = 0  # snapshots naming no worker of their role's pool
         self.view_syncs = 0
         self._view_failures = FailureCount("routing view sync")
         self.reports = 0
@@ -159,7 +160,12 @@ class ReplicaRouter:
             if event.replica != self.replica_id:
                 self.peers.update(peer_report(event, self.clock()))
         elif isinstance(event, EngineLoadEvent):
-            self.engines.update(engine_snapshot(event, self.clock()))
+            # Only a worker of the pools it names: a snapshot for any other id would sit in
+            # the view (and a forged one could be sent for every id, [21] 7).
+            if event.worker_id in self.routing.workers(event.role):
+                self.engines.update(engine_snapshot(event, self.clock()))
+            else:
+                self.engine_loads_ignored += 1
         elif isinstance(event, RegimeEvent):
             for listener in self.regime_listeners:
                 listener(event.regime)

@@ -298,6 +298,13 @@ def test_the_engines_snapshots_keep_a_dead_replicas_requests_in_the_view() -> No
     clock.now += 0.5
     b.refresh_loads()
     assert b.view_requests()["decode"] == {1: 0, 2: 1}
+    # [21] 7: a snapshot for a worker no pool of its role has is not kept (a forger could send
+    # one for every id; through the max() each would sit in the view).
+    ignored = b.engine_loads_ignored
+    for worker in (7, 1_000):
+        b.on_event(_engine(worker, "decode", requests=50))
+    b.on_event(_engine(1, "prefill", requests=50))  # worker 1 decodes here: not a prefill one
+    assert b.engine_loads_ignored == ignored + 3 and len(b.engines) == 0
 
 
 def test_an_engine_reports_on_change_or_as_a_heartbeat() -> None:

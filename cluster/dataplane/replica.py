@@ -79,6 +79,12 @@ class ReplicaRouter:
         self.peers = PeerLoads()
         self.engines = EngineLoads()
         self.engine_loads_ignored = 0  # snapshots naming no worker of their role's pool
+        # The deployment's workers: a re-split moves them between the pools, never adds one, so
+        # a pools event naming another id is not the controller's ([21] 6; counted, dropped).
+        self.deployment_workers = frozenset(
+            (*routing.workers("prefill"), *routing.workers("decode"))
+        )
+        self.pools_events_ignored = 0
         self.view_syncs = 0
         self._view_failures = FailureCount("routing view sync")
         self.reports = 0
@@ -172,7 +178,11 @@ class ReplicaRouter:
             if event.policy_version > self.routing.policy.version:
                 self.routing.set_policy(event.policy())
         elif isinstance(event, PoolsEvent):
-            self.routing.set_workers(event.prefill_workers, event.decode_workers)
+            named = {*event.prefill_workers, *event.decode_workers}
+            if named <= self.deployment_workers:
+                self.routing.set_workers(event.prefill_workers, event.decode_workers)
+            else:
+                self.pools_events_ignored += 1
 
     async def _subscribe(self) -> None:
         kinds = ("load", "engine_load", "regime", "pools")

@@ -197,6 +197,10 @@ def test_the_policy_follows_newer_regime_events_and_the_pools_follow_pools_event
     replica.on_event(PoolsEvent(t=3.0, prefill_workers=(0, 2), decode_workers=(1,),
                                 action="warm"))  # fmt: skip
     assert replica.routing.workers("prefill") == (0, 2)
+    # [21] 6: a pools event naming a worker the deployment never had is not the controller's.
+    replica.on_event(PoolsEvent(t=4.0, prefill_workers=(0,), decode_workers=(1, 2, 99),
+                                action="warm"))  # fmt: skip
+    assert replica.routing.workers("decode") == (1,) and replica.pools_events_ignored == 1
 
 
 def test_a_replica_starts_from_the_control_planes_view_and_keeps_routing_without_it() -> None:

@@ -1,7 +1,7 @@
 """The PostgreSQL ledger's own edges, against a real server (tests/postgres_server.py): what its
 schema refuses, schemas that are not ledgers, secrets kept out of URLs and messages, a server
 that restarts or is not there. The ledger's contract itself (exactly once, holds, SIGKILL,
-concurrent writers) runs on both backends in tests/auction/test_ledger*.py."""
+concurrent writers) runs on both backends in tests/cluster/test_ledger_{sqlite,holds}.py."""
 
 from __future__ import annotations
 

@@ -47,14 +47,14 @@ def test_the_backend_names_the_engines_and_a_given_one_wins(tmp_path: Path) -> N
     assert isinstance(Service(ServeConfig()).engines, SimEngines)
     config = _dynamo_config(tmp_path)
     assert isinstance(Service(config).engines, DynamoEngines)
-    given = SimEngines()
+    given = SimEngines(ServeConfig())
     assert Service(ServeConfig(), engines=given).engines is given
     with pytest.raises(ValueError, match="backend 'dynamo' only"):
         DynamoEngines(ServeConfig())
 
 
 def test_the_simulated_engines_change_nothing() -> None:
-    engines = SimEngines()
+    engines = SimEngines(ServeConfig())
     assert engines.worker_spec(BASE_SPEC) == BASE_SPEC
     cls, kwargs = engines.router_actor(BASE_ROUTER)
     assert cls is RouterActor and kwargs == BASE_ROUTER and kwargs is not BASE_ROUTER

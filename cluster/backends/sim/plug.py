@@ -26,8 +26,7 @@ __all__ = ["PLUG", "SimEngines", "SimPlug"]
 class SimEngines:
     """The simulated engines of the configured hardware profile (wall-clock, ``speedup``)."""
 
-    def __init__(self, config: ServeConfig | None = None) -> None:
-        # None: the engines of a service that only composes (tests of the steps alone).
+    def __init__(self, config: ServeConfig) -> None:
         self.config = config
 
     def worker_spec(self, base: WorkerSpec) -> WorkerSpec:
@@ -46,8 +45,6 @@ class SimEngines:
         from cluster.backends.sim.path import make_actor_path
 
         cfg = self.config
-        if cfg is None:
-            raise ValueError("SimEngines() without a config builds no request path")
         profile = load_profile(cfg.profile)
         return functools.partial(
             make_actor_path, handles=dict(handles), profile=cfg.profile, speedup=cfg.speedup,

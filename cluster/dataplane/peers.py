@@ -7,9 +7,6 @@ view when its last report expires. A newer report of a replica replaces its olde
 report costs nothing but staleness.
 
 ``PeerLoads`` is a plain object: the caller passes ``now`` (seconds on any monotonic clock).
-It keeps at most ``MAX_PEERS`` replicas' reports: a publisher that invents replica names (a
-compromised ingress, [21] 7) cannot grow it past that; a full map gives up the report that
-came in first, and a live replica's next heartbeat (a third of its TTL later) brings it back.
 """
 
 from __future__ import annotations
@@ -21,9 +18,7 @@ from dataclasses import dataclass
 from cluster.dataplane.routing import ROLES, Role
 from router import LoadView
 
-__all__ = ["MAX_PEERS", "PeerLoads", "PeerReport", "ReportGate"]
-
-MAX_PEERS = 256  # four times the most ingress replicas a service runs (ServeConfig: 64)
+__all__ = ["PeerLoads", "PeerReport", "ReportGate"]
 
 
 class ReportGate:
@@ -58,15 +53,10 @@ class PeerReport:
 class PeerLoads:
     """The latest unexpired report of every other replica."""
 
-    def __init__(self, max_peers: int = MAX_PEERS) -> None:
-        self.max_peers = max_peers
+    def __init__(self) -> None:
         self._reports: dict[str, PeerReport] = {}
-        self.evicted = 0  # reports given up to keep the map bounded
 
     def update(self, report: PeerReport) -> None:
-        if report.replica not in self._reports and len(self._reports) >= self.max_peers:
-            del self._reports[next(iter(self._reports))]  # the first in: O(1) under a flood
-            self.evicted += 1
         self._reports[report.replica] = report
 
     def expire(self, now: float) -> list[str]:

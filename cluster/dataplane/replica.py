@@ -78,13 +78,6 @@ class ReplicaRouter:
         self.kv_subjects = dict(kv_subjects) if kv_subjects is not None else None
         self.peers = PeerLoads()
         self.engines = EngineLoads()
-        self.engine_loads_ignored = 0  # snapshots naming no worker of their role's pool
-        # The deployment's workers: a re-split moves them between the pools, never adds one, so
-        # a pools event naming another id is not the controller's ([21] 6; counted, dropped).
-        self.deployment_workers = frozenset(
-            (*routing.workers("prefill"), *routing.workers("decode"))
-        )
-        self.pools_events_ignored = 0
         self.view_syncs = 0
         self._view_failures = FailureCount("routing view sync")
         self.reports = 0
@@ -166,23 +159,14 @@ class ReplicaRouter:
             if event.replica != self.replica_id:
                 self.peers.update(peer_report(event, self.clock()))
         elif isinstance(event, EngineLoadEvent):
-            # Only a worker of the pools it names: a snapshot for any other id would sit in
-            # the view (and a forged one could be sent for every id, [21] 7).
-            if event.worker_id in self.routing.workers(event.role):
-                self.engines.update(engine_snapshot(event, self.clock()))
-            else:
-                self.engine_loads_ignored += 1
+            self.engines.update(engine_snapshot(event, self.clock()))
         elif isinstance(event, RegimeEvent):
             for listener in self.regime_listeners:
                 listener(event.regime)
             if event.policy_version > self.routing.policy.version:
                 self.routing.set_policy(event.policy())
         elif isinstance(event, PoolsEvent):
-            named = {*event.prefill_workers, *event.decode_workers}
-            if named <= self.deployment_workers:
-                self.routing.set_workers(event.prefill_workers, event.decode_workers)
-            else:
-                self.pools_events_ignored += 1
+            self.routing.set_workers(event.prefill_workers, event.decode_workers)
 
     async def _subscribe(self) -> None:
         kinds = ("load", "engine_load", "regime", "pools")

@@ -80,16 +80,9 @@ class MetricsServerActor:
         decode: dict[int, Any],
         replica_ttl_s: float = REPLICA_TTL_S,
     ) -> None:
-        """``prefill``/``decode``: worker id → handle, or None to find it by name on the first
-        scrape (the service passes names and ids only: an actor handle given as a constructor
-        argument would sit in the object store, cluster/ray/named_actor.py)."""
         self.host, self.port = host, port
         self.actors = [a for a in actors.values() if a is not None]
-        self.workers = Workers(
-            {w: h for w, h in prefill.items() if h is not None},
-            {w: h for w, h in decode.items() if h is not None},
-            named_worker_resolver(namespace),
-        )
+        self.workers = Workers(dict(prefill), dict(decode), named_worker_resolver(namespace))
         self.worker_ids = {*prefill, *decode}  # a re-split moves ids between roles, never adds
         self.replica_ttl_s = replica_ttl_s
         self.replicas: dict[str, _Pushed] = {}

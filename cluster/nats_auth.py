@@ -101,7 +101,9 @@ ROLE_PERMISSIONS: Mapping[str, Permissions] = {
     # deliver into ``regime`` or ``pools`` under the server's name (nats-server #8274). Dynamo
     # 1.6.1 as we run it (NATS event plane, TCP requests) needs none of it.
     "dynamo": Permissions(
-        publish=(">",), subscribe=(">",), publish_deny=("disagg.>", "$JS.API.>"),
+        publish=(">",),
+        subscribe=(">",),
+        publish_deny=("disagg.>", "$JS.API.>"),
         subscribe_deny=("disagg.>",),
     ),
 }
@@ -270,9 +272,44 @@ def dynamo_auth_env(nats_url: str) -> dict[str, str]:
     return env
 
 
-if __name__ == "__main__":  # python -m cluster.nats_auth --chart > helm/.../nats-authorization.conf
+def server_config(directory: str | Path, store_dir: str, listen: str = "0.0.0.0:4222") -> str:
+    """A whole nats-server config for a Ray cluster's head (``deploy/ray/cluster.yaml``):
+    JetStream in ``store_dir``, the roles of ``directory``, no monitoring port (it lists who is
+    connected), and TLS when the directory holds a server certificate (``server.crt`` and
+    ``server.key`` beside ``ca.crt``)."""
+    root = Path(directory)
+    text = f'listen: "{listen}"\njetstream {{ store_dir: "{store_dir}" }}\n'
+    if (root / "server.crt").is_file() and (root / "server.key").is_file():
+        text += f'tls {{ cert_file: "{root / "server.crt"}", key_file: "{root / "server.key"}" }}\n'
+    return text + authorization_block(root)
+
+
+USAGE = """usage: python -m cluster.nats_auth --chart
+       python -m cluster.nats_auth --generate DIR          (fresh credentials, kept if present)
+       python -m cluster.nats_auth --server-config DIR STORE  (a nats-server config, to stdout)"""
+
+
+def main(argv: list[str]) -> int:
     import sys
 
-    if sys.argv[1:] != ["--chart"]:
-        sys.exit("usage: python -m cluster.nats_auth --chart")
-    sys.stdout.write(chart_authorization())
+    match argv:
+        case ["--chart"]:
+            sys.stdout.write(chart_authorization())
+        case ["--generate", directory]:
+            root = Path(directory).expanduser()
+            if all((root / role / "password").is_file() for role in ROLES):
+                print(f"{root}: credentials already there, kept")
+            else:
+                print(f"{generate_credentials(root)}: credentials for {', '.join(ROLES)}")
+        case ["--server-config", directory, store]:
+            sys.stdout.write(server_config(Path(directory).expanduser(), store))
+        case _:
+            print(USAGE, file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -20,8 +20,9 @@ Guarantees, and what provides them here:
   write is keyed (a repeated charge or capture returns the original row).
 
 Secrets stay out of the URL, which appears in messages and logs: a URL that holds a password is
-refused. libpq reads the password from ``PGPASSWORD`` or ``PGPASSFILE`` (the Helm chart sets the
-first from its Secret), and TLS from the URL's ``sslmode`` and ``sslrootcert``.
+refused. The password comes from a file that :data:`PASSWORD_FILE_ENV` names (the Helm chart
+mounts its Secret there, so no process's environment holds it), else libpq reads ``PGPASSWORD``
+or ``PGPASSFILE``; TLS from the URL's ``sslmode`` and ``sslrootcert``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import os
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -43,9 +45,35 @@ from cluster.ledger.postgres_schema import COLUMNS, TABLES
 from cluster.ledger.sql import Rows
 from cluster.ledger.urls import SCHEMA_PATTERN, check_postgres_url
 
-__all__ = ["PostgresLedger"]
+__all__ = ["PASSWORD_FILE_ENV", "PostgresLedger", "password_from_file"]
 
 log = logging.getLogger(__name__)
+
+PASSWORD_FILE_ENV = "DISAGG_LEDGER_PASSWORD_FILE"
+MAX_PASSWORD_BYTES = 1_024  # a password file larger than this is not one
+
+
+def password_from_file() -> dict[str, str]:
+    """``{"password": …}`` read from the file :data:`PASSWORD_FILE_ENV` names (one trailing
+    newline dropped), or ``{}`` when the variable is unset. An error names the variable and the
+    path, never the content."""
+    path = os.environ.get(PASSWORD_FILE_ENV)
+    if not path:
+        return {}
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_PASSWORD_BYTES + 1)
+    except OSError as exc:
+        raise LedgerError(f"{PASSWORD_FILE_ENV}={path}: cannot read it ({exc.strerror})") from None
+    if len(raw) > MAX_PASSWORD_BYTES:
+        raise LedgerError(f"{PASSWORD_FILE_ENV}={path}: over {MAX_PASSWORD_BYTES} bytes")
+    try:
+        password = raw.decode("utf-8").removesuffix("\n")
+    except UnicodeDecodeError:
+        raise LedgerError(f"{PASSWORD_FILE_ENV}={path}: not UTF-8 text") from None
+    if not password:
+        raise LedgerError(f"{PASSWORD_FILE_ENV}={path}: the file is empty")
+    return {"password": password}
 
 
 class _Connection:
@@ -97,6 +125,7 @@ class PostgresLedger(LedgerBook):
     def _connect(self) -> psycopg.Connection[Any]:
         with self._errors():
             timeout_ms = math.ceil(self._timeout * 1000)
+            password: dict[str, Any] = password_from_file()  # libpq's keywords are Any to psycopg
             conn = psycopg.connect(
                 self.url,
                 autocommit=True,  # every transaction below is explicit (BEGIN … COMMIT)
@@ -110,6 +139,7 @@ class PostgresLedger(LedgerBook):
                 keepalives_interval=max(1, math.ceil(self._timeout / 9)),
                 keepalives_count=3,
                 tcp_user_timeout=timeout_ms,
+                **password,
             )
             try:
                 conn.execute(f'SET search_path TO "{self.schema}"')  # matched SCHEMA_PATTERN
@@ -176,9 +206,13 @@ class PostgresLedger(LedgerBook):
 
     def _install(self) -> None:
         """Create the ledger's tables in an empty schema; check them in one that has tables.
-        Under the write lock, so two processes opening a new ledger create it once."""
+        Under the write lock, so two processes opening a new ledger create it once. A schema
+        that exists is never created again: a client without the right to create (the roles
+        of ``postgres_roles.py``) opens the ledger its owner made."""
         with self._transaction() as db:
-            db.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+            exists = db.execute("SELECT 1 FROM pg_namespace WHERE nspname = ?", (self.schema,))
+            if exists.fetchone() is None:
+                db.execute(f'CREATE SCHEMA "{self.schema}"')
             found = frozenset(
                 (str(t), str(c), str(d))
                 for t, c, d in db.execute(

@@ -93,8 +93,29 @@ def test_serve_yaml_args_are_a_serve_config_plus_a_users_file() -> None:
     config = validate_model(ServeConfig, fields, "serve.yaml")
     assert config.nats_url is not None and config.accelerator_resource == "B200"
     assert Path(config.ledger_path).is_absolute()  # opened on whichever node the auction runs
-    parsed, users_file = app_builder.parse_args(args)
-    assert parsed == config and users_file is None
+    # Only key holders: cluster.yaml mounts the users file at the path serve.yaml names.
+    assert config.allow_anonymous is False
+    mounts = _load("cluster.yaml")["file_mounts"]
+    assert args["users_file"] == "/home/ubuntu/" + "disaggctl/users.yaml"
+    assert "~/disaggctl/users.yaml" in mounts
+    parsed, users_file = app_builder.parse_args({**args, "users_file": __file__})
+    assert parsed == config and users_file == __file__
+
+
+def test_cluster_yamls_nats_admits_only_the_roles() -> None:
+    """The head's nats-server starts from the config ``cluster.nats_auth --server-config``
+    writes (0600) from the mounted credentials, never open (``-a`` with no config), and every
+    Ray process is told where the credentials are."""
+    config = _load("cluster.yaml")
+    assert config["file_mounts"]["~/disaggctl/nats-credentials"] == "~/.disaggctl/nats-credentials"
+    head = config["head_start_ray_commands"]
+    (write,) = [c for c in head if "--server-config" in c]
+    assert "umask 077" in write and "~/disaggctl/nats-credentials" in write
+    (start,) = [c for c in head if "nats-server" in c and "--server-config" not in c]
+    assert "-c ~/disaggctl/nats.conf" in start and " -a " not in start
+    for commands in (head, config["worker_start_ray_commands"]):
+        (ray_start,) = [c for c in commands if "ray start" in c]
+        assert "DISAGG_NATS_CREDENTIALS=$HOME/disaggctl/nats-credentials" in ray_start
 
 
 def test_build_without_nats_url_raises_the_clear_error_before_ray() -> None:

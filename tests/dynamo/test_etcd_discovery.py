@@ -26,11 +26,13 @@ import httpx
 import pytest
 
 from cluster.backends.dynamo.discovery import Discovery
+from cluster.backends.dynamo.etcd_auth import ensure_etcd_credentials, etcd_credentials
 from cluster.backends.dynamo.etcd_server import EtcdServer
 from cluster.backends.dynamo.process import DynamoStartError
 from cluster.backends.dynamo.routing import DynamoRoutes
-from cluster.backends.dynamo.settings import DynamoSettings
+from cluster.backends.dynamo.settings import DynamoSettings, dynamo_env
 from cluster.backends.dynamo.worker_actor import DynamoWorkerActor
+from cluster.nats_auth import credentials_directory
 from tests.dynamo.conftest import pid_gone
 
 pytestmark = pytest.mark.integration
@@ -40,20 +42,61 @@ SETTINGS: dict[str, Any] = {"num_gpu_blocks": 256, "discovery": "etcd"}
 
 @pytest.fixture
 def etcd() -> Iterator[EtcdServer]:
-    with EtcdServer() as server:
+    """The service's etcd as the service starts it: auth on, the `dynamo` user's password in
+    the session's credentials directory, where every Dynamo process's environment finds it."""
+    directory = credentials_directory()
+    assert directory is not None  # tests/conftest.py names one for the session
+    with EtcdServer(user=ensure_etcd_credentials(directory)) as server:
         yield server
 
 
+def _token(url: str) -> dict[str, str]:
+    user = etcd_credentials()
+    if user is None:
+        return {}
+    login = httpx.post(f"{url}/v3/auth/authenticate", timeout=5.0,
+                       json={"name": user.user, "password": user.password})  # fmt: skip
+    token = login.json().get("token")  # none where auth is off
+    return {} if token is None else {"Authorization": token}
+
+
 def etcd_keys(url: str) -> list[str]:
-    everything = {"key": base64.b64encode(b"\0").decode(),
-                  "range_end": base64.b64encode(b"\0").decode(), "keys_only": True}  # fmt: skip
-    body = httpx.post(f"{url}/v3/kv/range", json=everything, timeout=5.0).json()
+    """Dynamo's keys (v1/…), read as the dynamo user."""
+    prefix = {"key": base64.b64encode(b"v1/").decode(),
+              "range_end": base64.b64encode(b"v10").decode(), "keys_only": True}  # fmt: skip
+    body = httpx.post(f"{url}/v3/kv/range", json=prefix, headers=_token(url), timeout=5.0).json()
+    assert "error" not in body, body
     return sorted(base64.b64decode(kv["key"]).decode() for kv in body.get("kvs", []))
 
 
 def instances(url: str, component: str) -> set[int]:
     prefix = f"v1/instances/dynamo/{component}/generate/"
-    return {int(k[len(prefix):], 16) for k in etcd_keys(url) if k.startswith(prefix)}
+    return {int(k[len(prefix) :], 16) for k in etcd_keys(url) if k.startswith(prefix)}
+
+
+def test_only_the_dynamo_user_writes_dynamos_keys(etcd: EtcdServer) -> None:
+    """A fake instance from a client without the password is refused; the dynamo user writes
+    Dynamo's keys (v1/) and nothing else; root's password is nowhere a Dynamo process looks."""
+    key = base64.b64encode(b"v1/instances/dynamo/backend/generate/1234").decode()
+    fake = {"key": key, "value": base64.b64encode(b'{"address": "evil:1"}').decode()}
+    anonymous = httpx.post(f"{etcd.url}/v3/kv/put", json=fake, timeout=5.0)
+    assert anonymous.status_code != 200 and "user name is empty" in anonymous.text
+    wrong = httpx.post(f"{etcd.url}/v3/auth/authenticate", timeout=5.0,
+                       json={"name": "dynamo", "password": "guess"})  # fmt: skip
+    assert wrong.status_code != 200
+    token = _token(etcd.url)
+    assert httpx.post(f"{etcd.url}/v3/kv/put", json=fake, headers=token).status_code == 200
+    elsewhere = {**fake, "key": base64.b64encode(b"disagg/anything").decode()}
+    refused = httpx.post(f"{etcd.url}/v3/kv/put", json=elsewhere, headers=token, timeout=5.0)
+    assert "permission denied" in refused.text
+    grant = httpx.post(f"{etcd.url}/v3/auth/user/add", headers=token, timeout=5.0,
+                       json={"name": "mine", "password": "x"})  # fmt: skip
+    assert "permission denied" in grant.text  # not root
+    env = dynamo_env(DynamoSettings(), nats_url="nats://127.0.0.1:4222",
+                     discovery=Discovery.etcd(etcd.url), system_port=None)  # fmt: skip
+    assert env["ETCD_AUTH_USERNAME"] == "dynamo" and "root" not in env.values()
+    delete = {"key": key}
+    httpx.post(f"{etcd.url}/v3/kv/deleterange", json=delete, headers=token, timeout=5.0)
 
 
 def test_the_services_etcd_answers_and_leaves_nothing_behind() -> None:
@@ -91,8 +134,11 @@ def test_a_worker_registers_in_etcd_in_its_own_directory_and_the_routers_find_it
         await routes.start()
         try:
             probe = list(range(1, 17))
-            return first, second, await routes.workers("prefill", probe), await routes.workers(
-                "decode", probe
+            return (
+                first,
+                second,
+                await routes.workers("prefill", probe),
+                await routes.workers("decode", probe),
             )
         finally:
             routes.close()
@@ -179,3 +225,28 @@ def test_a_restored_actor_whose_first_start_fails_keeps_trying(
         assert len(launches) == 2 and instance in instances(etcd.url, "backend")
     finally:
         asyncio.run(actor.shutdown())
+
+
+def test_the_charts_bootstrap_turns_auth_on_once_and_again(tmp_path: Path) -> None:
+    """The chart's etcd sidecar: `python -m cluster.backends.dynamo.etcd_auth URL ROOT DIR` on a
+    fresh etcd, then again at the pod's next start (auth already on), both succeeding."""
+    import subprocess
+    import sys
+
+    (tmp_path / "etcd").mkdir()
+    (tmp_path / "root-password").write_text("root-secret\n")
+    (tmp_path / "etcd" / "password").write_text("dynamo-secret\n")
+    with EtcdServer() as server:
+        command = [sys.executable, "-m", "cluster.backends.dynamo.etcd_auth", server.url,
+                   str(tmp_path / "root-password"), str(tmp_path)]  # fmt: skip
+        for _ in range(2):
+            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+            assert "authentication on" in done.stdout and "secret" not in done.stdout
+        put = {"key": base64.b64encode(b"v1/instances/x").decode(), "value": ""}
+        assert "user name is empty" in httpx.post(f"{server.url}/v3/kv/put", json=put).text
+        login = httpx.post(f"{server.url}/v3/auth/authenticate",
+                           json={"name": "dynamo", "password": "dynamo-secret"})  # fmt: skip
+        assert "token" in login.json()
+    bad = subprocess.run(command[:4], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "ROOT_PASSWORD_FILE" in bad.stderr

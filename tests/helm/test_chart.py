@@ -39,7 +39,7 @@ from cluster.serve.users import UsersFile
 from cluster.sim.profile import available_profiles, load_profile
 from cluster.worker_spec import WorkerSpec
 from telemetry.metrics import REGISTRY
-from tests.helm.chart import CHART, EXAMPLES, NAMESPACE, RELEASE, ROOT, run_helm
+from tests.helm.chart import CHART, EXAMPLES, LOOK_ONLY, NAMESPACE, RELEASE, ROOT, run_helm
 
 CRDS = Path(__file__).resolve().parents[3] / "shared" / "kuberay-crds"
 K8S_VERSIONS = ("1.30.0", "1.31.0", "1.32.0", "1.33.0")
@@ -125,7 +125,8 @@ def ray_resources(params: dict[str, str]) -> dict[str, float]:
     "values", [None, *EXAMPLES], ids=lambda v: "defaults" if v is None else v.stem
 )
 def test_helm_lint_strict(helm: str, values: Path | None) -> None:
-    args = ["lint", "--strict", str(CHART)] + ([] if values is None else ["-f", str(values)])
+    args = ["lint", "--strict", str(CHART), *LOOK_ONLY]
+    args += [] if values is None else ["-f", str(values)]
     out = run_helm(helm, *args)
     assert out.returncode == 0, out.stdout + out.stderr
 
@@ -272,7 +273,10 @@ def test_b200_gpu_counts_are_topology_times_tp(render: Any, example: Path) -> No
     assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
     for group, _, template, _ in ray_groups(docs):
         env = {e["name"] for c in template["spec"]["containers"] for e in c.get("env", [])}
-        assert ("PGPASSWORD" in env) == (group == "head"), group
+        volumes = {v["name"] for v in template["spec"]["volumes"]}
+        assert "PGPASSWORD" not in env, group  # in no environment, a Serve replica's included
+        assert ("DISAGG_LEDGER_PASSWORD_FILE" in env) == (group == "head"), group
+        assert ("ledger-password" in volumes) == (group == "head"), group
 
 
 def test_sim_on_gpus_gives_the_ray_containers_the_gpus(render: Any) -> None:
@@ -299,8 +303,9 @@ def test_the_worker_actors_start_dynamos_engines_found_through_the_charts_etcd(
     assert d.etcd_endpoints == f"http://{FULLNAME}-etcd.{NAMESPACE}.svc:2379"
     etcd = one(docs, "Service", f"{FULLNAME}-etcd")["spec"]
     assert etcd["ports"] == [{"name": "client", "port": 2379, "targetPort": "client"}]
-    (server,) = one(docs, "StatefulSet", f"{FULLNAME}-etcd")["spec"]["template"]["spec"][
+    containers = one(docs, "StatefulSet", f"{FULLNAME}-etcd")["spec"]["template"]["spec"][
         "containers"]  # fmt: skip
+    (server,) = [c for c in containers if c["name"] == "etcd"]
     assert f"--advertise-client-urls={d.etcd_endpoints}" in server["command"]
     # What each worker actor runs: cluster/backends/dynamo/worker_spec.py and
     # cluster/backends/dynamo/settings.py
@@ -333,7 +338,7 @@ def test_the_worker_actors_start_dynamos_engines_found_through_the_charts_etcd(
 
 
 def test_a_vllm_model_outside_the_cache_is_refused(helm: str) -> None:
-    out = run_helm(helm, "template", RELEASE, str(CHART), "--set", "backend=dynamo",
+    out = run_helm(helm, "template", RELEASE, str(CHART), *LOOK_ONLY, "--set", "backend=dynamo",
                    "--set", "dynamo.model=/weights/llama")  # fmt: skip
     assert out.returncode != 0 and "dynamo.model" in out.stderr, out.stderr
 
@@ -472,8 +477,10 @@ def test_every_container_runs_non_root_without_privileges(render: Any, case: str
             assert not sc.get("privileged"), name
             # vLLM writes under its install (the Ray workers that run it, backend: dynamo with
             # engine: vllm); every other root filesystem is read-only
-            vllm = where not in ("RayService/head",) and where.startswith("RayService/") and (
-                service_config(docs).get("dynamo", {}).get("engine") == "vllm"
+            vllm = (
+                where not in ("RayService/head",)
+                and where.startswith("RayService/")
+                and (service_config(docs).get("dynamo", {}).get("engine") == "vllm")
             )
             assert sc.get("readOnlyRootFilesystem") is (not vllm), name
             assert c.get("resources", {}).get("limits") and c["resources"].get("requests"), name
@@ -547,12 +554,17 @@ def test_the_ledger_is_reached_from_the_head_only(render: Any, case: str) -> Non
     server = one(docs, "StatefulSet", f"{FULLNAME}-ledger")["spec"]["template"]["spec"]
     (pg,) = server["containers"]
     env = {e["name"]: e for e in pg["env"]}
-    assert env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == f"{FULLNAME}-ledger"
+    assert env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": f"{FULLNAME}-ledger", "key": "admin-password"}  # fmt: skip
+    assert env["LEDGER_PASSWORD"]["valueFrom"]["secretKeyRef"]["key"] == "password"
+    assert env["POSTGRES_USER"]["value"] != env["LEDGER_USER"]["value"]
     assert env["POSTGRES_HOST_AUTH_METHOD"]["value"] == "scram-sha-256"
     assert pg["securityContext"]["readOnlyRootFilesystem"] is True
     secret = one(docs, "Secret", f"{FULLNAME}-ledger")
     assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     assert len(base64.b64decode(secret["data"]["password"])) == 48
+    assert len(base64.b64decode(secret["data"]["admin-password"])) == 48
+    assert secret["data"]["password"] != secret["data"]["admin-password"]
 
 
 def test_an_external_ledger_mounts_its_ca_on_the_head(render: Any) -> None:
@@ -563,15 +575,22 @@ def test_an_external_ledger_mounts_its_ca_on_the_head(render: Any) -> None:
         (ray,) = [c for c in template["spec"]["containers"] if c["name"].startswith("ray-")]
         mounts = {m["name"]: m["mountPath"] for m in ray["volumeMounts"]}
         env = {e["name"]: e for e in ray["env"]}
+        volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+        assert "PGPASSWORD" not in env
         if group == "head":
             assert mounts["ledger-ca"] == "/etc/disaggctl/ledger-ca"
-            assert env["PGPASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "db-password"
+            password = volumes["ledger-password"]["secret"]
+            assert password["secretName"] == "db-password"
+            assert password["items"] == [{"key": "password", "path": "password"}]
+            path = f"{mounts['ledger-password']}/password"
+            assert env["DISAGG_LEDGER_PASSWORD_FILE"]["value"] == path
         else:
-            assert "ledger-ca" not in mounts and "PGPASSWORD" not in env
+            assert "ledger-ca" not in mounts and "ledger-password" not in volumes
 
 
 def test_an_external_nats_needs_an_egress_rule(helm: str) -> None:
-    result = run_helm(helm, "template", RELEASE, str(CHART), "--set", "nats.enabled=false",
+    result = run_helm(helm, "template", RELEASE, str(CHART), *LOOK_ONLY,
+                      "--set", "nats.enabled=false",
                       "--set", "nats.external.url=nats://nats.ops:4222",
                       "--set", "nats.auth.existingSecret=s")  # fmt: skip
     assert result.returncode != 0 and "networkPolicy.extraEgress" in result.stderr
@@ -596,7 +615,7 @@ def test_a_ledger_that_could_lose_money_is_refused(
     helm: str, sets: tuple[str, ...], message: str
 ) -> None:
     args = [a for s in sets for a in ("--set", s)]
-    result = run_helm(helm, "template", RELEASE, str(CHART), *args)
+    result = run_helm(helm, "template", RELEASE, str(CHART), *LOOK_ONLY, *args)
     assert result.returncode != 0 and message in result.stderr, result.stderr
     assert "hunter2" not in result.stderr
 
@@ -677,11 +696,14 @@ def test_ray_pods_hold_their_roles_passwords(render: Any, case: str) -> None:
                  for i in src["secret"]["items"]}  # fmt: skip
         # The dynamo role's password only where Dynamo's processes run (backend: dynamo).
         ray_roles = {f"{r}/password" for r in ROLES if r != "dynamo" or tls}
-        assert paths == ray_roles | ({"ca.crt"} if tls else set()), group
+        # With Dynamo, etcd's dynamo user too (cluster/backends/dynamo/etcd_auth.py).
+        extra = {"ca.crt", "etcd/password"} if tls else set()
+        assert paths == ray_roles | extra, group
 
 
 def test_an_external_nats_needs_the_roles_secret(helm: str) -> None:
-    result = run_helm(helm, "template", RELEASE, str(CHART), "--set", "nats.enabled=false",
+    result = run_helm(helm, "template", RELEASE, str(CHART), *LOOK_ONLY,
+                      "--set", "nats.enabled=false",
                       "--set", "nats.external.url=nats://nats.ops:4222")  # fmt: skip
     assert result.returncode != 0 and "nats.auth.existingSecret" in result.stderr
 
@@ -744,13 +766,19 @@ BAD_VALUES = {
     "root": (("podSecurityContext.runAsNonRoot=false",), "at '/podSecurityContext/runAsNonRoot'"),
     "no NATS at all": (("nats.enabled=false",), "at '/nats/external/url'"),
     "negative GPUs per worker": (("workers.tp=0",), "at '/workers/tp'"),
+    "the operator from any namespace": (("networkPolicy.operator.namespace=",),
+                                        "at '/networkPolicy/operator/namespace'"),
+    "the ledger's client as its superuser": (("ledger.postgresql.adminUser=disaggctl",),
+                                             "ledger.postgresql.adminUser"),
+    "generated secrets, unknown mode": (("generatedSecrets.offline=sometimes",),
+                                        "at '/generatedSecrets/offline'"),
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("case", list(BAD_VALUES))
 def test_bad_values_are_refused_with_the_schemas_message(helm: str, case: str) -> None:
     sets, message = BAD_VALUES[case]
-    args = ["template", RELEASE, str(CHART)]
+    args = ["template", RELEASE, str(CHART), *LOOK_ONLY]
     for s in sets:
         args += ["--set", s]
     out = run_helm(helm, *args)
@@ -778,6 +806,8 @@ IN_PLACE = {
     "limits": "config.limits.user_rate=20",
     "allow_anonymous": "config.allow_anonymous=true",
 }
+
+
 def _user(name: str) -> tuple[str, ...]:
     return (f"users.list[0].name={name}", "users.list[0].key_sha256=" + "b" * 64,
             "users.list[0].budget=5")  # fmt: skip
@@ -810,11 +840,14 @@ def test_a_new_chart_version_alone_changes_nothing(helm: str, tmp_path: Path) ->
     previous = tmp_path / "disaggctl"
     shutil.copytree(CHART, previous)
     chart_yaml = previous / "Chart.yaml"
-    chart_yaml.write_text(re.sub(r"(?m)^version: .*$", "version: 0.0.9",
-                                 chart_yaml.read_text(encoding="utf-8")), encoding="utf-8")
+    chart_yaml.write_text(
+        re.sub(r"(?m)^version: .*$", "version: 0.0.9", chart_yaml.read_text(encoding="utf-8")),
+        encoding="utf-8",
+    )
 
     def docs(chart: Path) -> list[dict[str, Any]]:
-        out = run_helm(helm, "template", RELEASE, str(chart), "--namespace", NAMESPACE)
+        out = run_helm(helm, "template", RELEASE, str(chart), "--namespace", NAMESPACE,
+                       *LOOK_ONLY)  # fmt: skip
         assert out.returncode == 0, out.stderr
         return [d for d in yaml.safe_load_all(out.stdout) if d]
 
@@ -823,9 +856,7 @@ def test_a_new_chart_version_alone_changes_nothing(helm: str, tmp_path: Path) ->
     assert kuberay_upgrade(before, after) == "nothing"
 
 
-def test_the_builder_waits_for_the_config_the_deployment_names(
-    render: Any, tmp_path: Path
-) -> None:
+def test_the_builder_waits_for_the_config_the_deployment_names(render: Any, tmp_path: Path) -> None:
     docs = render()
     builder = _builder(docs, tmp_path)
     args = dict(serve_app(docs)["args"])
@@ -849,3 +880,95 @@ def test_the_image_pins_the_projects_versions() -> None:
     assert pins["DYNAMO_VERSION"] == DYNAMO_VERSION
     assert pins["RAY_IMAGE"].startswith(f"rayproject/ray:{ray.group(1)}-py311")
     assert "VLLM_VERSION" in pins
+
+
+# ---- [21] the edges: the operator's namespace, NATS monitoring, offline renders, PostgreSQL --
+
+
+def test_only_the_operators_pods_in_its_namespace_reach_the_job_api(render: Any) -> None:
+    spec = one(render(), "NetworkPolicy", f"{FULLNAME}-ray")["spec"]
+    for rule in spec["ingress"]:
+        ports = {p["port"] for p in rule.get("ports", [])}
+        if 8265 in ports:
+            (peer,) = rule["from"]
+            assert peer["namespaceSelector"] == {
+                "matchLabels": {"kubernetes.io/metadata.name": "default"}}  # fmt: skip
+            assert peer["podSelector"]["matchLabels"] == {
+                "app.kubernetes.io/name": "kuberay-operator"}  # fmt: skip
+    for doc in by_kind(render(), "NetworkPolicy"):  # no rule admits "any namespace" + a label
+        for rule in doc["spec"].get("ingress", []):
+            if {p["port"] for p in rule.get("ports", [])} & {8265, 6379, 52365}:
+                assert all(peer.get("namespaceSelector") for peer in rule["from"])
+
+
+def test_nats_monitoring_stays_on_the_pods_loopback_unless_exposed(render: Any) -> None:
+    for sets, exposed in (((), False), (("nats.monitoring.expose=true",), True)):
+        docs = render((), sets)
+        conf = one(docs, "ConfigMap", f"{FULLNAME}-nats")["data"]["nats.conf"]
+        assert ('http: "0.0.0.0:8222"' in conf) == exposed
+        assert ('http: "127.0.0.1:8222"' in conf) == (not exposed)
+        ports = {p["port"] for p in one(docs, "Service", f"{FULLNAME}-nats")["spec"]["ports"]}
+        assert (8222 in ports) == exposed
+        policy = one(docs, "NetworkPolicy", f"{FULLNAME}-nats")["spec"]["ingress"]
+        assert any(p["port"] == 8222 for r in policy for p in r["ports"]) == exposed
+        (server,) = one(docs, "StatefulSet", f"{FULLNAME}-nats")["spec"]["template"]["spec"][
+            "containers"]  # fmt: skip
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert server[probe]["exec"]["command"][-1].startswith("http://127.0.0.1:8222/")
+
+
+def test_an_offline_render_does_not_make_passwords_that_change_every_render(helm: str) -> None:
+    base = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    refused = run_helm(helm, *base)
+    assert refused.returncode != 0
+    assert "does not reach the cluster" in refused.stderr
+    assert "existingSecret" in refused.stderr
+    # Secrets made once beforehand: nothing to generate, the render is the cluster's to apply.
+    given = run_helm(helm, *base, "--set", "ledger.postgresql.existingSecret=ledger-pw",
+                     "--set", "nats.auth.existingSecret=nats-pw")  # fmt: skip
+    assert given.returncode == 0, given.stderr
+    docs = [d for d in yaml.safe_load_all(given.stdout) if d]
+    assert not [d for d in by_kind(docs, "Secret") if d["metadata"]["name"].endswith(
+        ("-ledger", "-nats-credentials"))]  # fmt: skip
+    # Looked at only: two renders, two sets of passwords (what the refusal prevents).
+    first, second = (run_helm(helm, *base, *LOOK_ONLY).stdout for _ in range(2))
+    assert first != second
+
+
+def test_the_ledgers_server_makes_a_client_that_is_not_its_superuser(render: Any) -> None:
+    docs = render()
+    init = one(docs, "ConfigMap", f"{FULLNAME}-ledger-init")["data"]
+    assert init["ledger-roles.psql"] == (CHART / "files" / "ledger-roles.psql").read_text()
+    assert "-f /docker-entrypoint-initdb.d/ledger-roles.psql" in init["ledger-roles.sh"]
+    server = one(docs, "StatefulSet", f"{FULLNAME}-ledger")["spec"]["template"]["spec"]
+    (pg,) = server["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in pg["volumeMounts"]}
+    assert mounts["init"] == "/docker-entrypoint-initdb.d"
+    env = {e["name"]: e for e in pg["env"]}
+    assert env["LEDGER_USER"]["value"] == service_config(docs)["ledger_url"].split("//")[1].split(
+        "@")[0]  # fmt: skip
+    assert env["LEDGER_SCHEMA"]["value"] == service_config(docs)["ledger_schema"]
+
+
+def test_etcd_admits_only_the_dynamo_user_and_roots_password_stays_in_its_pod(
+    render: Any,
+) -> None:
+    docs = render(*CASES["dynamo-mocker-cpu"])
+    secret = one(docs, "Secret", f"{FULLNAME}-etcd")
+    assert set(secret["data"]) == {"root-password", "password"}
+    etcd = one(docs, "StatefulSet", f"{FULLNAME}-etcd")["spec"]["template"]["spec"]
+    (auth,) = [c for c in etcd["containers"] if c["name"] == "auth"]
+    assert auth["command"][:3] == ["python", "-m", "cluster.backends.dynamo.etcd_auth"]
+    (volume,) = [v for v in etcd["volumes"] if v["name"] == "auth"]
+    assert {i["key"] for i in volume["secret"]["items"]} == {"root-password", "password"}
+    for group, _, template, _ in ray_groups(docs):
+        (creds,) = [v for v in template["spec"]["volumes"] if v["name"] == "nats-credentials"]
+        items = [
+            item
+            for source in creds["projected"]["sources"]
+            if source["secret"]["name"] == f"{FULLNAME}-etcd"
+            for item in source["secret"]["items"]
+        ]
+        assert items == [{"key": "password", "path": "etcd/password"}], group  # never root's
+    sim = render()
+    assert not [d for d in by_kind(sim, "Secret") if d["metadata"]["name"].endswith("-etcd")]

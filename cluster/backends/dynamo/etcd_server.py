@@ -8,6 +8,9 @@ address (``bind: node``, so workers on other hosts reach it). It runs under the 
 watchdog as Dynamo's processes (``cluster.backends.dynamo.process.DynamoProcess`` runs any
 command), so a
 killed owner leaves no etcd behind. Ready when ``GET /health`` answers ``{"health": "true"}``.
+Given a ``user``, it turns authentication on before it is handed out
+(``cluster.backends.dynamo.etcd_auth``): root's password is made here and never leaves this
+object, and ``user`` may write Dynamo's keys only.
 
 The binary is Debian's ``etcd-server`` package (``make etcd``); a cluster runs its own etcd and
 sets ``etcd_endpoints``.
@@ -15,6 +18,7 @@ sets ``etcd_endpoints``.
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import tempfile
 import time
@@ -24,7 +28,9 @@ from types import TracebackType
 import httpx
 
 from cluster.backends.dynamo.discovery import LOOPBACK
+from cluster.backends.dynamo.etcd_auth import enable_auth
 from cluster.backends.dynamo.process import DynamoProcess, DynamoStartError
+from cluster.nats_auth import Credentials
 from cluster.nats_server import free_port
 
 __all__ = ["ETCD_INSTALL_HINT", "EtcdServer", "etcd_binary"]
@@ -44,8 +50,9 @@ def etcd_binary() -> str:
 class EtcdServer:
     """One etcd member on ``host``; :meth:`start` returns once it answers."""
 
-    def __init__(self, host: str = LOOPBACK) -> None:
+    def __init__(self, host: str = LOOPBACK, user: Credentials | None = None) -> None:
         self.host = host
+        self.user = user
         self.client_port = free_port()
         self.peer_port = free_port()
         self.data_dir: Path | None = None
@@ -70,6 +77,8 @@ class EtcdServer:
         try:
             self.process.start()
             self._wait_healthy(timeout_s)
+            if self.user is not None:
+                enable_auth(self.url, secrets.token_urlsafe(32), self.user)
         except BaseException:
             self.close()
             raise

@@ -56,7 +56,9 @@ HTTP_TIMEOUT_S = 2.0
 # "Security model"): the bus's credentials folder (every role's password), the ledger's
 # password, and anything named as a secret. It gets only what its own ``env`` adds (the
 # ``dynamo`` role's NATS credentials, for an engine).
-_NOT_INHERITED = frozenset({CREDENTIALS_ENV, "PGPASSWORD", "PGPASSFILE", "PGSERVICEFILE"})
+_NOT_INHERITED = frozenset(
+    {CREDENTIALS_ENV, "PGPASSWORD", "PGPASSFILE", "PGSERVICEFILE", "DISAGG_LEDGER_PASSWORD_FILE"}
+)
 _SECRET_SUFFIXES = ("_PASSWORD", "_SECRET", "_TOKEN", "_CREDENTIALS", "_API_KEY", "_ACCESS_KEY")
 LOG_TAIL_BYTES = 64 * 1024  # read at most this much of a log's end: logs are never truncated
 PORT_TAKEN_MARK = "System status server startup failed"

@@ -26,6 +26,7 @@ stopped at stop). They keep their logs under ``<ledger folder>/dynamo-logs`` on 
 from __future__ import annotations
 
 import functools
+import logging
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -35,11 +36,13 @@ from typing import TYPE_CHECKING
 import ray
 
 from cluster.backends.dynamo.discovery import Discovery, listen_host
+from cluster.backends.dynamo.etcd_auth import ensure_etcd_credentials
 from cluster.backends.dynamo.etcd_server import EtcdServer
 from cluster.backends.dynamo.install import require_dynamo
 from cluster.backends.dynamo.shadow import ShadowRouterActor
 from cluster.backends.dynamo.worker_spec import DynamoWorkerSpec
 from cluster.backends.registry import engine_spec
+from cluster.nats_auth import CREDENTIALS_ENV, credentials_directory
 from cluster.ray.launcher import READY_TIMEOUT_S
 from cluster.ray.service_handles import ServiceHandles
 from cluster.serve.deployment import PathFactory
@@ -49,6 +52,8 @@ if TYPE_CHECKING:
     from cluster.config import ServeConfig
 
 __all__ = ["DynamoEngines"]
+
+log = logging.getLogger(__name__)
 
 
 class DynamoEngines:
@@ -82,7 +87,13 @@ class DynamoEngines:
             elif d.etcd_endpoints is not None:
                 self.discovery = Discovery.etcd(d.etcd_endpoints)
             else:  # on the driver's node, where every node of the Ray cluster can reach it
-                self.etcd = EtcdServer(listen_host(d.bind)).start()
+                # With the bus's credentials, etcd admits only their `dynamo` user.
+                directory = credentials_directory()
+                user = None if directory is None else ensure_etcd_credentials(directory)
+                if user is None:
+                    log.warning("etcd without authentication: no credentials directory "
+                                "(%s) to hold its password", CREDENTIALS_ENV)  # fmt: skip
+                self.etcd = EtcdServer(listen_host(d.bind), user=user).start()
                 self.discovery = Discovery.etcd(self.etcd.url)
         return self.discovery
 

@@ -24,6 +24,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from cluster.backends.dynamo.discovery import ETCD_URLS_PATTERN, LOOPBACK, Discovery
+from cluster.backends.dynamo.etcd_auth import etcd_auth_env
 from cluster.bus import redact_url
 from cluster.models import StrictModel
 from cluster.nats_auth import dynamo_auth_env
@@ -234,6 +235,7 @@ def dynamo_env(
     env = {
         "DYN_NAMESPACE": settings.namespace,
         **discovery.env(),
+        **(etcd_auth_env() if discovery.backend == "etcd" else {}),  # the dynamo etcd user
         "DYN_EVENT_PLANE": "nats",
         "DYN_REQUEST_PLANE": "tcp",
         **dynamo_auth_env(nats_url),  # NATS_SERVER, and the dynamo role's credentials

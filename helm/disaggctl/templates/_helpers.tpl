@@ -90,7 +90,10 @@ app.kubernetes.io/component: ray
 {{- define "disaggctl.natsRayRoles" -}}worker ingress controller poa auction router observer{{ if eq .Values.backend "dynamo" }} dynamo{{ end }}{{- end -}}
 {{- define "disaggctl.natsRoles" -}}worker ingress controller poa auction router observer dynamo{{- end -}}
 
-{{/* Dynamo's discovery: the chart's etcd (templates/etcd.yaml). */}}
+{{/* Dynamo's discovery: the chart's etcd (templates/etcd.yaml), its passwords' Secret. */}}
+{{- define "disaggctl.etcdSecretName" -}}
+{{- default (printf "%s-etcd" (include "disaggctl.fullname" .)) .Values.dynamo.etcd.auth.existingSecret -}}
+{{- end -}}
 {{- define "disaggctl.etcdUrl" -}}
 {{- printf "http://%s-etcd.%s.svc:2379" (include "disaggctl.fullname" .) .Release.Namespace -}}
 {{- end -}}
@@ -131,6 +134,24 @@ app.kubernetes.io/component: ray
 {{- end -}}
 
 {{- define "disaggctl.ledgerCaDir" -}}/etc/disaggctl/ledger-ca{{- end -}}
+{{- define "disaggctl.ledgerPasswordDir" -}}/etc/disaggctl/ledger-secret{{- end -}}
+
+{{/* "true" when this render reaches the cluster: Helm's lookup answers (helm install,
+     upgrade). helm template, a client dry run and Argo CD render offline, where lookup is
+     empty and a password generated here would be a new one on every render. The probe is the
+     namespace's "default" ServiceAccount, which Kubernetes puts in every namespace. */}}
+{{- define "disaggctl.online" -}}
+{{- if lookup "v1" "ServiceAccount" .Release.Namespace "default" -}}true{{- end -}}
+{{- end -}}
+
+{{/* Refuses to generate the Secret named by the first argument offline, unless the values
+     say each render may make new passwords (generatedSecrets.offline: generate). */}}
+{{- define "disaggctl.mayGenerate" -}}
+{{- $root := index . 0 -}}
+{{- if and (not (include "disaggctl.online" $root)) (ne $root.Values.generatedSecrets.offline "generate") -}}
+{{- fail (printf "%s: this render does not reach the cluster (helm template, --dry-run, Argo CD), so a generated password would change on every render and lock out what already uses the old one. Create the Secret once and name it in %s, or install with helm install/upgrade against the cluster (for a look at the manifests only: --set generatedSecrets.offline=generate)" (index . 1) (index . 2)) -}}
+{{- end -}}
+{{- end -}}
 
 {{- define "disaggctl.usersSecretName" -}}
 {{- default (printf "%s-users" (include "disaggctl.fullname" .)) .Values.users.existingSecret -}}

@@ -105,6 +105,10 @@ class ServeConfig(StrictModel):
     # has not answered within this is wedged, and its requests are placed again or get a 503
     # naming it (cluster/backends/sim/decode_streams.py).
     submit_timeout_s: float = Field(default=10.0, gt=0.0, le=600.0)
+    # A prefill call answers when the prompt is computed, its queue at the engine included: in
+    # the deepest overload replayed here (1P/5D, Mooncake ×2) TTFTs reach 5 min. One with no
+    # answer after this is wedged: the request is placed again or gets a 503 naming the worker.
+    prefill_timeout_s: float = Field(default=600.0, gt=0.0, le=3600.0)
     # How each ingress replica's routing view stays current (cluster/dataplane/settings.py).
     routing: RoutingSettings = RoutingSettings()
     # The auction's lease and the batched exchange at saturation (cluster/dataplane/settings.py).

@@ -84,9 +84,11 @@ ROLE_PERMISSIONS: Mapping[str, Permissions] = {
         kv=True,
         publish=_events("route", "first_token", "complete", "load"),
     ),
-    # The controller: TTFTs, arrivals and ends (who still waits) in; the regime (with the
-    # policy) and re-splits out.
-    "controller": _reader("first_token", "route", "complete", publish=_events("regime", "pools")),
+    # The controller: TTFTs, arrivals and ends (who still waits), and the engines' snapshots
+    # that corroborate a long TTFT, in; the regime (with the policy) and re-splits out.
+    "controller": _reader(
+        "first_token", "route", "complete", "engine_load", publish=_events("regime", "pools")
+    ),
     # The PoA estimator reads every kind and says nothing.
     "poa": _reader(*KINDS),
     # The auction announces its batches.

@@ -12,7 +12,10 @@ that reaches NATS could publish a few hundred invented 60 s TTFTs and switch an 
 - ``implausible_worker``: a worker id outside the deployment's workers;
 - ``implausible_time``: a time in the future, a TTFT longer than the service has run, or a TTFT
   shorter than the time from the request's routing to its first token (it arrived before it was
-  routed).
+  routed);
+- ``implausible_idle``: a TTFT over ``CORROBORATE_ABOVE_S`` during which the engines' own
+  ``engine_load`` snapshots show every worker idle (``cluster/engine_activity.py``): what the
+  ingress role cannot forge is what the engines say they held.
 
 Each drop is counted in ``disagg_events_dropped_total{reason}``. This is a second line: what
 keeps a forger off the bus is NATS's credentials; what these checks add is that a forger, or a
@@ -26,16 +29,20 @@ import collections
 import time
 from collections.abc import Callable, Collection
 
-from cluster.events import Event, FirstTokenEvent, RouteEvent
+from cluster.engine_activity import CORROBORATE_ABOVE_S, EngineActivity
+from cluster.events import EngineLoadEvent, Event, FirstTokenEvent, RouteEvent
 from cluster.wire import DROP_REASONS
 from telemetry.metrics import EVENTS_DROPPED
 
 __all__ = ["REASONS", "Plausibility"]
 
-REASONS = ("implausible_unrouted", "implausible_worker", "implausible_time")
+REASONS = ("implausible_unrouted", "implausible_worker", "implausible_time", "implausible_idle")
 assert DROP_REASONS.issuperset(REASONS)  # the metric's label set is fixed in cluster/wire.py
 HOLD_S = 2.0  # a first token waits this long for its route (both leave every 25 ms)
 SKEW_S = 5.0  # clocks of different hosts may disagree by this much
+# For the engines' snapshots against a TTFT's span: NTP keeps hosts within milliseconds, and a
+# long TTFT means engines busy for most of it, so a small margin cannot turn one idle.
+IDLE_SKEW_S = 0.5
 MAX_ROUTES = 100_000  # ~100 s of routes at 1000 requests/s: far past any prefill
 MAX_HELD = 10_000
 
@@ -58,13 +65,18 @@ class Plausibility:
         self._held: collections.OrderedDict[str, tuple[float, FirstTokenEvent]] = (
             collections.OrderedDict()
         )
+        self.activity = EngineActivity(workers)
         self.dropped: collections.Counter[str] = collections.Counter()
         for reason in REASONS:
             EVENTS_DROPPED.labels(reason)  # every series from the start, for rate()
 
     def admit(self, event: Event) -> list[Event]:
         """The events usable now: ``event`` if plausible (a route also brings the first token
-        held for it); nothing if it is held or dropped. Other kinds pass unchecked."""
+        held for it); nothing if it is held or dropped. An engine's snapshot is remembered as
+        evidence; other kinds pass unchecked."""
+        if isinstance(event, EngineLoadEvent):
+            self.activity.observe(event)
+            return [event]
         if isinstance(event, RouteEvent):
             return self._route(event)
         if isinstance(event, FirstTokenEvent):
@@ -117,6 +129,10 @@ class Plausibility:
         started = self.started_wall
         if started is not None and event.ttft_s > event.t - started + self.skew_s:
             return "implausible_time"  # longer than the service has run
+        if event.ttft_s >= CORROBORATE_ABOVE_S and self.activity.idle_throughout(
+            event.t - event.ttft_s + IDLE_SKEW_S, event.t - IDLE_SKEW_S
+        ):
+            return "implausible_idle"  # a long wait while every engine held nothing
         return None
 
     def _hold(self, event: FirstTokenEvent) -> None:

@@ -71,6 +71,7 @@ DROP_REASONS = frozenset(
         "implausible_unrouted",  # a first token for a request no route announced
         "implausible_worker",  # a worker id outside the deployment
         "implausible_time",  # a future time, or a TTFT the request's times rule out
+        "implausible_idle",  # a long TTFT while the engines said every worker was idle
     }
 )
 

@@ -19,6 +19,10 @@ Semantics, which the property tests check against a brute-force model:
 - ``cleared``: unbinds all of the worker's hashes; the worker stays registered.
 - Events for workers never added are dropped (``unknown_worker``), malformed payloads are
   dropped (``malformed``). No event raises into the caller.
+- Bounded: with ``max_blocks_per_worker`` a ``stored`` event that would take a worker past it is
+  dropped (``over_capacity``). An engine evicts (``removed``) before it stores into a full cache,
+  so a real worker's stream stays under its cache's size; only a publisher that invents blocks
+  runs into the bound, and then the index stops growing instead of the process.
 
 A worker may bind several block hashes to one prefix (engines can re-store a block under a new
 hash); the node counts the extra ones per worker so that removing one of them does not forget
@@ -88,10 +92,15 @@ class _Node:
 class KvIndex:
     """Cached blocks per worker; ``overlap(tokens) -> {worker: leading cached blocks}``."""
 
-    def __init__(self, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
+    def __init__(
+        self, block_size: int = DEFAULT_BLOCK_SIZE, max_blocks_per_worker: int | None = None
+    ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
+        if max_blocks_per_worker is not None and max_blocks_per_worker < 1:
+            raise ValueError(f"max_blocks_per_worker must be >= 1, got {max_blocks_per_worker}")
         self.block_size = block_size
+        self.max_blocks_per_worker = max_blocks_per_worker
         self._interned: dict[frozenset[int], frozenset[int]] = {}
         # Interned set -> worker -> the interned set with (without) that worker: binding a
         # block then costs two dict lookups, not a new frozenset.
@@ -173,6 +182,10 @@ class KvIndex:
             self.dropped["unknown_worker"] += 1
             return False
         if isinstance(event, Stored):
+            cap = self.max_blocks_per_worker
+            if cap is not None and len(lookup) + len(event.blocks) > cap:
+                self.dropped["over_capacity"] += 1
+                return False
             if not self._store(event, lookup):
                 self.dropped["unknown_parent"] += 1
                 return False

@@ -236,6 +236,7 @@ class Router:
         policy: Policy | None = None,
         seed: int | None = 0,
         selection: Selection = "cost",
+        max_blocks_per_worker: int | None = None,
     ) -> None:
         if selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
@@ -248,7 +249,7 @@ class Router:
             isinstance(given, bool) or not isinstance(given, numbers.Integral) or given < 0
         ):
             raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
-        self.index = KvIndex(block_size)
+        self.index = KvIndex(block_size, max_blocks_per_worker)
         self.loads = LoadTracker()
         self.block_size = block_size
         self._policy = policy if policy is not None else Policy()

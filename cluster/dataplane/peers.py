@@ -6,6 +6,11 @@ valid for its ``ttl_s``: a replica that dies stops reporting, and its load leave
 view when its last report expires. A newer report of a replica replaces its older one, so a lost
 report costs nothing but staleness.
 
+Bounded: at most :data:`MAX_PEERS` replicas are remembered. A report from a new name when the
+map is full takes the place of the one reported least recently (which, every report having the
+same TTL, expires first), so a publisher inventing a million replica names costs a fixed amount
+of memory; the real replicas, which report every period, come back at their next report.
+
 ``PeerLoads`` is a plain object: the caller passes ``now`` (seconds on any monotonic clock).
 """
 
@@ -18,7 +23,10 @@ from dataclasses import dataclass
 from cluster.dataplane.routing import ROLES, Role
 from router import LoadView
 
-__all__ = ["PeerLoads", "PeerReport", "ReportGate"]
+__all__ = ["MAX_PEERS", "PeerLoads", "PeerReport", "ReportGate"]
+
+# Serve runs tens of ingress replicas per deployment at most; ten times that is no constraint.
+MAX_PEERS = 512
 
 
 class ReportGate:
@@ -53,11 +61,20 @@ class PeerReport:
 class PeerLoads:
     """The latest unexpired report of every other replica."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_peers: int = MAX_PEERS) -> None:
         self._reports: dict[str, PeerReport] = {}
+        self.max_peers = max_peers
+        self.evicted = 0  # reports that made room for a new name (a count, for the metrics)
 
     def update(self, report: PeerReport) -> None:
-        self._reports[report.replica] = report
+        reports = self._reports  # in the order last reported: the first is the stalest
+        if reports.pop(report.replica, None) is None and len(reports) >= self.max_peers:
+            del reports[next(iter(reports))]
+            self.evicted += 1
+        reports[report.replica] = report
+
+    def __len__(self) -> int:
+        return len(self._reports)
 
     def expire(self, now: float) -> list[str]:
         """Forget the reports past their TTL; the replicas they came from."""

@@ -46,6 +46,7 @@ from cluster.events import (
 )
 from cluster.kv_wire import kv_subject
 from router import LoadView
+from telemetry.metrics import EVENTS_DROPPED
 
 __all__ = ["ReplicaRouter"]
 
@@ -78,6 +79,10 @@ class ReplicaRouter:
         self.kv_subjects = dict(kv_subjects) if kv_subjects is not None else None
         self.peers = PeerLoads()
         self.engines = EngineLoads()
+        # The deployment's workers: a re-split moves them between the pools, never adds one, so
+        # a pools event naming any other, or leaving no decode worker, is refused.
+        self.deployment = frozenset(w for role in ROLES for w in routing.workers(role))
+        self.refused_pools = 0
         self.view_syncs = 0
         self._view_failures = FailureCount("routing view sync")
         self.reports = 0
@@ -140,6 +145,8 @@ class ReplicaRouter:
 
     def apply_view(self, view: RoutingView) -> None:
         self.routing.apply_view(view)
+        # The router actor is the control plane itself (an actor call, not the bus).
+        self.deployment |= {*view.prefill_workers, *view.decode_workers}
 
     async def sync_view(self) -> bool:
         """Read the router actor's view and apply it; False when it did not answer (the
@@ -159,14 +166,30 @@ class ReplicaRouter:
             if event.replica != self.replica_id:
                 self.peers.update(peer_report(event, self.clock()))
         elif isinstance(event, EngineLoadEvent):
-            self.engines.update(engine_snapshot(event, self.clock()))
+            # Only the workers this replica routes to: a snapshot for any other id would sit in
+            # the view (and in memory) for nothing.
+            if any(event.worker_id in self.routing.workers(role) for role in ROLES):
+                self.engines.update(engine_snapshot(event, self.clock()))
         elif isinstance(event, RegimeEvent):
             for listener in self.regime_listeners:
                 listener(event.regime)
             if event.policy_version > self.routing.policy.version:
                 self.routing.set_policy(event.policy())
-        elif isinstance(event, PoolsEvent):
+        elif isinstance(event, PoolsEvent) and self._plausible_pools(event):
             self.routing.set_workers(event.prefill_workers, event.decode_workers)
+
+    def _plausible_pools(self, event: PoolsEvent) -> bool:
+        """Whether ``event`` could come from this deployment's controller: only its workers,
+        at least one decoding (the server already refuses the subject to every other role)."""
+        named = set(event.prefill_workers) | set(event.decode_workers)
+        if event.decode_workers and named <= self.deployment:
+            return True
+        self.refused_pools += 1
+        EVENTS_DROPPED.labels("implausible_worker").inc()
+        if self.refused_pools & (self.refused_pools - 1) == 0:  # 1st, 2nd, 4th, ...
+            log.warning("refused a pools event naming %s (deployment: %s)",
+                        sorted(named)[:8], sorted(self.deployment)[:8])  # fmt: skip
+        return False
 
     async def _subscribe(self) -> None:
         kinds = ("load", "engine_load", "regime", "pools")

@@ -115,6 +115,7 @@ class PoolRouting:
         seed: int = 0,
         prefill_workers: Iterable[int] = (),
         decode_workers: Iterable[int] = (),
+        max_blocks_per_worker: int | None = None,
     ) -> None:
         _int("block_size", block_size, 1, 1 << 16)
         _int("local_prefill_max_tokens", local_prefill_max_tokens, 0, MAX_PROMPT_TOKENS)
@@ -123,8 +124,12 @@ class PoolRouting:
         self.block_size = block_size
         self.local_prefill_max_tokens = local_prefill_max_tokens
         self.routers: dict[Role, Router] = {
-            "decode": Router(block_size, policy, seed=seed),
-            "prefill": Router(block_size, policy, seed=seed + 1),
+            "decode": Router(
+                block_size, policy, seed=seed, max_blocks_per_worker=max_blocks_per_worker
+            ),
+            "prefill": Router(
+                block_size, policy, seed=seed + 1, max_blocks_per_worker=max_blocks_per_worker
+            ),
         }
         self._rng = np.random.default_rng((seed, 2))  # draws for retries that exclude workers
         for role, ids in (("prefill", prefill_workers), ("decode", decode_workers)):

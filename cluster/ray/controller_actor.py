@@ -199,12 +199,17 @@ class ControllerActor:
         # Without NATS, TTFTs come through on_event (in-process composition).
         # route: the arrival rate (controller_pools) and who waits (pending_routes), which a
         # first_token or a complete (a request that ended without one) closes.
-        kinds = ("first_token", "route", "complete")
+        # engine_load: what the engines held, against which a long TTFT is checked.
+        kinds = ("first_token", "route", "complete", "engine_load")
         self._subscribed = await subscribe_when_connected(self.bus, self.on_event, kinds)
 
     def on_event(self, event: Event) -> None:
         """A decoded event (the bus callback); never raises. Only plausible ones count."""
-        for usable in self.plausible.admit(event):
+        dropped = self.plausible.dropped.total()
+        usable_events = self.plausible.admit(event)
+        if isinstance(event, FirstTokenEvent) and self.plausible.dropped.total() > dropped:
+            self.pending.ended(event.request_id)  # ruled out: its route must not wait for good
+        for usable in usable_events:
             if isinstance(usable, RouteEvent):
                 self.arrivals.observe(self.now())
                 self.pending.routed(usable.request_id, self.now())

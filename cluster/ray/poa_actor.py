@@ -2,9 +2,11 @@
 "Game 3", §5 events and metrics).
 
 It subscribes to ``disagg.<ns>.route`` (the router actor's decisions), ``.first_token`` and
-``.complete`` (the ingress), joins them by request id (``games.join.EventJoiner``), keeps a
-``games.poa.PoaEstimator`` window and every ``tick_s`` estimates poa_hat and its two factors,
-sets the ``disagg_poa_*`` gauges and keeps the result for :meth:`PoaActor.snapshot`.
+``.complete`` (the ingress), and ``.engine_load`` (the engines' snapshots, against which a long
+TTFT is checked: ``cluster/engine_activity.py``), joins the first three by request id
+(``games.join.EventJoiner``), keeps a ``games.poa.PoaEstimator`` window and every ``tick_s``
+estimates poa_hat and its two factors, sets the ``disagg_poa_*`` gauges and keeps the result for
+:meth:`PoaActor.snapshot`.
 
 - The completion half of a request is its ``first_token`` event: TTFT is all the estimator needs
   of a completion, and it is known long before the end (§3 property 2, "Timely"). A ``complete``
@@ -58,6 +60,9 @@ __all__ = ["PoaActor", "service_clock"]
 log = logging.getLogger(__name__)
 
 KINDS = ("route", "first_token", "complete")
+# Read besides them: the engines' snapshots, against which a long TTFT is checked
+# (cluster/engine_activity.py), as at the controller.
+SUBSCRIBED = (*KINDS, "engine_load")
 MAX_REQUESTS = 256  # the window's size cap, as the simulator's scenario uses (bench.poa: ~ms)
 CONNECT_WAIT_S = 5.0  # ready() waits this long for NATS, then keeps connecting in the background
 
@@ -158,7 +163,7 @@ class PoaActor:
 
     async def _subscribe(self) -> None:
         # Without NATS, events come through on_event (in-process composition).
-        self._subscribed = await subscribe_when_connected(self.bus, self.on_event, KINDS)
+        self._subscribed = await subscribe_when_connected(self.bus, self.on_event, SUBSCRIBED)
 
     def on_event(self, event: Event) -> None:
         """One decoded event (the bus callback). Never raises: a bad one is counted; an

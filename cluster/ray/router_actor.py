@@ -43,7 +43,7 @@ class RouterActor:
     def __init__(
         self, *, prefill_workers: list[int], decode_workers: list[int], block_size: int,
         local_prefill_max_tokens: int, tau: float = 0.0, omega: float = 1.0, seed: int = 0,
-        nats_url: str | None, namespace: str = "disagg",
+        nats_url: str | None, namespace: str = "disagg", max_blocks_per_worker: int | None = None,
     ) -> None:  # fmt: skip
         for role, ids in (("prefill", prefill_workers), ("decode", decode_workers)):
             if not isinstance(ids, list | tuple):
@@ -51,7 +51,7 @@ class RouterActor:
         self.pools = PoolRouting(
             block_size=block_size, local_prefill_max_tokens=local_prefill_max_tokens,
             policy=Policy(tau, omega, 0), seed=seed, prefill_workers=prefill_workers,
-            decode_workers=decode_workers,
+            decode_workers=decode_workers, max_blocks_per_worker=max_blocks_per_worker,
         )  # fmt: skip
         if not self.pools.workers("decode"):
             raise ValueError("decode_workers must name at least one worker")

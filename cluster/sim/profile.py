@@ -238,6 +238,13 @@ class HardwareProfile(_Checked):
     def workers_per_node(self) -> int:
         return max(1, self.gpus_per_node // self.tp)
 
+    def kv_index_bound(self, block_size: int) -> int:
+        """The most blocks a router's index keeps for one worker: twice its engine's KV cache
+        (no engine holds more; a block may be re-stored under a second hash), so a publisher
+        inventing blocks cannot grow the index past it (``router.KvIndex``)."""
+        capacity = max(self.prefill.kv_capacity_tokens, self.decode.kv_capacity_tokens)
+        return 2 * max(1, capacity // block_size)
+
     @classmethod
     def from_spec(cls, spec: ProfileSpec) -> HardwareProfile:
         """The records of a validated spec (each checks itself again: cheap, once per load)."""

@@ -51,7 +51,10 @@ def _pools(prefill: tuple[int, ...] = (0,), decode: tuple[int, ...] = (1, 2)) ->
 
 def _replica(name: str, clock: Clock, **kwargs: Any) -> ReplicaRouter:
     return ReplicaRouter(
-        _pools(**kwargs), Bus(), replica_id=name, clock=clock  # type: ignore[arg-type]
+        _pools(**kwargs),
+        Bus(),
+        replica_id=name,
+        clock=clock,  # type: ignore[arg-type]
     )
 
 
@@ -251,8 +254,15 @@ def test_routing_settings_keep_a_report_alive_past_one_lost_message() -> None:
 
 def _engine(worker: int, role: str, requests: int, blocks: int = 0, tokens: int = 0,
             ttl_s: float = 1.0) -> EngineLoadEvent:  # fmt: skip
-    return EngineLoadEvent(worker_id=worker, role=role, t=0.0, ttl_s=ttl_s,  # type: ignore[arg-type]
-                           prefill_tokens=tokens, decode_blocks=blocks, requests=requests)
+    return EngineLoadEvent(
+        worker_id=worker,
+        role=role,
+        t=0.0,
+        ttl_s=ttl_s,  # type: ignore[arg-type]
+        prefill_tokens=tokens,
+        decode_blocks=blocks,
+        requests=requests,
+    )
 
 
 def test_the_engines_snapshots_keep_a_dead_replicas_requests_in_the_view() -> None:
@@ -298,3 +308,79 @@ def test_an_engine_reports_on_change_or_as_a_heartbeat() -> None:
     clock.now += 0.31  # past a third of the TTL: idle, but the views must keep it
     assert reporter.report() and reporter.reports == len(sent) == 3
     assert sent[-1].decode_blocks == 4 and sent[-1].ttl_s == 0.9
+
+
+def test_a_million_invented_replica_names_leave_the_view_bounded() -> None:
+    """[21] 7: `load` reports are keyed by the replica's name, which a publisher chooses. A
+    million names cost MAX_PEERS reports; a real replica is back in the view at its next
+    report."""
+    import dataclasses
+    import tracemalloc
+
+    from cluster.dataplane.peers import MAX_PEERS
+
+    clock = Clock()
+    real, b = _replica("real", clock), _replica("b", clock)
+    real.route("r0", PROMPT[:20], "u", exclude=[2])
+    for i in range(2 * MAX_PEERS):  # through the replica's own handler, as the bus delivers
+        b.on_event(real.load_event().model_copy(update={"replica": f"invented-{i}"}))
+    assert len(b.peers) == MAX_PEERS
+    report = peer_report(real.load_event(), clock())
+    tracemalloc.start()  # traced over the first 100k (tracing is slow), then untraced
+    for i in range(100_000):
+        b.peers.update(dataclasses.replace(report, replica=f"more-{i}"))
+        if i == 10_000:
+            at_10k, _ = tracemalloc.get_traced_memory()
+    at_100k, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert at_100k <= at_10k + (64 << 10), "memory grew after the map was full"
+    for i in range(100_000, 1_000_000):
+        b.peers.update(dataclasses.replace(report, replica=f"more-{i}"))
+    assert len(b.peers) == MAX_PEERS
+    b.on_event(real.load_event())
+    assert "real" in b.peers.replicas() and len(b.peers) == MAX_PEERS
+    b.refresh_loads()
+    assert b.view_requests()["decode"][1] >= 1  # real's request, in b's view again
+
+
+def test_an_engine_snapshot_for_a_worker_not_routed_to_is_ignored() -> None:
+    clock = Clock()
+    b = _replica("b", clock)
+    for worker in range(1_000, 101_000):  # invented worker ids: none of this replica's pools
+        b.on_event(_engine(worker, "decode", requests=9))
+    assert len(b.engines) == 0
+    b.on_event(_engine(1, "decode", requests=3))
+    assert len(b.engines) == 1
+
+
+def test_the_kv_index_stops_growing_at_its_bound() -> None:
+    from router import KvIndex
+    from router.events import Stored
+
+    index = KvIndex(BLOCK, max_blocks_per_worker=8)
+    index.add_worker(1)
+    assert index.apply(Stored(worker=1, parent_hash=None, blocks=((1, 11), (2, 12), (3, 13))))
+    assert index.apply(Stored(worker=1, parent_hash=3, blocks=tuple((h, h) for h in range(4, 9))))
+    assert index.cached_blocks(1) == 8
+    assert not index.apply(Stored(worker=1, parent_hash=8, blocks=((9, 19),)))
+    assert index.dropped["over_capacity"] == 1 and index.cached_blocks(1) == 8
+    pools = PoolRouting(block_size=BLOCK, local_prefill_max_tokens=32, decode_workers=(1,),
+                        max_blocks_per_worker=8)  # fmt: skip
+    assert pools.routers["decode"].index.max_blocks_per_worker == 8
+
+
+def test_a_pools_event_outside_the_deployment_leaves_the_pools_unchanged() -> None:
+    """[21] 6: only the controller may publish `pools` (the server refuses it to every other
+    role); what a replica still checks is that the pools are its deployment's."""
+    replica = _replica("a", Clock())
+    before = (replica.routing.workers("prefill"), replica.routing.workers("decode"))
+    for forged in (
+        PoolsEvent(t=3.0, prefill_workers=(0,), decode_workers=(1, 2, 99), action="warm"),
+        PoolsEvent(t=3.0, prefill_workers=(0, 1, 2), decode_workers=(), action="warm"),
+    ):
+        replica.on_event(forged)
+        assert (replica.routing.workers("prefill"), replica.routing.workers("decode")) == before
+    assert replica.refused_pools == 2
+    replica.on_event(PoolsEvent(t=4.0, prefill_workers=(), decode_workers=(0, 1, 2),
+                                action="warm"))  # fmt: skip
+    assert replica.routing.workers("decode") == (0, 1, 2)  # a re-split's move: applied

@@ -19,6 +19,7 @@ from cluster.backends.sim import SimEngines
 from cluster.config import ServeConfig
 from cluster.ray.router_actor import RouterActor
 from cluster.service import Service
+from cluster.sim.profile import load_profile
 from cluster.worker_spec import WorkerSpec
 
 BASE_SPEC = WorkerSpec(
@@ -53,11 +54,15 @@ def test_the_backend_names_the_engines_and_a_given_one_wins(tmp_path: Path) -> N
         DynamoEngines(ServeConfig())
 
 
-def test_the_simulated_engines_change_nothing() -> None:
-    engines = SimEngines(ServeConfig())
+def test_the_simulated_engines_change_nothing_but_bound_the_routers_index() -> None:
+    config = ServeConfig()
+    engines = SimEngines(config)
     assert engines.worker_spec(BASE_SPEC) == BASE_SPEC
     cls, kwargs = engines.router_actor(BASE_ROUTER)
-    assert cls is RouterActor and kwargs == BASE_ROUTER and kwargs is not BASE_ROUTER
+    profile = load_profile(config.profile)
+    bound = profile.kv_index_bound(profile.block_size)  # twice a worker's KV cache, in blocks
+    assert bound == 2 * profile.decode.kv_capacity_tokens // profile.block_size
+    assert cls is RouterActor and kwargs == {**BASE_ROUTER, "max_blocks_per_worker": bound}
 
 
 def test_dynamos_engines_add_their_processes_and_their_router_and_clean_up(

@@ -11,7 +11,8 @@ import uuid
 
 import nats
 
-from cluster.events import FirstTokenEvent, RouteEvent
+from cluster.engine_activity import MAX_REPORTS, EngineActivity
+from cluster.events import EngineLoadEvent, FirstTokenEvent, RouteEvent
 from cluster.nats_auth import connect_options
 from cluster.plausibility import Plausibility
 from cluster.ray.controller_actor import ControllerActor
@@ -101,6 +102,67 @@ def test_memory_and_the_hold_are_bounded() -> None:
     assert not check.dropped  # r0 and x held: the hold is full
     check.admit(_first("y"))
     assert check.dropped == {"implausible_unrouted": 1}
+
+
+def _engine(t: float, requests: int, worker: int = 0) -> EngineLoadEvent:
+    return EngineLoadEvent(worker_id=worker, role="decode", t=t, ttl_s=1.0, prefill_tokens=0,
+                           decode_blocks=0, requests=requests)  # fmt: skip
+
+
+def _heartbeats(
+    check: Plausibility, start: float, end: float, busy_at: float | None = None
+) -> None:
+    """Worker 0's snapshots every 0.33 s (an idle engine's heartbeat), one busy if asked."""
+    t = start
+    while t <= end:
+        busy = busy_at is not None and abs(t - busy_at) < 0.17
+        assert check.admit(_engine(t, 1 if busy else 0)) == [_engine(t, 1 if busy else 0)]
+        t += 0.33
+
+
+def test_a_long_ttft_while_every_engine_said_it_was_idle_is_dropped() -> None:
+    """A matched pair passes every check of routes and times; the engines' snapshots (which the
+    ingress role cannot publish) say no request was held in its 30 s: dropped."""
+    check, _ = _check()
+    _heartbeats(check, NOW - 40.0, NOW + 0.1)
+    check.admit(_route("forged", t=NOW))
+    assert check.admit(_first("forged", ttft=30.0)) == []
+    assert check.dropped == {"implausible_idle": 1}
+    # The same TTFT while worker 0 held a request at some point of it: evidence, not ruled out.
+    busy, _ = _check()
+    _heartbeats(busy, NOW - 40.0, NOW + 0.1, busy_at=NOW - 12.0)
+    busy.admit(_route("real", t=NOW))
+    assert busy.admit(_first("real", ttft=30.0)) == [_first("real", ttft=30.0)]
+    # Busy when the span began and idle since (the last change was before it): not ruled out.
+    carried, _ = _check()
+    carried.admit(_engine(NOW - 31.0, 2))
+    carried.admit(_engine(NOW - 1.0, 0))
+    carried.admit(_engine(NOW - 0.9, 0))
+    carried.admit(_route("queued", t=NOW))
+    assert carried.admit(_first("queued", ttft=30.0)) == [_first("queued", ttft=30.0)]
+
+
+def test_no_snapshots_or_a_short_ttft_rule_nothing_out() -> None:
+    silent, _ = _check()  # engines that publish nothing (Dynamo's), or reports lost
+    silent.admit(_route("a", t=NOW))
+    assert silent.admit(_first("a", ttft=30.0)) == [_first("a", ttft=30.0)]
+    idle, _ = _check()
+    _heartbeats(idle, NOW - 40.0, NOW + 0.1)
+    idle.admit(_route("short", t=NOW))  # under CORROBORATE_ABOVE_S: may leave no snapshot
+    assert idle.admit(_first("short", ttft=1.5)) == [_first("short", ttft=1.5)]
+
+
+def test_engine_activity_is_bounded_and_knows_its_workers() -> None:
+    activity = EngineActivity(workers={0, 3})
+    assert not activity.observe(_engine(NOW, 0, worker=9))  # not a worker of the deployment
+    for i in range(MAX_REPORTS + 100):
+        assert activity.observe(_engine(NOW + i * 0.01, 0))
+    assert len(activity) == MAX_REPORTS
+    assert not activity.observe(_engine(NOW, 0))  # older than the last: ignored
+    open_ended = EngineActivity(max_workers=2)
+    assert open_ended.observe(_engine(NOW, 0, worker=1))
+    assert open_ended.observe(_engine(NOW, 0, worker=2))
+    assert not open_ended.observe(_engine(NOW, 0, worker=3))  # a million ids cost nothing
 
 
 def test_forged_ttfts_on_the_bus_leave_an_idle_controller_below(nats_url: str) -> None:

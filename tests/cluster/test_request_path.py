@@ -203,7 +203,9 @@ def _path(
     return ActorRequestPath(
         auction=auction or Auction(),
         backend=SimBackend(
-            router=router, workers=workers, profile=PROFILE,
+            router=router,
+            workers=workers,
+            profile=PROFILE,
             speedup=1000.0,  # the KV transfer's sleep: microseconds
         ),
         replica=router.replica_id,
@@ -455,3 +457,26 @@ def test_cancelling_outside_a_ray_session_does_not_start_one() -> None:
     assert not ray.is_initialized()
     ray_cancel(object())
     assert not ray.is_initialized()  # Ray's API would have auto-initialised a local session
+
+
+def test_a_wedged_prefill_fails_within_the_deadline_and_the_decode_worker_prefills() -> None:
+    """[21] 3: a prefill worker whose call never returns (a wedged engine) costs the request
+    ``prefill_timeout_s``, not forever: it is placed again without that worker."""
+    wedged = Prefill()
+    wedged.prefill = Method(lambda *a: asyncio.Event().wait())  # never set
+    router = Router(prefill=0)
+    workers = Workers({0: wedged}, {1: Decode(), 2: Decode()})
+    backend = SimBackend(
+        router=router, workers=workers, profile=PROFILE, speedup=1000.0, prefill_timeout_s=0.2
+    )
+    path = ActorRequestPath(
+        auction=Auction(), backend=backend, replica=router.replica_id, workers=workers,
+        bus=None, exchange_period_s=0.001,
+    )  # fmt: skip
+    events = _run(path)
+    assert [call[1] for call in router.calls["route"]] == [[], [0]]  # placed again without 0
+    routed = [e for e in events if isinstance(e, Routed)]
+    assert routed[-1].prefill_worker is None and isinstance(events[-1], Finished)
+    with pytest.raises(ValueError, match="prefill_timeout_s"):
+        SimBackend(router=router, workers=workers, profile=PROFILE, speedup=1.0,
+                   prefill_timeout_s=0.0)  # fmt: skip

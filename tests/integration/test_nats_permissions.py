@@ -46,7 +46,7 @@ PUBLISHES = {
 READS = {
     "worker": None,  # no subscription at all
     "ingress": {"load", "engine_load", "regime", "pools", "kv"},
-    "controller": {"first_token", "route", "complete"},
+    "controller": {"first_token", "route", "complete", "engine_load"},
     "poa": set(KINDS),
     "auction": None,
     "router": {"load", "kv"},

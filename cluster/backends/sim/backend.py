@@ -24,7 +24,9 @@ from cluster.serve.path_types import PathRequest, TokenChunk
 from cluster.serve.replica_metrics import routing_cost_text, view_requests_text
 from cluster.sim.profile import HardwareProfile
 
-__all__ = ["SimBackend"]
+__all__ = ["PREFILL_TIMEOUT_S", "SimBackend"]
+
+PREFILL_TIMEOUT_S = 600.0  # ServeConfig.prefill_timeout_s's default (its reason is there)
 
 
 class SimBackend:
@@ -33,9 +35,12 @@ class SimBackend:
     def __init__(
         self, *, router: ReplicaRouter, workers: Workers, profile: HardwareProfile,
         speedup: float, chunk_interval_s: float = 0.0,
-        submit_timeout_s: float = SUBMIT_TIMEOUT_S,
+        submit_timeout_s: float = SUBMIT_TIMEOUT_S, prefill_timeout_s: float = PREFILL_TIMEOUT_S,
     ) -> None:  # fmt: skip
+        if not prefill_timeout_s > 0:
+            raise ValueError(f"prefill_timeout_s must be > 0, got {prefill_timeout_s!r}")
         self.router, self.workers, self.profile = router, workers, profile
+        self.prefill_timeout_s = prefill_timeout_s
         self.speedup = speedup
         self._calls: collections.Counter[str] | None = None  # the lifecycle's (it sets it)
         self.decode = DecodeStreams(
@@ -97,10 +102,15 @@ class SimBackend:
         try:
             if self.calls is not None:
                 self.calls["prefill"] += 1
-            await handle.prefill.remote(
+            await asyncio.wait_for(handle.prefill.remote(
                 req.request_id, route.prompt_tokens, list(route.local_hashes),
                 list(route.seq_hashes), engine_priority(req.bid),
-            )  # fmt: skip
+            ), self.prefill_timeout_s)  # fmt: skip
+        except TimeoutError:
+            # Kept in the pool (a slow engine is not a dead one); this request goes elsewhere.
+            raise WorkerFailed(
+                "prefill", worker, f"no answer within {self.prefill_timeout_s:g} s"
+            ) from None
         except RAY_FAILURES as exc:
             self.workers.forget("prefill", worker, handle)
             raise WorkerFailed("prefill", worker, type(exc).__name__) from None

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from cluster.actor_bus import ActorBus
-from cluster.backends.sim.backend import SimBackend
+from cluster.backends.sim.backend import PREFILL_TIMEOUT_S, SimBackend
 from cluster.backends.sim.decode_streams import SUBMIT_TIMEOUT_S
 from cluster.dataplane.replica import ReplicaRouter
 from cluster.dataplane.routing import PoolRouting
@@ -31,6 +31,7 @@ async def make_actor_path(
     routing: dict[str, Any] | None = None,
     chunk_interval_s: float = 0.0,
     submit_timeout_s: float = SUBMIT_TIMEOUT_S,
+    prefill_timeout_s: float = PREFILL_TIMEOUT_S,
     exchange_period_s: float = EXCHANGE_PERIOD_S,
 ) -> ActorRequestPath:
     """The path an ingress replica builds at start (picklable through ``functools.partial``):
@@ -40,16 +41,18 @@ async def make_actor_path(
 
     bus = ActorBus(nats_url, namespace, role="ingress", name="ingress")
     settings = RoutingSettings.model_validate(routing or {})
+    loaded = load_profile(profile)
     pools = PoolRouting(
         block_size=block_size, local_prefill_max_tokens=local_prefill_max_tokens, seed=seed,
         prefill_workers=sorted(handles["prefill"]), decode_workers=sorted(handles["decode"]),
+        max_blocks_per_worker=loaded.kv_index_bound(block_size),
     )  # fmt: skip
     router = ReplicaRouter(pools, bus, control=handles["router"], settings=settings)
-    loaded = load_profile(profile)
     return await compose_path(
         handles=handles, namespace=namespace, bus=bus, view=router,
         backend=lambda workers: SimBackend(router=router, workers=workers, profile=loaded,
                                            speedup=speedup, chunk_interval_s=chunk_interval_s,
-                                           submit_timeout_s=submit_timeout_s),
+                                           submit_timeout_s=submit_timeout_s,
+                                           prefill_timeout_s=prefill_timeout_s),
         exchange_period_s=exchange_period_s,
     )  # fmt: skip

@@ -36,7 +36,9 @@ class SimEngines:
         pass
 
     def router_actor(self, base: Mapping[str, object]) -> tuple[type, dict[str, object]]:
-        return RouterActor, dict(base)
+        profile = load_profile(self.config.profile)
+        bound = profile.kv_index_bound(profile.block_size)
+        return RouterActor, {**base, "max_blocks_per_worker": bound}
 
     def started_control_plane(self, handles: ServiceHandles) -> None:
         pass
@@ -52,6 +54,7 @@ class SimEngines:
             local_prefill_max_tokens=profile.decode.local_prefill_max_tokens,
             seed=cfg.seed, routing=cfg.routing.model_dump(),
             chunk_interval_s=cfg.stream_chunk_s, submit_timeout_s=cfg.submit_timeout_s,
+            prefill_timeout_s=cfg.prefill_timeout_s,
             exchange_period_s=cfg.admission.exchange_period_s,
         )  # fmt: skip
 

@@ -88,6 +88,11 @@ class ServeConfig(StrictModel):
     # Each simulated worker asks for its TP share of this Ray resource; on real nodes the
     # accelerator is named by the node's resources (e.g. {"B200": 8} per node).
     accelerator_resource: str = Field(default="B200", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    # A Ray custom resource that only the nodes allowed to run the control plane (router,
+    # auction, PoA, controller, metrics) and the ingress replicas declare; None: any node. The
+    # chart's head declares it, so its worker pods run worker actors only and hold only the
+    # worker's (and Dynamo's) NATS credentials, never the controller's beside a model's code.
+    control_resource: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     # On real GPU nodes each worker also asks Ray for its TP share of GPUs (num_gpus), so Ray
     # sets CUDA_VISIBLE_DEVICES for it; the simulated engines need none.
     request_gpus: bool = False

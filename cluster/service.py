@@ -30,6 +30,7 @@ from cluster.backends.protocol import Engines, engines_for
 from cluster.config import ServeConfig
 from cluster.hub_cache import hub_cache_entry
 from cluster.model_dir import default_model_dir, prepare_model_dir
+from cluster.models import ConfigError
 from cluster.nats_auth import exported_env
 from cluster.nats_server import NatsServer
 from cluster.ray.auction_actor import AuctionActor
@@ -37,7 +38,7 @@ from cluster.ray.controller_actor import ControllerActor
 from cluster.ray.metrics_server import MetricsServerActor
 from cluster.ray.named_actor import NamedActor
 from cluster.ray.poa_actor import PoaActor
-from cluster.ray.runtime import LocalRay, init_ray
+from cluster.ray.runtime import CONTROL_RESOURCE_UNIT, LocalRay, init_ray
 from cluster.ray.service_handles import (
     ServiceHandles,
     head_node_id,
@@ -133,6 +134,7 @@ class Service:
         self.ray = init_ray(
             address, accelerators=gpus, accelerator=cfg.accelerator_resource,
             num_cpus=max(2, os.cpu_count() or 2, math.ceil(cpus)),
+            control_resource=cfg.control_resource,
         )  # fmt: skip
         # A Ray session that this process started after naming the bus's credentials passes
         # them on to every actor; one that ran before (joined) does not: then each actor and
@@ -178,6 +180,12 @@ class Service:
         A reused actor keeps the clock epoch it was started with."""
         if lifetime not in (None, "detached"):
             raise ValueError(f"lifetime must be None or 'detached', got {lifetime!r}")
+        control = self.config.control_resource
+        if control is not None and not ray.cluster_resources().get(control):  # type: ignore[no-untyped-call]
+            raise ConfigError(
+                f"control_resource: no node of the Ray cluster joined declares {control!r}; "
+                "the control plane and the ingress would wait for one forever"
+            )
         self._lifetime = lifetime
         self.epoch_wall = time.time()
         self._start_workers(model_dir)
@@ -249,9 +257,11 @@ class Service:
             if role == "auction"
             else {}
         )
+        control = self.config.control_resource
         return {
             "name": control_actor_name(self.config.namespace, role),
             **on_head,
+            **({"resources": {control: CONTROL_RESOURCE_UNIT}} if control else {}),
             "namespace": RAY_NAMESPACE,
             "num_cpus": 0,
             "max_restarts": -1,  # the control plane always comes back
@@ -379,6 +389,9 @@ class Service:
             metrics_sink=self.handles.metrics,
             env_vars={**self.actor_env, **(REPLICA_ENV if cfg.direct_port is not None else {})},
             limits=cfg.limits,
+            resources=(
+                {cfg.control_resource: CONTROL_RESOURCE_UNIT} if cfg.control_resource else None
+            ),
         )
 
     def handle_map(self) -> dict[str, Any]:

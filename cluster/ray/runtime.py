@@ -35,6 +35,12 @@ class LocalRay:
     tmpdir: str | None
 
 
+# What each control-plane actor and ingress replica asks of ``ServeConfig.control_resource``,
+# and what a local session declares of it: room for a million, so it places and never limits.
+CONTROL_RESOURCE_UNIT = 0.001
+CONTROL_RESOURCE_CAPACITY = 1000.0
+
+
 def init_ray(
     address: str | None = None,
     *,
@@ -42,6 +48,7 @@ def init_ray(
     accelerator: str = "B200",
     num_cpus: int | None = None,
     tmpdir: str | None = None,
+    control_resource: str | None = None,
 ) -> LocalRay:
     """Join the cluster at ``address`` (``"auto"`` or ``ray://``/``host:port``), or start a local
     one declaring ``accelerators`` simulated ``accelerator`` units.
@@ -57,8 +64,11 @@ def init_ray(
         return LocalRay(False, address, None)
     tmp = tmpdir or short_tmpdir()
     kwargs: dict[str, Any] = {}
-    if accelerators > 0:
-        kwargs["resources"] = {accelerator: float(accelerators)}
+    resources = {accelerator: float(accelerators)} if accelerators > 0 else {}
+    if control_resource is not None:  # the one local node may run everything
+        resources[control_resource] = CONTROL_RESOURCE_CAPACITY
+    if resources:
+        kwargs["resources"] = resources
     ray.init(
         address="local",
         num_cpus=num_cpus if num_cpus is not None else max(2, os.cpu_count() or 2),

@@ -192,17 +192,20 @@ def ingress_app(
     metrics_sink: Any = None,
     env_vars: dict[str, str] | None = None,
     limits: LimitSettings | None = None,
+    resources: dict[str, float] | None = None,
 ) -> Application:
     """The bound ingress, ready for ``serve.run(app, route_prefix="/")``. With
     ``metrics_sink`` (a ``cluster.ray.metrics_server.MetricsServerActor``) every replica pushes
     its own metric families there and the API port serves no ``/metrics``. ``env_vars``: what
     the replicas' processes need that their Ray session does not pass on. ``limits``: the
-    service's per-identity limits, of which each replica enforces its share."""
+    service's per-identity limits, of which each replica enforces its share. ``resources``:
+    Ray custom resources each replica asks for (``ServeConfig.control_resource``)."""
     users = users if users is not None else Users()
     options = IngressDeployment.options(
         num_replicas=num_replicas, max_ongoing_requests=max_ongoing_requests,
         ray_actor_options={
             "num_cpus": INGRESS_REPLICA_CPUS,
+            **({"resources": resources} if resources else {}),
             **({"runtime_env": {"env_vars": env_vars}} if env_vars else {}),
         },
     )  # fmt: skip

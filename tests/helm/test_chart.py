@@ -243,7 +243,8 @@ def test_topology_and_tp_size_the_worker_groups(render: Any) -> None:
         assert groups["prefill"][0] == p and groups["decode"][0] == d, case
         for role in ("prefill", "decode"):
             assert ray_resources(groups[role][1]) == {cfg.accelerator_resource: tp}, (case, role)
-        assert ray_resources(groups["head"][1]) == {}
+        # The head: no accelerator, the control resource only.
+        assert ray_resources(groups["head"][1]) == {cfg.control_resource: 1000}
 
 
 @pytest.mark.parametrize("example", B200_EXAMPLES, ids=lambda e: e.stem)
@@ -694,8 +695,11 @@ def test_ray_pods_hold_their_roles_passwords(render: Any, case: str) -> None:
         volume = {v["name"]: v for v in spec["volumes"]}["nats-credentials"]
         paths = {i["path"] for src in volume["projected"]["sources"]
                  for i in src["secret"]["items"]}  # fmt: skip
-        # The dynamo role's password only where Dynamo's processes run (backend: dynamo).
-        ray_roles = {f"{r}/password" for r in ROLES if r != "dynamo" or tls}
+        # The head runs the control plane and the ingress (config.control_resource): their
+        # roles; a worker pod, where a model's code runs, only the worker's. The dynamo role's
+        # password only where Dynamo's processes run (backend: dynamo).
+        roles = set(ROLES) - {"dynamo"} if group == "head" else {"worker"}
+        ray_roles = {f"{r}/password" for r in roles | ({"dynamo"} if tls else set())}
         # With Dynamo, etcd's dynamo user too (cluster/backends/dynamo/etcd_auth.py).
         extra = {"ca.crt", "etcd/password"} if tls else set()
         assert paths == ray_roles | extra, group
@@ -720,7 +724,8 @@ def test_schema_mirrors_the_projects_config_models() -> None:
     config = props["config"]["properties"]
     # backend and dynamo come from the chart's own top-level values (templates/_helpers.tpl).
     chart_set = {"nats_url", "ledger_path", "ledger_url", "ledger_schema", "accelerator_resource",
-                 "request_gpus", "metrics_host", "metrics_port", "backend", "dynamo"}  # fmt: skip
+                 "request_gpus", "metrics_host", "metrics_port", "backend", "dynamo",
+                 "control_resource"}  # fmt: skip
     # direct_port turns on a flag of the Serve controller, which KubeRay starts: serve deploy
     # refuses it (cluster/app_builder.py), so the chart does not offer it.
     not_in_chart = {"direct_port"}
@@ -972,3 +977,12 @@ def test_etcd_admits_only_the_dynamo_user_and_roots_password_stays_in_its_pod(
         assert items == [{"key": "password", "path": "etcd/password"}], group  # never root's
     sim = render()
     assert not [d for d in by_kind(sim, "Secret") if d["metadata"]["name"].endswith("-etcd")]
+
+
+def test_the_control_plane_and_the_ingress_run_on_the_head_only(render: Any) -> None:
+    """[21] 5: the head declares the control resource the service asks for, so no control-plane
+    actor or ingress replica lands in a worker pod, whose credentials are the worker's only."""
+    docs = render()
+    resource = service_config(docs)["control_resource"]
+    for group, _, _, params in ray_groups(docs):
+        assert (resource in ray_resources(params)) == (group == "head"), group

@@ -33,6 +33,7 @@ TOPOLOGY = "1P/2D"
 PROFILE = "b200-llama70b-fp8-tp4"
 RECOVERY_BOUND_S = 45.0
 RUN_OF_SUCCESSES = 3
+CONTROL = "disagg_control"
 IN_FLIGHT_TOKENS = 160  # ~0.7 s of decode at speedup 2
 
 
@@ -113,13 +114,15 @@ def rehearse(c: ClusterCheck, args: argparse.Namespace) -> None:
     from cluster.service import Service
 
     result, mark = c.result, c.mark
-    nodes = c.start_cluster(NODES)
+    # As the Helm chart's head: it alone declares the control resource, so the control plane
+    # and the ingress replica run there and never beside a worker ([21] 5).
+    nodes = c.start_cluster(NODES, head_resources={CONTROL: 1000.0})
     node_ids = [n.node_id for n in nodes]
     cluster = c.cluster
 
     config = ServeConfig(
         profile=PROFILE, topology=TOPOLOGY, speedup=2.0, namespace="rc",
-        ledger_path=args.ledger, worker_max_restarts=3, metrics_port=0,
+        ledger_path=args.ledger, worker_max_restarts=3, metrics_port=0, control_resource=CONTROL,
     )  # fmt: skip
     c.service = service = Service(config)
     service.start(address=cluster.address, port=args.port)

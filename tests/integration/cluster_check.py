@@ -41,14 +41,17 @@ class ClusterCheck:
     def mark(self, what: str) -> None:
         self.result["timings"][what] = round(time.monotonic() - self._t0, 1)
 
-    def start_cluster(self, nodes: int) -> list[Any]:
-        """A head and ``nodes - 1`` more, all up; their node objects (head first)."""
+    def start_cluster(
+        self, nodes: int, head_resources: dict[str, float] | None = None
+    ) -> list[Any]:
+        """A head and ``nodes - 1`` more, all up; their node objects (head first). The head
+        also declares ``head_resources``."""
         from ray.cluster_utils import Cluster
 
-        self.cluster = Cluster(
-            initialize_head=True,
-            head_node_args={**NODE_ARGS, "temp_dir": self.tmpdir, "include_dashboard": False},
-        )
+        head_args = {**NODE_ARGS, "temp_dir": self.tmpdir, "include_dashboard": False}
+        if head_resources:
+            head_args["resources"] = {**NODE_ARGS["resources"], **head_resources}
+        self.cluster = Cluster(initialize_head=True, head_node_args=head_args)
         found = [self.cluster.head_node]
         for _ in range(nodes - 1):
             found.append(self.cluster.add_node(**NODE_ARGS, temp_dir=self.tmpdir))

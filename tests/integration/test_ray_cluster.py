@@ -156,6 +156,12 @@ def test_tp_groups_stay_on_one_node_and_a_lost_node_is_survived(tmp_path: Path) 
     assert all(n <= NODE_B200 for n in per_node.values()), per_node
     assert len(per_node) >= -(-tp * len(r["before"]) // NODE_B200), per_node
     assert r["requests_before"] == [200] * len(r["requests_before"]), r["requests_before"]
+    # The head alone declares the control resource: the control plane and the ingress replica
+    # run there, never beside a worker (whose pod holds only the worker's credentials).
+    assert set(r["control_nodes"].values()) == {r["head"]}, r["control_nodes"]
+    replicas = [a for a in r["actors_before"] if str(a.get("class", "")).startswith(
+        "ServeReplica") and a.get("state") == "ALIVE"]  # fmt: skip
+    assert replicas and {a["node"] for a in replicas} == {r["head"]}, replicas
 
     # -- a node hosting a decode worker is lost -------------------------------------------------
     victim = r["victim"]

@@ -186,3 +186,18 @@ def test_a_killed_decode_actor_comes_back_clears_its_cache_and_serves(service: S
         assert [r[0] for r in rows] == list(range(5))
 
     asyncio.run(asyncio.wait_for(body(), 120))
+
+
+def test_a_control_resource_no_node_declares_is_refused_before_any_actor(
+    ray_session: None,
+) -> None:
+    """``control_resource`` names what only the control plane's nodes declare: on a cluster
+    where none does, every control actor would wait forever; the service says so at once."""
+    from cluster.config import ServeConfig
+    from cluster.models import ConfigError
+    from cluster.service import Service as RealService
+
+    service = RealService(ServeConfig(control_resource="nobody_declares_this"))
+    with pytest.raises(ConfigError, match="control_resource: no node"):
+        service.start_actors(None)
+    assert service.handles.prefill == {} and service.handles.decode == {}

@@ -84,10 +84,15 @@ app.kubernetes.io/component: ray
 {{- end -}}
 {{- end -}}
 
-{{/* The roles the Ray pods play (every actor and replica may land on any Ray pod); with
-     backend: dynamo also Dynamo's, whose engines the worker actors run in those pods and whose
-     routers run in the ingress replicas. */}}
-{{- define "disaggctl.natsRayRoles" -}}worker ingress controller poa auction router observer{{ if eq .Values.backend "dynamo" }} dynamo{{ end }}{{- end -}}
+{{/* The roles a Ray pod plays (dict "root" "head"): the head runs the control plane and the
+     ingress replicas (config.control_resource), so it holds their roles; a worker pod runs
+     worker actors only, the worker role's. With backend: dynamo both hold Dynamo's too: the
+     engines run in the worker pods, Dynamo's routers in the ingress replicas. */}}
+{{- define "disaggctl.natsRayRoles" -}}
+{{- if .head -}}worker ingress controller poa auction router observer{{- else -}}worker{{- end -}}
+{{- if eq .root.Values.backend "dynamo" }} dynamo{{ end -}}
+{{- end -}}
+{{- define "disaggctl.controlResource" -}}disagg_control{{- end -}}
 {{- define "disaggctl.natsRoles" -}}worker ingress controller poa auction router observer dynamo{{- end -}}
 
 {{/* Dynamo's discovery: the chart's etcd (templates/etcd.yaml), its passwords' Secret. */}}
@@ -173,6 +178,7 @@ app.kubernetes.io/component: ray
 {{- $_ := set $cfg "ledger_schema" .Values.ledger.postgresql.schema -}}
 {{- end -}}
 {{- $_ := set $cfg "accelerator_resource" .Values.accelerator.resource -}}
+{{- $_ := set $cfg "control_resource" (include "disaggctl.controlResource" .) -}}
 {{- $_ := set $cfg "metrics_host" "0.0.0.0" -}}
 {{- $_ := set $cfg "metrics_port" (int .Values.monitoring.metricsPort) -}}
 {{- $_ := set $cfg "request_gpus" .Values.accelerator.gpu -}}

@@ -16,7 +16,11 @@ Optional signals ride on the ticks:
   ticks, means routing cannot help; the controller asks its advisor (Game 1) for a P/D re-split
   and reports it (advice only, for backends whose pools it cannot resize);
 - the second lever (``controller.resplit.Resplitter``, optional): the same signals, with the
-  measured arrival rate, actually re-split the pools one TP group at a time.
+  measured arrival rate, actually re-split the pools one TP group at a time;
+- routing by measured effect (``controller.evidence.EvidencePolicy``, optional): the policy a
+  regime applies lies between cache affinity and the table's row, moved there only while the
+  PoA window says the assignment costs (``poa_routing``); each move is a push with cause
+  ``evidence``. Without it the table's row applies, as the study had it.
 
 If the controller stops, its target keeps the last policy it was given.
 """
@@ -31,7 +35,8 @@ from typing import Any, Protocol
 
 from controller.detector import Regime, SaturationDetector
 from controller.drain import Drain
-from controller.policy import PolicyTable
+from controller.evidence import EvidencePolicy
+from controller.policy import PolicyTable, RegimePolicy
 from controller.resplit import Resplitter
 from router import Policy
 from telemetry import metrics
@@ -49,7 +54,7 @@ class RegimeChange:
     omega: float
     ttft_p99_smoothed_s: float
     version: int
-    cause: str = "ttft"  # "ttft", "leading" or "drain"
+    cause: str = "ttft"  # "ttft", "leading", "drain" or "evidence"
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,7 @@ class Controller:
         dominance: float = 2.0,
         sustain: int = 10,
         resplitter: Resplitter | None = None,
+        evidence: EvidencePolicy | None = None,
     ) -> None:
         for name, count in (("hold_ticks", hold_ticks), ("sustain", sustain)):
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
@@ -137,6 +143,7 @@ class Controller:
         self.dominance = dominance
         self.sustain = sustain
         self.resplitter = resplitter
+        self.evidence = evidence
         self.version = 0
         self.changes: list[RegimeChange] = []
         self.advice: list[CapacityAdvice] = []
@@ -181,12 +188,19 @@ class Controller:
         before = self.detector.regime
         after = self.detector.tick(now)
         fired = self.leading is not None and self.leading.update(now, queue_depth, poa_hat)
+        cause = None
         if fired and after == before:
             after = self.detector.escalate(now, self.hold_ticks)
-            if after != before:
-                self._apply(now, "leading")
+            cause = "leading" if after != before else None
         elif after != before:
-            self._apply(now, "ttft")
+            cause = "ttft"
+        if self.evidence is not None:
+            self.evidence.update(after, poa_routing)
+            metrics.POLICY_BALANCE.set(self.evidence.balance)
+            if cause is None and self.evidence.due():
+                cause = "evidence"
+        if cause is not None:
+            self._apply(now, cause)
         if self.detector.smoothed_p99 is not None:
             metrics.TTFT_P99_SMOOTHED.set(self.detector.smoothed_p99)
         self._advise(now, poa_routing, poa_capacity)
@@ -207,9 +221,16 @@ class Controller:
             self._apply(drain.t, "drain")
         return after
 
+    def applied(self) -> RegimePolicy:
+        """The policy the current regime applies: its row, or the evidence's blend."""
+        regime = self.detector.regime
+        return self.table[regime] if self.evidence is None else self.evidence.policy(regime)
+
     def _apply(self, now: float, cause: str) -> RegimeChange:
         regime = self.detector.regime
-        policy = self.table[regime]
+        policy = self.applied()
+        if self.evidence is not None:
+            self.evidence.pushed()
         self.version += 1
         self.target.set_policy(Policy(policy.tau, policy.omega, self.version, regime.label))
         change = RegimeChange(

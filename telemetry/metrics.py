@@ -13,7 +13,8 @@ estimator, the controller, the auction, the event bus) updates the objects here,
   came (never clamped, so the dashboard shows what the estimator said); the counter counts it and
   the first one per factor is logged as a warning;
 - ``disagg_regime`` (0/1/2), ``disagg_router_temperature``, ``disagg_router_overlap_weight``,
-  ``disagg_routing_cost``, ``disagg_ttft_p99_smoothed_seconds``;
+  ``disagg_policy_balance`` (λ of controller/evidence.py), ``disagg_routing_cost``,
+  ``disagg_ttft_p99_smoothed_seconds``;
 - ``disagg_ttft_seconds``, ``disagg_itl_seconds`` (histograms);
 - ``disagg_requests_total{status}``, ``disagg_auction_queue_depth``, ``disagg_auction_welfare``
   (planned, at the auction) and ``disagg_auction_realised_welfare`` (on the realised TTFT order,
@@ -137,6 +138,12 @@ ROUTER_TEMPERATURE = Gauge(
 )
 ROUTER_OVERLAP_WEIGHT = Gauge(
     "disagg_router_overlap_weight", "Router overlap weight omega", registry=REGISTRY
+)
+POLICY_BALANCE = Gauge(
+    "disagg_policy_balance",
+    "Where the applied policy lies between cache affinity (0) and the regime's row (1), "
+    "moved by the PoA window's evidence (controller/evidence.py)",
+    registry=REGISTRY,
 )
 ROUTING_COST = Gauge(
     "disagg_routing_cost", "Cost of the chosen worker in the last decision", registry=REGISTRY

@@ -60,6 +60,7 @@ from cluster.worker_spec import WorkerSpec
 from controller.controller import Controller, RegimeChange
 from controller.detector import SaturationDetector
 from controller.drain import DrainWatch, TickWaits, calm_limit_s
+from controller.evidence import EvidencePolicy
 from controller.resplit import ResplitDecision, Resplitter
 from router import Policy
 from telemetry.metrics import OLDEST_WAIT, POOL_WORKERS
@@ -146,10 +147,12 @@ class ControllerActor:
                 on_decision=self._decided,
             )
         self._discovered = False
+        table = s.policy.table()
         self.controller = Controller(
-            detector, s.policy.table(), self.push.target, on_change=self._changed,
+            detector, table, self.push.target, on_change=self._changed,
             # enabled: false keeps the lever's hands off (operators' resplit_now still works)
             resplitter=self.resplitter if s.resplit.enabled else None,
+            evidence=EvidencePolicy(table) if s.routing == "evidence" else None,
         )  # fmt: skip
         self.auction_stats: AuctionStats | None = None  # the auction's, read every tick
         self.observed = 0

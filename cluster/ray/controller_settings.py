@@ -5,7 +5,7 @@ re-split lever's section (``resplit``, :mod:`cluster.ray.controller_pools`)."""
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -68,6 +68,10 @@ class ControllerSettings(StrictModel):
     hysteresis: float = Field(detector.HYSTERESIS, ge=0.0, lt=1.0)
     dwell: int = Field(detector.DWELL, ge=1, le=1000)
     policy: PolicySettings = PolicySettings()
+    # "table": each regime applies its row of ``policy`` (the study's way); "evidence": between
+    # cache affinity and that row, as far as the PoA window says routing costs
+    # (controller/evidence.py).
+    routing: Literal["table", "evidence"] = "table"
     call_timeout_s: float = Field(2.0, gt=0.0, le=60.0)  # each call to the router/auction/PoA
     resplit: ResplitSection = ResplitSection()
 

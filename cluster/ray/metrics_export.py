@@ -58,6 +58,7 @@ OWNERS: dict[str, tuple[str, ...]] = {
         "disagg_regime",
         "disagg_router_temperature",
         "disagg_router_overlap_weight",
+        "disagg_policy_balance",
         "disagg_ttft_p99_smoothed_seconds",
         "disagg_pool_workers",
         "disagg_resplits",

@@ -66,10 +66,14 @@ PROBE_CLIENTS, PROBE_S, PROBE_WARMUP_S = 64, 150.0, 30.0
 POA_EVERY_S = 10.0
 
 
+CONTROLLED = ("adaptive", "evidence")  # the arms a controller drives
+
+
 @dataclass(frozen=True)
 class ReplayArm:
-    """``policy``: ``adaptive``, ``static:τ,ω`` or ``round-robin``; ``resplit``: the re-split
-    lever (adaptive arms only)."""
+    """``policy``: ``adaptive`` (the controller with the study's table), ``evidence`` (the
+    controller with routing by measured effect, controller/evidence.py), ``static:τ,ω`` or
+    ``round-robin``; ``resplit``: the re-split lever (the controller's arms only)."""
 
     policy: str
     resplit: bool = False
@@ -78,7 +82,7 @@ class ReplayArm:
 
     @property
     def adaptive(self) -> bool:
-        return self.policy == "adaptive"
+        return self.policy in CONTROLLED
 
     @property
     def round_robin(self) -> bool:
@@ -91,13 +95,13 @@ class ReplayArm:
 
 def parse_arm(policy: str, resplit: bool = False) -> ReplayArm:
     """An arm from its policy's name (module docstring); ``ValueError`` names what is wrong."""
-    if resplit and policy != "adaptive":
+    if resplit and policy not in CONTROLLED:
         raise ValueError(f"the re-split lever belongs to the controller: {policy!r} is static")
-    if policy in ("adaptive", "round-robin"):
+    if policy in (*CONTROLLED, "round-robin"):
         return ReplayArm(policy, resplit)
     found = _STATIC.fullmatch(policy)
     if found is None:
-        known = "adaptive, round-robin, static:TAU,OMEGA"
+        known = "adaptive, evidence, round-robin, static:TAU,OMEGA"
         raise ValueError(f"unknown policy {policy!r}; known: {known}")
     tau, omega = float(found.group(1)), float(found.group(2))
     return ReplayArm(f"static:{tau:g},{omega:g}", False, tau, omega)
@@ -282,8 +286,9 @@ def replay_on_sim(
         assert thresholds is not None
         lever = (resplit or ResplitSettings()) if arm.resplit else None
         controller = adaptive_controller(
-            cluster, thresholds, None, lever, lambda: loop_ref[0].arrival_rate()
-        )
+            cluster, thresholds, None, lever, lambda: loop_ref[0].arrival_rate(),
+            evidence=arm.policy == "evidence",
+        )  # fmt: skip
     estimator = PoaEstimator(256, MAX_AGE_S, unloaded_latency_s=unloaded_ttft(profile))
     limit = None if thresholds is None else calm_limit_s(thresholds)
     control = ControlLoop(

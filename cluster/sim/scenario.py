@@ -28,6 +28,7 @@ from cluster.sim.views import ViewSettings
 from controller.controller import CapacityAdvice, Controller, RegimeChange
 from controller.detector import SaturationDetector, Thresholds
 from controller.drain import Drain, calm_limit_s
+from controller.evidence import EvidencePolicy
 from controller.policy import PolicyTable
 from controller.resplit import ResplitDecision, ResplitSettings, Resplitter
 from games.pd_allocation import SloTargets
@@ -113,10 +114,13 @@ def adaptive_controller(
     table: PolicyTable | None,
     resplit: ResplitSettings | None,
     arrival_rate: Callable[[], float],
+    *,
+    evidence: bool = False,
 ) -> Controller:
     """The controller of an adaptive arm on ``cluster``: the detector at ``thresholds``, the
-    policy ``table`` (the study's by default) on every router, Game 1's advice at the measured
-    ``arrival_rate`` and, given ``resplit``, the re-split lever on the cluster's pools."""
+    policy ``table`` (the study's by default) on every router, or with ``evidence`` the table
+    blended by the PoA window's evidence (controller/evidence.py), Game 1's advice at the
+    measured ``arrival_rate`` and, given ``resplit``, the re-split lever on the pools."""
     profile = cluster.profile
     slo = SloTargets(ttft_s=thresholds.theta1, itl_s=1.5 * profile.decode.d0_s)
     advisor = capacity_advisor(profile, cluster.topology, slo, arrival_rate)
@@ -124,12 +128,14 @@ def adaptive_controller(
     if resplit is not None:
         planner = GameOnePlanner(profile, cluster.topology, slo)
         resplitter = Resplitter(SimPools(cluster), planner, resplit)
+    table = table or PolicyTable()
     return Controller(
         SaturationDetector(thresholds),
-        table or PolicyTable(),
+        table,
         cluster,
         advisor=advisor,
         resplitter=resplitter,
+        evidence=EvidencePolicy(table) if evidence else None,
     )
 
 

@@ -161,7 +161,8 @@ def add_parser(
     )
     p.add_argument(
         "--policy", action="append", default=argparse.SUPPRESS, metavar="POLICY",
-        help="an arm: adaptive, round-robin or static:TAU,OMEGA (repeat for several; the first "
+        help="an arm: adaptive (the study's table), evidence (routing by measured effect), "
+        "round-robin or static:TAU,OMEGA (repeat for several; the first "
         f"is what the others are compared with); default: {' and '.join(DEFAULT_POLICIES)}",
     )  # fmt: skip
     p.add_argument(

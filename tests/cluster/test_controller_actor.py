@@ -362,3 +362,12 @@ def test_settings() -> None:
     ):
         with pytest.raises(ConfigError):
             ControllerActor(nats_url=None, router=None, auction=None, poa=None, settings=bad)
+
+
+def test_routing_by_evidence_is_a_setting_and_the_table_the_default() -> None:
+    table = ControllerActor(nats_url=None, router=None, auction=None, poa=None, settings=FAST)
+    assert table.controller.evidence is None
+    evidence = ControllerActor(nats_url=None, router=None, auction=None, poa=None,
+                               settings={**FAST, "routing": "evidence"})  # fmt: skip
+    assert evidence.controller.evidence is not None
+    assert evidence.controller.evidence.table == evidence.controller.table

@@ -45,6 +45,7 @@ def test_design_names_are_on_the_registry() -> None:
         "disagg_regime",
         "disagg_router_temperature",
         "disagg_router_overlap_weight",
+        "disagg_policy_balance",
         "disagg_routing_cost",
         "disagg_ttft_p99_smoothed_seconds",
         "disagg_ttft_seconds",

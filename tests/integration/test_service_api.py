@@ -57,7 +57,8 @@ DISAGG_KEYS = {
 DESIGN_METRICS = {
     "disagg_poa_hat", "disagg_poa_routing", "disagg_poa_capacity", "disagg_poa_impossible_total",
     "disagg_regime", "disagg_router_temperature", "disagg_router_overlap_weight",
-    "disagg_policy_balance", "disagg_routing_cost", "disagg_ttft_p99_smoothed_seconds", "disagg_ttft_seconds",
+    "disagg_policy_balance", "disagg_routing_cost", "disagg_ttft_p99_smoothed_seconds",
+    "disagg_ttft_seconds",
     "disagg_itl_seconds", "disagg_requests_total", "disagg_auction_queue_depth",
     "disagg_auction_welfare", "disagg_auction_revenue_total", "disagg_events_dropped_total",
     "disagg_capacity_advice_total", "disagg_pool_workers", "disagg_resplits_total",

@@ -83,12 +83,23 @@ def _batch(pool: Any, client: Any, url: str, ks: range, max_tokens: int = 8
 
 
 def _etcd_instances(url: str) -> list[str]:
-    """Every key in etcd (the v3 JSON gateway) that names a Dynamo instance."""
+    """Every key in etcd (the v3 JSON gateway) that names a Dynamo instance, read as the
+    ``dynamo`` user (the service's etcd admits nobody else: cluster/backends/dynamo/etcd_auth)."""
     import httpx
 
-    everything = {"key": base64.b64encode(b"\0").decode(),
-                  "range_end": base64.b64encode(b"\0").decode(), "keys_only": True}  # fmt: skip
-    body = httpx.post(f"{url}/v3/kv/range", json=everything, timeout=5.0).json()
+    from cluster.backends.dynamo.etcd_auth import etcd_credentials
+
+    user = etcd_credentials()
+    headers = {}
+    if user is not None:
+        login = httpx.post(f"{url}/v3/auth/authenticate", timeout=5.0,
+                           json={"name": user.user, "password": user.password})  # fmt: skip
+        headers["Authorization"] = login.json()["token"]
+    dynamos = {"key": base64.b64encode(b"v1/").decode(),
+               "range_end": base64.b64encode(b"v10").decode(), "keys_only": True}  # fmt: skip
+    body = httpx.post(f"{url}/v3/kv/range", json=dynamos, headers=headers, timeout=5.0).json()
+    if "error" in body:
+        raise RuntimeError(f"etcd refused the listing: {body['error']}")
     keys = [base64.b64decode(kv["key"]).decode(errors="replace") for kv in body.get("kvs", [])]
     return sorted(k for k in keys if "instances" in k)
 

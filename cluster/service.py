@@ -334,9 +334,10 @@ class Service:
         existing = self._existing(control_actor_name(cfg.namespace, "metrics"))
         h.metrics = existing or ray.remote(MetricsServerActor).options(**options).remote(
             host=cfg.metrics_host, port=cfg.metrics_port, namespace=cfg.namespace,
-            actors={"router": h.router, "auction": h.auction, "poa": h.poa,
-                    "controller": h.controller},
-            prefill=h.prefill, decode=h.decode,
+            # Names, not handles, as the controller is given them (cluster/ray/named_actor.py).
+            actors={role: NamedActor(control_actor_name(cfg.namespace, role))
+                    for role in ("router", "auction", "poa", "controller")},
+            prefill={}, decode={}, worker_ids=[*h.prefill, *h.decode],
         )  # fmt: skip
         where = ray.get(h.metrics.ready.remote(), timeout=READY_TIMEOUT_S)
         host = where.host if where.host not in ("0.0.0.0", "::") else "127.0.0.1"

@@ -25,12 +25,14 @@ import contextlib
 import logging
 import socket
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 from ray.exceptions import RayActorError
 
 from cluster.ray.metrics_export import merge_metrics_texts
+from cluster.ray.named_actor import NamedActor
 from cluster.ray.scrape_cache import ScrapeCache
 from cluster.ray.worker_handles import Workers, named_worker_resolver
 
@@ -79,11 +81,14 @@ class MetricsServerActor:
         prefill: dict[int, Any],
         decode: dict[int, Any],
         replica_ttl_s: float = REPLICA_TTL_S,
+        worker_ids: Collection[int] = (),
     ) -> None:
         self.host, self.port = host, port
         self.actors = [a for a in actors.values() if a is not None]
         self.workers = Workers(dict(prefill), dict(decode), named_worker_resolver(namespace))
-        self.worker_ids = {*prefill, *decode}  # a re-split moves ids between roles, never adds
+        # A re-split moves ids between roles, never adds one. ``worker_ids`` without handles:
+        # each is found by name on the first scrape (the service passes names, not handles).
+        self.worker_ids = {*prefill, *decode, *worker_ids}
         self.replica_ttl_s = replica_ttl_s
         self.replicas: dict[str, _Pushed] = {}
         self.cache = ScrapeCache(self._fetch_actors)
@@ -92,7 +97,12 @@ class MetricsServerActor:
         self._task: asyncio.Task[None] | None = None
 
     async def ready(self) -> Listening:
-        """Bind ``host:port`` (0: any free port) and serve; where it listens."""
+        """Find the named actors (off the event loop: ``ray.get_actor`` blocks on the GCS),
+        bind ``host:port`` (0: any free port) and serve; where it listens."""
+        named = [a for a in self.actors if isinstance(a, NamedActor)]
+        for actor in named:
+            with contextlib.suppress(ValueError):  # not there (yet): looked up at first use
+                await asyncio.to_thread(actor.handle)
         if self._server is None:
             self._server, self._task, self.port = await _serve(self._app(), self.host, self.port)
         return Listening(self.host, self.port)

@@ -104,6 +104,7 @@ class AuctionActor(UnaryAdmission, ReplicaExchange):
             raise ValueError(f"hold_grace_s must be in [0, 3600], got {hold_grace_s!r}")
         self.hold_grace_s = float(hold_grace_s)
         self._unreleased: set[str] = set()
+        self._in_flight: set[tuple[str, str]] = set()  # (call, replica) waiting on the ledger
         self._leases = LeaseBook(
             max_in_prefill=self.settings.max_in_prefill, ttl_s=lease_ttl_s, prefix=self._instance
         )

@@ -14,9 +14,10 @@ queued requests were refused.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -136,10 +137,28 @@ class AuctionCore:
         raise NotImplementedError
 
 
+class LedgerBusyError(RuntimeError):
+    """A replica's previous call of the same kind still waits for the ledger: this one is
+    refused untouched (the replica sends its contents again), so a ledger that stalls does not
+    pile up one queued transaction per period and replica, to be worked off when it resumes."""
+
+
 class ReplicaExchange(AuctionCore):
     """Leases and exchanges, mixed into ``AuctionActor``."""
 
     _boxes: dict[str, Box]
+    _in_flight: set[tuple[str, str]]
+
+    @contextlib.contextmanager
+    def _one_at_a_time(self, call: str, replica: str) -> Iterator[None]:
+        key = (call, replica)
+        if key in self._in_flight:
+            raise LedgerBusyError(f"{replica}: its previous {call} still waits for the ledger")
+        self._in_flight.add(key)
+        try:
+            yield
+        finally:
+            self._in_flight.discard(key)
 
     # -- leases --------------------------------------------------------------------------------
 
@@ -147,12 +166,13 @@ class ReplicaExchange(AuctionCore):
         """Grant or renew ``replica``'s lease (``LeaseBook.grant``: an even share of the release
         slots while requests pass first come first served and none waits here, else none) with
         the users' available budgets (budget − spent − held). The replica's holds live as long."""
-        now = asyncio.get_running_loop().time()
-        fcfs = self._queue.fcfs and self._queue.depth == 0 and not self._closed
-        lease_id, slots = self._leases.grant(replica, now, fcfs)
-        self._lend()
-        budgets = await self._ledger_call(self._lease_books, replica, self._hold_expiry())
-        self._pump()
+        with self._one_at_a_time("lease", replica):
+            now = asyncio.get_running_loop().time()
+            fcfs = self._queue.fcfs and self._queue.depth == 0 and not self._closed
+            lease_id, slots = self._leases.grant(replica, now, fcfs)
+            self._lend()
+            budgets = await self._ledger_call(self._lease_books, replica, self._hold_expiry())
+            self._pump()
         return Lease(
             lease_id, replica, slots, self._queue.regime, fcfs, budgets, self._leases.ttl_s
         )
@@ -196,6 +216,10 @@ class ReplicaExchange(AuctionCore):
         tokens and settlements applied, its bids queued, then what happened to its requests."""
         if not isinstance(message, ExchangeIn):
             raise TypeError(f"an exchange takes an ExchangeIn, not {type(message).__name__}")
+        with self._one_at_a_time("exchange", message.replica):
+            return await self._exchange(message)
+
+    async def _exchange(self, message: ExchangeIn) -> ExchangeOut:
         loop = asyncio.get_running_loop()
         replica = message.replica
         box = self._box(replica, loop.time())

@@ -236,3 +236,43 @@ def test_the_link_hands_a_restarted_auction_its_waiting_requests_again(tmp_path:
         await handle.actor.shutdown()
 
     asyncio.run(body())
+
+
+def test_a_stalled_ledger_takes_one_call_per_replica_and_kind_not_one_per_period(
+    tmp_path: Path,
+) -> None:
+    """[21] 2: while a replica's exchange (or lease) waits for a ledger that stopped answering,
+    its next one is refused untouched (LedgerBusyError: the link sends its contents again), so
+    the ledger does not meet a queue of one transaction per period when it resumes. Found on a
+    PostgreSQL frozen 30 s under a running service: the pile-up held requests for over a minute
+    after it came back (tests/integration/test_service_ledger_stall.py)."""
+    from cluster.ray.auction_exchange import LedgerBusyError
+
+    async def body() -> None:
+        actor = _actor(tmp_path)
+        gate = asyncio.Event()
+        real = actor._ledger_call
+
+        async def stalled(fn: Any, *args: Any) -> Any:
+            await gate.wait()  # the ledger's thread is stuck until the server comes back
+            return await real(fn, *args)
+
+        actor._ledger_call = stalled  # type: ignore[method-assign]
+        first = asyncio.ensure_future(actor.exchange(ExchangeIn("r1", (_bid("a"),))))
+        lease = asyncio.ensure_future(actor.lease("r1"))
+        await asyncio.sleep(0.01)
+        for call in (actor.exchange(ExchangeIn("r1", (_bid("a"), _bid("b")))), actor.lease("r1")):
+            with pytest.raises(LedgerBusyError, match="r1: its previous"):
+                await call
+        other = asyncio.ensure_future(actor.exchange(ExchangeIn("r2", (_bid("c", replica="r2"),))))
+        await asyncio.sleep(0.01)
+        assert not other.done()  # another replica's call waits its turn, it is not refused
+        gate.set()
+        out, _, _ = await asyncio.gather(first, lease, other)
+        assert "b" not in {r.request_id for r in out.refused}  # the refused call touched nothing
+        assert actor._in_flight == set()
+        again = await actor.exchange(ExchangeIn("r1", (_bid("b"),)))  # the resend goes through
+        assert not again.refused
+        await actor.shutdown()
+
+    asyncio.run(body())

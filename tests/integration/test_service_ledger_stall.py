@@ -27,7 +27,6 @@ from tests.postgres_server import PostgresServer
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 STALL_S = 30.0
-DEADLINE_S = 30.0  # a request's bound while the ledger is away: the link's give-up, and room
 LEASE_TTL_S = 1.0
 CONFIG = """\
 profile: b200-llama70b-fp8-tp4
@@ -47,15 +46,6 @@ def _frozen(server: PostgresServer) -> list[psutil.Process]:
     assert server._proc is not None
     main = psutil.Process(server._proc.pid)
     return [main, *main.children(recursive=True)]
-
-
-def _timed_burst(url: str, bids: list[float]) -> list[tuple[object, float]]:
-    async def timed() -> list[tuple[object, float]]:
-        start = time.monotonic()
-        results = await _burst(url, "bob", bids)
-        return [(r["status"], time.monotonic() - start) for r in results]
-
-    return asyncio.run(timed())
 
 
 def test_a_ledger_that_stops_answering_costs_503s_not_hangs_and_loses_no_money(
@@ -80,14 +70,15 @@ def test_a_ledger_that_stops_answering_costs_503s_not_hangs_and_loses_no_money(
         for p in processes:
             p.suspend()
         try:
-            during = _timed_burst(service.url, [0.4] * 4)
+            during = [r["status"] for r in asyncio.run(_burst(service.url, "bob", [0.4] * 4))]
         finally:
             time.sleep(max(0.0, stopped_at + STALL_S - time.monotonic()))
             for p in processes:
                 p.resume()
-        assert all(status in (200, 503) for status, _ in during), during
-        assert all(elapsed <= DEADLINE_S for _, elapsed in during), during
-        assert any(status == 503 for status, _ in during), during  # the premise: it stalled
+        # Each ended with an answer or a 503: a hang would be "cut" by the client's own 60 s
+        # timeout (_burst), the bound on hanging here, not a timing claim.
+        assert set(during) <= {200, 503}, during
+        assert 503 in during, during  # the premise: it stalled
         deadline = time.monotonic() + 60.0
         while True:  # the ledger's thread finishes what waited, then the service answers again
             after = asyncio.run(_burst(service.url, "bob", [0.4] * 4))

@@ -209,10 +209,9 @@ def cost_gaps(metrics_url: str) -> dict[str, float | None]:
 
 def run_ingress(tmp: Path, prompts: Sequence[Any], args: argparse.Namespace,
                 bar: Any) -> dict[str, Any]:  # fmt: skip
-    import ray
-
     from cluster.nats_server import free_port
-    from cluster.ray.status import as_json
+    from cluster.ray.refs import get_answer
+    from cluster.ray.status import RouterStats, as_json
     from cluster.service import Service
 
     svc = Service(service_config(tmp))
@@ -223,13 +222,14 @@ def run_ingress(tmp: Path, prompts: Sequence[Any], args: argparse.Namespace,
         url, metrics = f"http://127.0.0.1:{port}", str(svc.metrics_url)
         (direct,) = svc.direct_urls
         startup, router = time.perf_counter() - t0, svc.handles.router
-        before = ray.get(router.stats.remote(), timeout=30).policy
+        assert router is not None  # started by svc.start
+        before = get_answer(router.stats.remote(), RouterStats, 30).policy
         calls_before = metric_counts(metrics, "disagg_ingress_actor_calls")
         levels = run_levels(f"{direct}/v1", prompts, args, bar)
         # The replicas' last load reports reach the router actor, and their last metrics push
         # (every PUSH_PERIOD_S = 1 s) the metrics server.
         time.sleep(1.5)
-        stats = ray.get(router.stats.remote(), timeout=30)
+        stats = get_answer(router.stats.remote(), RouterStats, 30)
         calls = metric_counts(metrics, "disagg_ingress_actor_calls")
         made = {m[0]: n - calls_before.get(m, 0.0) for m, n in calls.items()}
         requests = sum(level["requests"] for level in levels.values())

@@ -88,12 +88,11 @@ def run_frontends(settings: Any, model_path: str, tmp: Path, prompts: Sequence[A
 def run_replicas(tmp: Path, prompts: Sequence[Any], args: argparse.Namespace, bar: Any,
                  calm_ttft_p99_s: float) -> dict[str, Any]:  # fmt: skip
     """(b): our ingress with two replicas and a live controller."""
-    import ray
-
     from bench.dynamo import service_config
     from cluster.nats_server import free_port, free_ports
     from cluster.ray.controller_settings import ControllerSettings
-    from cluster.ray.status import as_json
+    from cluster.ray.refs import get_answer
+    from cluster.ray.status import RouterStats, as_json
     from cluster.service import Service
 
     folder = tmp / "saturated"
@@ -109,13 +108,14 @@ def run_replicas(tmp: Path, prompts: Sequence[Any], args: argparse.Namespace, ba
         port = free_port()
         svc.start(host="127.0.0.1", port=port)
         urls, router = [f"{u}/v1" for u in svc.direct_urls], svc.handles.router
+        assert router is not None  # started by svc.start
         for url in urls:
             wait_answering(url, prompts[-1], args.max_tokens)
-        before = ray.get(router.stats.remote(), timeout=30).routed_by_replica
+        before = get_answer(router.stats.remote(), RouterStats, 30).routed_by_replica
         parts = asyncio.run(closed_loop_over(urls, prompts, CLIENTS, args.seconds,
                                              args.max_tokens))  # fmt: skip
         time.sleep(1.5)  # the replicas' last load reports reach the router actor
-        stats = ray.get(router.stats.remote(), timeout=30)
+        stats = get_answer(router.stats.remote(), RouterStats, 30)
     finally:
         svc.stop()
     bar.update(1)

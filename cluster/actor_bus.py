@@ -20,8 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine, Mapping
 
 from cluster.bus import BusError, EventBus, KvHandler
 from cluster.events import Event, subject
@@ -40,7 +39,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-LocalSink = Callable[[str, Any], None]  # (subject, event or list of KV payloads)
+KvPayloads = list[Mapping[str, object]]  # flattened, as ``router.to_payload`` gives them
+LocalSink = Callable[[str, Event | KvPayloads], None]  # (subject, what was published)
+# (subject, what, publisher): an event, or one KV envelope's payloads
+_Item = tuple[str, Event | KvPayloads, int]
 
 
 MAX_PENDING = 4096  # queued messages; a KV message holds one engine iteration's events
@@ -77,8 +79,8 @@ class ActorBus:
         if nats_url is not None:
             self.bus = EventBus(nats_url, namespace, role=role, name=name)
         self.local: list[LocalSink] = []
-        self._queue: asyncio.Queue[tuple[str, str, Any, int]] = asyncio.Queue(max_pending)
-        self._held: list[tuple[str, str, Any, int]] = []  # this period's batched events
+        self._queue: asyncio.Queue[_Item] = asyncio.Queue(max_pending)
+        self._held: list[tuple[str, Event]] = []  # this period's batched events, by subject
         self._kv_subscriptions: list[tuple[str, KvHandler]] = []
         self._connected = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -107,13 +109,13 @@ class ActorBus:
 
     def publish(self, event: Event) -> bool:
         """Queue ``event`` for ``disagg.<ns>.<kind>``; False if dropped. Never blocks."""
-        return self._offer(("event", subject(self.namespace, event.kind), event, 0))
+        return self._offer((subject(self.namespace, event.kind), event, 0))
 
-    def publish_kv(self, kv_subject: str, payloads: list[dict[str, Any]], publisher: int) -> bool:
+    def publish_kv(self, kv_subject: str, payloads: KvPayloads, publisher: int) -> bool:
         """Queue one Dynamo KV envelope of ``payloads``; False if dropped. Never blocks."""
-        return self._offer(("kv", kv_subject, payloads, publisher))
+        return self._offer((kv_subject, payloads, publisher))
 
-    def _offer(self, item: tuple[str, str, Any, int]) -> bool:
+    def _offer(self, item: _Item) -> bool:
         try:
             self._queue.put_nowait(item)
         except asyncio.QueueFull:
@@ -166,10 +168,11 @@ class ActorBus:
             except TimeoutError:
                 await self._send_held()
                 continue
-            if got[0] == "event" and got[2].kind in BATCHED and self.batch_period_s > 0:
+            where, what, _ = got
+            if not isinstance(what, list) and what.kind in BATCHED and self.batch_period_s > 0:
                 if not self._held:
                     deadline = loop.time() + self.batch_period_s
-                self._held.append(got)
+                self._held.append((where, what))
                 if len(self._held) >= MAX_BATCH_EVENTS:
                     await self._send_held()
                 continue
@@ -180,18 +183,18 @@ class ActorBus:
         route before its first token before its completion)."""
         held, self._held = self._held, []
         for kind in BATCH_ORDER:
-            items = [item for item in held if item[2].kind == kind]
+            items: list[_Item] = [(at, e, 0) for at, e in held if e.kind == kind]
             if items:
                 await self._send_items(items, batch=True)
 
-    async def _send_items(self, items: list[tuple[str, str, Any, int]], *, batch: bool) -> None:
-        where = items[0][1]
+    async def _send_items(self, items: list[_Item], *, batch: bool) -> None:
+        where = items[0][0]
         try:
             if batch and self.bus is not None:
-                await self.bus.publish_batch([item[2] for item in items])
+                await self.bus.publish_batch([e for _, e, _ in items if not isinstance(e, list)])
             else:
-                for kind, at, payload, publisher in items:
-                    await self._deliver(kind, at, payload, publisher)
+                for at, what, publisher in items:
+                    await self._deliver(at, what, publisher)
             self.sent += len(items)
         except Exception:  # a bad item or a broken callback must not stop the next one
             self.dropped += len(items)
@@ -201,11 +204,11 @@ class ActorBus:
             for _ in items:
                 self._queue.task_done()
 
-    async def _deliver(self, kind: str, where: str, item: Any, publisher: int) -> None:
+    async def _deliver(self, where: str, item: Event | KvPayloads, publisher: int) -> None:
         if self.bus is None:
             for sink in self.local:
                 sink(where, item)
-        elif kind == "kv":
+        elif isinstance(item, list):  # a KV envelope's payloads
             await self.bus.publish_kv(where, item, publisher)
         else:
             await self.bus.publish(item)
@@ -263,7 +266,7 @@ async def wait_subscribed(actor_bus: ActorBus, subscribed: Callable[[], bool]) -
 
 
 def start_loops(
-    actor_bus: ActorBus, **loops: Coroutine[Any, Any, None]
+    actor_bus: ActorBus, **loops: Coroutine[object, object, None]
 ) -> list[asyncio.Task[None]]:
     """Start the bus and one named task per background loop, on the running event loop.
 

@@ -30,7 +30,7 @@ import argparse
 import contextlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cluster.config import ServeConfig
 from cluster.models import ConfigError, validate_model
@@ -49,7 +49,7 @@ NATS_REQUIRED = (
 )
 
 
-def parse_args(args: Mapping[str, Any] | None) -> tuple[ServeConfig, str | None]:
+def parse_args(args: Mapping[str, object] | None) -> tuple[ServeConfig, str | None]:
     """The service configuration and the users file named by ``args``; checks the file
     exists on this node. Raises :class:`ConfigError` (a ValueError) naming the bad field."""
     if args is None:
@@ -74,7 +74,7 @@ def parse_args(args: Mapping[str, Any] | None) -> tuple[ServeConfig, str | None]
     return config, users_file
 
 
-def build(args: dict[str, Any]) -> Application:
+def build(args: dict[str, object]) -> Application:
     """Serve's application builder: start (or reuse) the detached actors, return the ingress."""
     config, users_file = parse_args(args)  # before Ray: a bad config starts nothing
     import ray

@@ -33,8 +33,8 @@ import contextlib
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import TypeVar
 
 import nats
 import nats.errors
@@ -57,8 +57,10 @@ from cluster.wire import (
 )
 from telemetry.metrics import EVENTS_DROPPED
 
+T = TypeVar("T")
+
 EventHandler = Callable[[Event], None]
-KvHandler = Callable[[Any], None]
+KvHandler = Callable[[object], None]
 
 logger = logging.getLogger(__name__)
 
@@ -324,7 +326,9 @@ class EventBus:
         prefix = subject(self.namespace, KINDS[0]).rsplit(".", 1)[0]
         await self._client().subscribe(f"{prefix}.*", cb=self._handler(wanted, on_event))
 
-    def _handler(self, kinds: frozenset[str], on_event: EventHandler) -> Callable[[Msg], Any]:
+    def _handler(
+        self, kinds: frozenset[str], on_event: EventHandler
+    ) -> Callable[[Msg], Awaitable[None]]:
         async def handle(msg: Msg) -> None:
             kind = msg.subject.rsplit(".", 1)[-1]
             if kind not in kinds:
@@ -363,7 +367,7 @@ class EventBus:
         self.received[kind] += len(events)
         return events
 
-    def _deliver(self, callback: Callable[[Any], None], item: Any) -> None:
+    def _deliver(self, callback: Callable[[T], None], item: T) -> None:
         try:
             callback(item)
         except Exception:
@@ -383,7 +387,7 @@ class EventBus:
     # -- Dynamo KV events --------------------------------------------------------------------
 
     async def publish_kv(
-        self, kv_subject: str, payloads: Sequence[dict[str, Any]], publisher_id: int
+        self, kv_subject: str, payloads: Sequence[Mapping[str, object]], publisher_id: int
     ) -> None:
         """Publish flattened KV payloads (``router.to_payload``) in Dynamo's envelope."""
         nc = self._client()

@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from cluster.models import StrictModel
+from controller.controller import RegimeChange
 from games.join import CompletionRecord, RouteRecord
 from games.poa import CandidateLoad
-from router import Policy
+from router import Decision, Policy
 
 VERSION = 1
 KINDS = (
@@ -87,7 +88,7 @@ class Candidate(StrictModel):
     probability: Probability
 
 
-def _candidates(decision: Any) -> tuple[Candidate, ...]:
+def _candidates(decision: Decision) -> tuple[Candidate, ...]:
     """A ``router.Decision``'s breakdown; numpy scalars become plain ints and floats here."""
     return tuple(
         Candidate(
@@ -155,7 +156,12 @@ class RouteEvent(EventModel):
 
     @classmethod
     def from_decision(
-        cls, decision: Any, t: float, user: str, regime: str, prefill: Any = None
+        cls,
+        decision: Decision,
+        t: float,
+        user: str,
+        regime: str,
+        prefill: Decision | None = None,
     ) -> RouteEvent:
         """From the decode router's ``router.Decision`` and, when a prefill worker was chosen,
         the prefill router's."""
@@ -231,7 +237,7 @@ class RegimeEvent(EventModel):
     policy_version: Count = 0
 
     @classmethod
-    def from_change(cls, change: Any) -> RegimeEvent:
+    def from_change(cls, change: RegimeChange) -> RegimeEvent:
         """From a ``controller.RegimeChange``."""
         return cls(
             t=float(change.t),

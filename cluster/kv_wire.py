@@ -13,8 +13,7 @@ cannot read (including nesting past its fixed stack) or an envelope without a pa
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import msgpack
 
@@ -26,7 +25,10 @@ def kv_subject(namespace: str, component: str = "backend", endpoint: str = "gene
 
 
 def encode_kv_events(
-    events: Sequence[dict[str, Any]], publisher_id: int, sequence: int, topic: str = "kv-events"
+    events: Sequence[Mapping[str, object]],
+    publisher_id: int,
+    sequence: int,
+    topic: str = "kv-events",
 ) -> bytes:
     """One envelope carrying ``events`` (flattened payloads as ``router.to_payload`` gives)."""
     router_events = [
@@ -46,7 +48,9 @@ def encode_kv_events(
     return msgpack.packb(envelope)  # type: ignore[no-any-return]
 
 
-def decode_kv_events(data: bytes) -> tuple[list[Any], dict[str, Any] | None, str | None]:
+def decode_kv_events(
+    data: bytes,
+) -> tuple[list[object], dict[str, object] | None, str | None]:
     """(router event payloads, envelope, reason the envelope was unusable or None)."""
     if len(data) > MAX_KV_MESSAGE_BYTES:
         return [], None, "too_large"

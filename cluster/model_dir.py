@@ -146,7 +146,7 @@ def _make_tokenizer(words: Sequence[str]) -> Tokenizer:
     return tok
 
 
-def _dump(obj: Any) -> bytes:
+def _dump(obj: object) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
 
 
@@ -327,6 +327,7 @@ class ChatTokenizer:
     Special token strings inside message contents are not escaped, exactly as in HF and Dynamo:
     the point is that the ingress and the engines compute the same ids."""
 
+    # Any: a model's tokenizer_config.json, whose values each key's reader checks.
     def __init__(self, tokenizer: Tokenizer, config: Mapping[str, Any]) -> None:
         self._tok = tokenizer
         self.chat_template: str = config["chat_template"]
@@ -340,7 +341,7 @@ class ChatTokenizer:
         if eos is None:
             raise ValueError(f"eos_token {self.eos_token!r} is not in the vocabulary")
         self.eos_id: int = eos
-        self._template: Any = None
+        self._template: Any = None  # a jinja2 Template (jinja2 is imported lazily)
         try:
             from jinja2.sandbox import ImmutableSandboxedEnvironment
         except ImportError:  # the built-in renderer knows only our own template

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -65,7 +65,7 @@ def describe_error(exc: ValidationError, source: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def validate_model(model: type[M], data: Any, source: str | None = None) -> M:
+def validate_model(model: type[M], data: object, source: str | None = None) -> M:
     """``model.model_validate(data)``, raising :class:`ConfigError` that names source and fields."""
     try:
         return model.model_validate(data)

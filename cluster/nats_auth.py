@@ -192,7 +192,7 @@ def tls_context() -> ssl.SSLContext | None:
 def connect_options(role: str | None) -> dict[str, Any]:
     """nats-py ``connect`` keywords for ``role``: its user and password, and TLS when the
     directory holds a CA; empty without a credentials directory."""
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {}  # Any: nats-py's keywords, each of its own type
     credentials = credentials_for(role)
     if credentials is not None:
         options.update(user=credentials.user, password=credentials.password)

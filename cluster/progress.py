@@ -31,7 +31,7 @@ def progress_bar(
     *,
     progress: bool | None = None,
     quiet: bool = False,
-    **kwargs: Any,
+    **kwargs: Any,  # tqdm's own keywords (tqdm leaves them untyped)
 ) -> tqdm[T]:
     """A ``tqdm`` on stderr, disabled unless :func:`progress_wanted` says otherwise."""
     return tqdm(iterable, file=sys.stderr, disable=not progress_wanted(progress, quiet), **kwargs)

@@ -19,13 +19,15 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import ray
 from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from cluster.actor_ref import ActorRef, answer_of
 from cluster.backends.protocol import Engines, engines_for
 from cluster.config import ServeConfig
 from cluster.hub_cache import hub_cache_entry
@@ -35,9 +37,10 @@ from cluster.nats_auth import exported_env
 from cluster.nats_server import NatsServer
 from cluster.ray.auction_actor import AuctionActor
 from cluster.ray.controller_actor import ControllerActor
-from cluster.ray.metrics_server import MetricsServerActor
+from cluster.ray.metrics_server import Listening, MetricsServerActor
 from cluster.ray.named_actor import NamedActor
 from cluster.ray.poa_actor import PoaActor
+from cluster.ray.refs import get_answers, kill_actor
 from cluster.ray.runtime import CONTROL_RESOURCE_UNIT, LocalRay, init_ray
 from cluster.ray.service_handles import (
     ServiceHandles,
@@ -49,6 +52,7 @@ from cluster.ray.worker_factory import (
     RAY_NAMESPACE,
     control_actor_name,
     new_placement,
+    start_actor,
     start_worker,
     worker_name,
 )
@@ -193,7 +197,7 @@ class Service:
         self._start_metrics_server()
         return self.handles
 
-    def _existing(self, name: str) -> Any:
+    def _existing(self, name: str) -> ActorRef | None:
         """The detached actor ``name`` if it already runs (reused by a redeploy), else None."""
         if self._lifetime != "detached":
             return None
@@ -202,7 +206,7 @@ class Service:
         except ValueError:  # no such actor
             return None
 
-    def _lifetime_option(self) -> dict[str, Any]:
+    def _lifetime_option(self) -> dict[str, object]:
         return {} if self._lifetime is None else {"lifetime": self._lifetime}
 
     def worker_spec(self, model_dir: str | None) -> WorkerSpec:
@@ -226,7 +230,7 @@ class Service:
         self._await_ready([*self.handles.prefill.values(), *self.handles.decode.values()])
         self.engines.started_workers(self.handles)
 
-    def _worker(self, role: str, worker_id: int) -> Any:
+    def _worker(self, role: str, worker_id: int) -> ActorRef:
         """The worker actor: the running detached one, or a new one on its own placement group
         (created only when the actor is)."""
         name = worker_name(self.config.namespace, role, worker_id)
@@ -245,7 +249,7 @@ class Service:
         workers = self.topology.prefill + self.topology.decode
         return fixed or self.config.prefill_slots_per_worker() * workers
 
-    def _control_options(self, role: str) -> dict[str, Any]:
+    def _control_options(self, role: str) -> dict[str, object]:
         # Every queued admit holds one of the auction's concurrency slots while it waits.
         auction = self.config.auction
         concurrency = auction.max_queue + self._max_in_prefill() + 1024
@@ -332,18 +336,21 @@ class Service:
         head = NodeAffinitySchedulingStrategy(node_id=head_node_id(), soft=False)
         options = {**self._control_options("metrics"), "scheduling_strategy": head}
         existing = self._existing(control_actor_name(cfg.namespace, "metrics"))
-        h.metrics = existing or ray.remote(MetricsServerActor).options(**options).remote(
+        metrics = existing or start_actor(
+            MetricsServerActor, options,
             host=cfg.metrics_host, port=cfg.metrics_port, namespace=cfg.namespace,
             # Names, not handles, as the controller is given them (cluster/ray/named_actor.py).
             actors={role: NamedActor(control_actor_name(cfg.namespace, role))
                     for role in ("router", "auction", "poa", "controller")},
             prefill={}, decode={}, worker_ids=[*h.prefill, *h.decode],
         )  # fmt: skip
-        where = ray.get(h.metrics.ready.remote(), timeout=READY_TIMEOUT_S)
+        h.metrics = metrics
+        (answer,) = get_answers([metrics.ready.remote()], READY_TIMEOUT_S)
+        where = answer_of(Listening, answer, "the metrics server's ready()")
         host = where.host if where.host not in ("0.0.0.0", "::") else "127.0.0.1"
         self.metrics_url = f"http://{host}:{where.port}/metrics"
 
-    def _router_arguments(self) -> dict[str, Any]:
+    def _router_arguments(self) -> dict[str, object]:
         """What every router actor is given (the engines add theirs, or take some away)."""
         h = self.handles
         return dict(
@@ -356,15 +363,15 @@ class Service:
             namespace=self.config.namespace,
         )
 
-    def _control(self, role: str, cls: type, kwargs: dict[str, Any]) -> Any:
+    def _control(self, role: str, cls: type, kwargs: Mapping[str, object]) -> ActorRef:
         """The control-plane actor ``role``: the running detached one, or a new one."""
         existing = self._existing(control_actor_name(self.config.namespace, role))
         if existing is not None:
             return existing
-        return ray.remote(cls).options(**self._control_options(role)).remote(**kwargs)
+        return start_actor(cls, self._control_options(role), **kwargs)
 
-    def _await_ready(self, actors: list[Any]) -> None:
-        ray.get([a.ready.remote() for a in actors], timeout=READY_TIMEOUT_S)
+    def _await_ready(self, actors: Sequence[ActorRef | None]) -> None:
+        get_answers([a.ready.remote() for a in actors if a is not None], READY_TIMEOUT_S)
 
     def _deploy_ingress(self, host: str, port: int, model_dir: str | None) -> None:
         cfg = self.config
@@ -380,7 +387,7 @@ class Service:
 
         cfg = self.config
         return ingress_app(
-            self.engines.path_factory(self.handle_map(), self.nats_url),
+            self.engines.path_factory(self.handles.for_ingress(), self.nats_url),
             model_name=cfg.model_name,
             model_dir=model_dir,
             context_tokens=self.profile.context_tokens,
@@ -395,14 +402,6 @@ class Service:
             ),
         )
 
-    def handle_map(self) -> dict[str, Any]:
-        """The running actors by role, as a request path is given them."""
-        h = self.handles
-        return {
-            "router": h.router, "auction": h.auction, "poa": h.poa,
-            "controller": h.controller, "prefill": h.prefill, "decode": h.decode,
-        }  # fmt: skip
-
     # -- stop --------------------------------------------------------------------------------
 
     def stop(self) -> None:
@@ -414,9 +413,9 @@ class Service:
                 serve.shutdown()  # type: ignore[no-untyped-call]  # Ray Serve leaves it untyped
             for actor in self.handles.actors():
                 with contextlib.suppress(Exception):
-                    ray.get(actor.shutdown.remote(), timeout=5)
+                    get_answers([actor.shutdown.remote()], 5)
                 with contextlib.suppress(Exception):
-                    ray.kill(actor, no_restart=True)
+                    kill_actor(actor)
             for pg in self.handles.placement_groups:
                 with contextlib.suppress(Exception):
                     remove_placement_group(pg)

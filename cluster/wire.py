@@ -89,6 +89,7 @@ def _message_model(model: type[EventModel]) -> type[StrictModel]:
     # The wire shape of a subject: the event (or a batch of them) plus who sent it and its
     # number. ``v`` is required on the wire even though Python callers may leave it to its
     # default.
+    # Any: pydantic's create_model field definitions, (type, default) pairs of any type.
     envelope: dict[str, Any] = {"v": (Version, ...), "publisher": (Id, ...), "seq": (Count, ...)}
     if model.kind in BATCHED:
         events = Annotated[
@@ -149,7 +150,7 @@ def decode_all(
     if size > MAX_MESSAGE_BYTES:
         raise MalformedEventError("too_large", f"{size} bytes > {MAX_MESSAGE_BYTES}")
     try:
-        parsed: Any = message.model_validate_json(bytes(data))
+        parsed: Any = message.model_validate_json(bytes(data))  # the subject's own model
     except ValidationError as exc:
         raise MalformedEventError(_reason(exc), _detail(kind, exc)) from None
     except (RecursionError, ValueError, UnicodeError, MemoryError) as exc:

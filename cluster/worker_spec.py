@@ -10,10 +10,11 @@ worker side (:class:`WorkerPlug`) through :func:`worker_plug`, importing nothing
 from __future__ import annotations
 
 import importlib
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from pydantic import Field
 
+from cluster.actor_ref import ActorRef
 from cluster.models import StrictModel
 
 __all__ = ["EngineSpec", "WorkerPlug", "WorkerSpec", "worker_plug"]
@@ -27,8 +28,8 @@ class EngineSpec(StrictModel):
 
     backend: str = Field("sim", pattern=r"^[a-z][a-z0-9_-]{0,31}$")
     module: str = Field("cluster.backends.sim", pattern=MODULE_PATTERN)
-    # Any: the backend's own model validates it where its workers start (its plug).
-    settings: dict[str, Any] = Field(default_factory=dict, max_length=64)
+    # The backend's own model validates it where its workers start (its plug).
+    settings: dict[str, object] = Field(default_factory=dict, max_length=64)
 
 
 class WorkerSpec(StrictModel):
@@ -55,7 +56,7 @@ class WorkerSpec(StrictModel):
 class WorkerPlug(Protocol):
     """A backend's worker side: what the launcher (deploy time and re-split alike) needs.
 
-    Handles are Ray actor handles, which Ray leaves untyped (``Any``)."""
+    Handles are Ray actor handles (``cluster.actor_ref.ActorRef``)."""
 
     def worker_class(self, role: str) -> type:
         """The actor class of a ``role`` worker (not yet ``ray.remote``)."""
@@ -67,7 +68,7 @@ class WorkerPlug(Protocol):
         """The actor's constructor arguments."""
         ...
 
-    async def after_start(self, spec: WorkerSpec, handle: Any) -> None:
+    async def after_start(self, spec: WorkerSpec, handle: ActorRef) -> None:
         """What runs once a worker started at run time (a re-split's new one) answered
         ``ready()``; at deploy time the backend's engines take these steps for every worker."""
         ...

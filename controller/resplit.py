@@ -60,9 +60,9 @@ the moving worker, restarts it in its new role and reports progress. This module
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Final, Literal, Protocol
 
 from controller.detector import Regime
 
@@ -179,9 +179,23 @@ def resplit_payoff(
     return Payoff(after - served, max(0.0, served - moving), lasted_s, switch_s)
 
 
-def _count(name: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+# One table of bounds, for this dataclass and the config's edge model
+# (``cluster.ray.controller_pools.ResplitSection``), as the auction's ``SETTING_BOUNDS``.
+RESPLIT_BOUNDS: Final[Mapping[str, tuple[float, float]]] = {
+    "dominance": (1.0, 1e6),
+    "dwell_ticks": (1, 100_000),
+    "release_fraction": (0.0, 1.0),
+    "release_ticks": (1, 100_000),
+    "cooldown_s": (0.0, 86_400.0),  # a day: longer is "never", which enabled: false says
+    "min_prefill": (0, 4096),
+    "min_decode": (1, 4096),
+}
+_COUNTS = frozenset({"dwell_ticks", "release_ticks", "min_prefill", "min_decode"})
+
+
+def _count(name: str, value: object, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -204,12 +218,11 @@ class ResplitSettings:
     min_decode: int = 1
 
     def __post_init__(self) -> None:
-        for name, value, low, high in (
-            ("dominance", self.dominance, 1.0, math.inf),
-            ("release_fraction", self.release_fraction, 0.0, 1.0),
-            ("cooldown_s", self.cooldown_s, 0.0, math.inf),
-        ):
-            if (
+        for name, (low, high) in RESPLIT_BOUNDS.items():
+            value: object = getattr(self, name)
+            if name in _COUNTS:
+                _count(name, value, int(low), int(high))
+            elif (
                 isinstance(value, bool)
                 or not isinstance(value, int | float)
                 or not math.isfinite(value)
@@ -218,10 +231,6 @@ class ResplitSettings:
                 raise ValueError(
                     f"{name} must be a finite number in [{low:g}, {high:g}], got {value!r}"
                 )
-        _count("dwell_ticks", self.dwell_ticks, 1)
-        _count("release_ticks", self.release_ticks, 1)
-        _count("min_prefill", self.min_prefill, 0)
-        _count("min_decode", self.min_decode, 1)
 
 
 class Resplitter:

@@ -31,6 +31,7 @@ import numpy as np
 
 from cluster.config import ServeConfig
 from cluster.nats_server import free_port
+from cluster.ray.refs import get_answers
 from cluster.ray.status import AuctionStats, ControllerSnapshot, as_json
 from cluster.serve.users import Users
 from cluster.service import Service
@@ -179,10 +180,9 @@ def phase_table(
 
 def _auction_stats(service: Service) -> dict[str, Any]:
     """The auction actor's totals: money captured (ledger) and welfare per user."""
-    import ray
-
+    auction = service.handles.auction
     try:
-        stats = ray.get(service.handles.auction.stats.remote(), timeout=10)
+        stats = get_answers([auction.stats.remote()], 10)[0] if auction is not None else None
     except Exception:  # a report without the auction's totals beats no report
         return {}
     return as_json(stats) if isinstance(stats, AuctionStats) else {}
@@ -222,10 +222,11 @@ def user_table(
 
 
 def _controller_snapshot(service: Service) -> dict[str, Any]:
-    import ray
-
+    controller = service.handles.controller
     try:
-        snap = ray.get(service.handles.controller.snapshot.remote(), timeout=10)
+        snap = (
+            get_answers([controller.snapshot.remote()], 10)[0] if controller is not None else None
+        )
     except Exception:  # a report without the re-splits beats no report
         return {}
     return as_json(snap) if isinstance(snap, ControllerSnapshot) else {}

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
+from cluster.actor_ref import ActorHandles
 from cluster.backends.registry import BACKENDS
 from cluster.worker_spec import WorkerPlug, WorkerSpec
 
@@ -39,9 +40,9 @@ class Engines(Protocol):
         """Called once the router, auction, PoA and controller actors are ready."""
         ...
 
-    def path_factory(self, handles: Mapping[str, object], nats_url: str | None) -> PathFactory:
+    def path_factory(self, handles: ActorHandles, nats_url: str | None) -> PathFactory:
         """What each ingress replica calls to build its request path (picklable), given the
-        service's actors (``Service.handle_map()``) and its bus."""
+        service's actors (``ServiceHandles.for_ingress()``) and its bus."""
         ...
 
     def stop(self) -> None:

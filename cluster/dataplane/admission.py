@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from cluster.dataplane.settings import LEASE_TTL_S
 
 __all__ = [
+    "ANONYMOUS",
     "ANONYMOUS_USERS",
     "LEASE_TTL_S",
     "AdmissionGate",
@@ -37,7 +38,8 @@ __all__ = [
     "LocalAdmission",
 ]
 
-ANONYMOUS_USERS = frozenset({"", "anonymous"})
+ANONYMOUS = "anonymous"  # the ledger name of unauthenticated requests; no file entry may take it
+ANONYMOUS_USERS = frozenset({"", ANONYMOUS})
 
 
 @dataclass(frozen=True, slots=True)

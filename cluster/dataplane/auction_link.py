@@ -29,9 +29,9 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from auction.admission import Release
+from cluster.actor_ref import ActorRef
 from cluster.dataplane.calls import FailureCount, ask, detached_task
 from cluster.dataplane.exchange import (
     MAX_ITEMS,
@@ -41,6 +41,7 @@ from cluster.dataplane.exchange import (
     Refusal,
     Settlement,
 )
+from cluster.dataplane.refs import AuctionCalls
 from cluster.dataplane.settings import EXCHANGE_PERIOD_S
 
 __all__ = ["AuctionLink"]
@@ -59,7 +60,7 @@ class AuctionLink:
 
     def __init__(
         self,
-        auction: Any,
+        auction: ActorRef,
         replica: str,
         *,
         period_s: float = EXCHANGE_PERIOD_S,
@@ -68,7 +69,7 @@ class AuctionLink:
         lease_id: Callable[[], str | None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.auction, self.replica = auction, replica
+        self.auction, self.replica = AuctionCalls(auction), replica
         self.period_s, self.give_up_s = period_s, give_up_s
         self.calls = calls if calls is not None else collections.Counter()
         self.overflowed_lease = lease_id  # the gate's lease when its share ran over, else None
@@ -166,13 +167,11 @@ class AuctionLink:
             tuple(withdrawn), self.overflowed_lease() if bids else None,
         )  # fmt: skip
         self.calls["exchange"] += 1
-        ok, reply = await ask(lambda: self.auction.exchange.remote(message), 10 * self.period_s
-                              + 2.0, self._failures)  # fmt: skip
-        if not ok:
+        timeout_s = 10 * self.period_s + 2.0
+        reply = await ask(lambda: self.auction.exchange(message), timeout_s, self._failures)
+        if reply is None:
             self._on_failure(bids, started, withdrawn)
             return False
-        if not isinstance(reply, ExchangeOut):
-            raise TypeError(f"the auction answered {type(reply).__name__}, not an ExchangeOut")
         self._failing_since = None
         self._on_reply(reply)
         return True

@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TypeVar
 
 __all__ = ["FailureCount", "ask", "call_detached", "detached_task"]
 
@@ -38,28 +38,29 @@ class FailureCount:
 
 
 async def ask(
-    call: Callable[[], Any], timeout_s: float, failures: FailureCount
-) -> tuple[bool, Any]:
-    """(True, the answer) of the awaitable ``call()`` returns (a Ray ObjectRef), or (False,
-    None) when making the call or awaiting it raised or took longer than ``timeout_s``
-    (counted in ``failures``)."""
+    call: Callable[[], Awaitable[T]], timeout_s: float, failures: FailureCount
+) -> T | None:
+    """The answer of the awaitable ``call()`` returns (an actor call), or None when making the
+    call or awaiting it raised or took longer than ``timeout_s`` (counted in ``failures``)."""
 
-    async def answer() -> Any:
+    async def answer() -> T:
         return await call()
 
     try:
-        return True, await asyncio.wait_for(answer(), timeout_s)
+        return await asyncio.wait_for(answer(), timeout_s)
     except Exception as exc:
         failures.failed(exc)
-        return False, None
+        return None
 
 
-def detached_task(coro: Coroutine[Any, Any, T], *, name: str | None = None) -> asyncio.Task[T]:
+def detached_task(
+    coro: Coroutine[object, object, T], *, name: str | None = None
+) -> asyncio.Task[T]:
     """A background task of the replica's own, outside the request that started it (module
     docstring): the Ray calls it makes are not cancelled with that request."""
     return asyncio.get_running_loop().create_task(coro, name=name, context=contextvars.Context())
 
 
-def call_detached(fn: Callable[..., T], *args: Any) -> T:
+def call_detached(fn: Callable[..., T], *args: object) -> T:
     """``fn(*args)`` (a Ray ``.remote`` call) outside the current request's context."""
     return contextvars.Context().run(fn, *args)

@@ -9,10 +9,11 @@ expires; the gate then admits nothing locally and every request goes to the acto
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-from cluster.dataplane.admission import AdmissionGate, Lease
+from cluster.actor_ref import ActorRef
+from cluster.dataplane.admission import AdmissionGate
 from cluster.dataplane.calls import FailureCount, ask, detached_task
+from cluster.dataplane.refs import AuctionCalls
 
 __all__ = ["LeaseKeeper"]
 
@@ -22,8 +23,8 @@ CALL_TIMEOUT_S = 2.0
 class LeaseKeeper:
     """Renews ``gate``'s lease from the auction actor ``auction`` for replica ``replica``."""
 
-    def __init__(self, gate: AdmissionGate, auction: Any, replica: str) -> None:
-        self.gate, self.auction, self.replica = gate, auction, replica
+    def __init__(self, gate: AdmissionGate, auction: ActorRef, replica: str) -> None:
+        self.gate, self.auction, self.replica = gate, AuctionCalls(auction), replica
         self.renewals = 0
         self._failures = FailureCount("lease renewal")
         self._task: asyncio.Task[None] | None = None
@@ -33,12 +34,10 @@ class LeaseKeeper:
         return self._failures.n
 
     async def renew(self) -> bool:
-        ok, lease = await ask(lambda: self.auction.lease.remote(self.replica), CALL_TIMEOUT_S,
-                              self._failures)  # fmt: skip
-        if not ok:
+        lease = await ask(lambda: self.auction.lease(self.replica), CALL_TIMEOUT_S,
+                          self._failures)  # fmt: skip
+        if lease is None:
             return False
-        if not isinstance(lease, Lease):
-            raise TypeError(f"the auction answered {type(lease).__name__}, not a Lease")
         self.gate.grant(lease)
         self.renewals += 1
         return True

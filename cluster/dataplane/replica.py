@@ -27,12 +27,13 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
 
 from cluster.actor_bus import ActorBus, cancel_all, subscribe_when_connected
+from cluster.actor_ref import ActorRef
 from cluster.dataplane.calls import FailureCount, ask, detached_task
 from cluster.dataplane.engine_loads import EngineLoads, engine_snapshot
 from cluster.dataplane.peers import PeerLoads, PeerReport, ReportGate
+from cluster.dataplane.refs import RouterCalls
 from cluster.dataplane.routing import ROLES, PoolRouting, Role, Route, RoutingView
 from cluster.dataplane.settings import RoutingSettings
 from cluster.events import (
@@ -63,7 +64,7 @@ class ReplicaRouter:
         routing: PoolRouting,
         bus: ActorBus,
         *,
-        control: Any = None,
+        control: ActorRef | None = None,
         settings: RoutingSettings | None = None,
         replica_id: str | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -71,7 +72,8 @@ class ReplicaRouter:
     ) -> None:
         self.routing = routing
         self.bus = bus
-        self.control = control  # the router actor (its ``view``), or None: told in-process
+        # The router actor (its ``view``), or None: the replica is told in-process.
+        self.control = RouterCalls(control) if control is not None else None
         self.settings = settings if settings is not None else RoutingSettings()
         self.replica_id = replica_id or f"ingress-{uuid.uuid4().hex[:12]}"
         self.clock = clock
@@ -134,8 +136,8 @@ class ReplicaRouter:
 
     # -- what keeps the view current ---------------------------------------------------------
 
-    def _kv(self, role: Role) -> Callable[[Any], None]:
-        def handle(payload: Any) -> None:
+    def _kv(self, role: Role) -> Callable[[object], None]:
+        def handle(payload: object) -> None:
             self.feed_kv(role, payload)
 
         return handle
@@ -154,8 +156,8 @@ class ReplicaRouter:
         if self.control is None:
             return False
         control = self.control
-        ok, view = await ask(lambda: control.view.remote(), VIEW_TIMEOUT_S, self._view_failures)
-        if not ok:
+        view = await ask(control.view, VIEW_TIMEOUT_S, self._view_failures)
+        if view is None:
             return False
         self.apply_view(view)
         self.view_syncs += 1

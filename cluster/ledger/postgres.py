@@ -38,6 +38,7 @@ from typing import Any
 
 import psycopg
 from psycopg import pq
+from psycopg.rows import TupleRow
 
 from auction.money import LedgerCorruptError, LedgerError
 from cluster.ledger.book import LedgerBook, check_timeout
@@ -81,10 +82,10 @@ class _Connection:
     No query with parameters holds a literal ``?`` or ``%``, so the translation is exact; a
     statement without parameters (the schema's, whose functions say ``'%'``) goes as it is."""
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[TupleRow]) -> None:
         self._conn = conn
 
-    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> Rows:
+    def execute(self, sql: str, parameters: Sequence[object] = (), /) -> Rows:
         if not parameters:
             return self._conn.execute(sql)
         return self._conn.execute(sql.replace("?", "%s"), parameters)
@@ -112,7 +113,7 @@ class PostgresLedger(LedgerBook):
         digest = hashlib.blake2b(f"disaggctl-ledger:{schema}".encode(), digest_size=8).digest()
         self._lock_key = int.from_bytes(digest, "big", signed=True)
         self._closed = False
-        self._conn: psycopg.Connection[Any] | None = None
+        self._conn: psycopg.Connection[TupleRow] | None = None
         try:
             self._install()
             self.replay()  # refuse to open a journal that does not add up
@@ -122,7 +123,7 @@ class PostgresLedger(LedgerBook):
 
     # -- connection and transactions -----------------------------------------------------------
 
-    def _connect(self) -> psycopg.Connection[Any]:
+    def _connect(self) -> psycopg.Connection[TupleRow]:
         with self._errors():
             timeout_ms = math.ceil(self._timeout * 1000)
             password: dict[str, Any] = password_from_file()  # libpq's keywords are Any to psycopg
@@ -152,7 +153,7 @@ class PostgresLedger(LedgerBook):
                 raise
         return conn
 
-    def _live(self) -> psycopg.Connection[Any]:
+    def _live(self) -> psycopg.Connection[TupleRow]:
         """The connection, opened again if the server dropped it (a restart, a failover)."""
         if self._closed:
             raise LedgerError(f"{self.where}: the ledger is closed")

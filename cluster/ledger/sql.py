@@ -18,7 +18,9 @@ __all__ = ["Db", "Rows"]
 
 
 class Rows(Protocol):
-    """The result of one statement: its rows, or how many rows it changed."""
+    """The result of one statement: its rows, or how many rows it changed. A row is ``Any``
+    as both drivers type it (sqlite3's and psycopg's tuples of column values): each query
+    reads its own columns by position."""
 
     @property
     def rowcount(self) -> int: ...
@@ -33,4 +35,4 @@ class Rows(Protocol):
 class Db(Protocol):
     """A connection inside one of the ledger's transactions."""
 
-    def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> Rows: ...
+    def execute(self, sql: str, parameters: Sequence[object] = ..., /) -> Rows: ...

@@ -1,19 +1,13 @@
 """The auction actor: admission (``auction.admission.AdmissionQueue``) and money
 (``cluster.ledger.sqlite.Ledger`` holds) behind async methods (docs/design.md "Serve runtime", §1).
 
-Two ways in, each a mixin: one request at a time (``admit`` → ``started`` → ``finished``,
-``cluster/ray/auction_unary.py``, which states one request's money), or, from the ingress
-replicas, their queued requests in batches (``exchange``, ``cluster/ray/auction_exchange.py``):
-those holds are owned by the replica's lease and expire with it. When the actor starts it
-releases the holds it finds without an owner that renews them
-(``Ledger.release_abandoned_holds``): the unary ones, whose callers waited on the instance that
-died, and the expired ones. A replica's unexpired holds stay open, so its requests are still
-charged when they are answered.
-
-Callers over Ray: cancelling the coroutine that awaits ``admit.remote`` does NOT cancel the
-actor's task. A caller that gives up on an admission calls ``finished(request_id, False)`` (or
-``ray.cancel`` on the ref): it takes a queued request out, frees a released one's prefill slot
-and releases the hold. Without it the request would keep its slot until the actor restarts.
+One way in: the ingress replicas hand their queued requests in batches (``exchange``,
+``cluster/ray/auction_exchange.py``, which states one request's money, with their first tokens,
+settlements and withdrawals), and lease slots to admit locally (``lease``). A replica's holds
+are owned by its lease and expire with it. When the actor starts it releases the holds it finds
+without an owner that renews them (``Ledger.release_abandoned_holds``: the expired ones, and
+any without an expiry that an older version left); a replica's unexpired holds stay open, so
+its requests are still charged when they are answered.
 
 Threads: the actor's state lives on its event loop; the ledger (``cluster.ledger.open_ledger``:
 a SQLite file, or PostgreSQL on a cluster; one durable commit per write) runs on one dedicated
@@ -28,21 +22,19 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from auction.admission import (
     AdmissionQueue,
     BatchOutcome,
     QueueFull,
-    Release,
     derived_max_in_prefill,
 )
 from auction.realised import RealisedBatch, RealisedWelfare
 from cluster.bus import BusError, EventBus
-from cluster.dataplane.admission import LEASE_TTL_S, LeaseBook
+from cluster.dataplane.admission import ANONYMOUS, LEASE_TTL_S, LeaseBook
 from cluster.dataplane.settings import HOLD_GRACE_S
 from cluster.events import AuctionEvent
 from cluster.ledger import open_ledger
@@ -51,7 +43,6 @@ from cluster.models import validate_model
 from cluster.ray.actor_support import Ready, ready_record
 from cluster.ray.auction_exchange import Box, Entry, ReplicaExchange
 from cluster.ray.auction_settings import AuctionSettingsModel, UserAccount
-from cluster.ray.auction_unary import ANONYMOUS, AdmissionCancelledError, UnaryAdmission
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
 from cluster.ray.status import AuctionStats, UserBalance
 from cluster.sim.wallclock import Clock
@@ -59,7 +50,6 @@ from telemetry import metrics
 
 __all__ = [
     "ANONYMOUS",
-    "AdmissionCancelledError",
     "AuctionActor",
     "BudgetExceeded",
     "QueueFull",
@@ -71,14 +61,14 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class AuctionActor(UnaryAdmission, ReplicaExchange):
+class AuctionActor(ReplicaExchange):
     def __init__(
         self,
         *,
-        settings: dict[str, Any],
+        settings: Mapping[str, object],
         ledger: str,
         ledger_schema: str = "disaggctl",
-        users: list[dict[str, Any]],
+        users: Sequence[Mapping[str, object]],
         nats_url: str | None,
         namespace: str = "disagg",
         speedup: float = 1.0,
@@ -131,9 +121,6 @@ class AuctionActor(UnaryAdmission, ReplicaExchange):
             log.warning("released %d holds left open by the last run", self.released_at_start)
         self._entries: dict[str, Entry] = {}
         self._boxes: dict[str, Box] = {}  # by replica (auction_exchange.py)
-        self._waiters: dict[str, asyncio.Future[Release]] = {}
-        self._settled: OrderedDict[str, asyncio.Future[float]] = OrderedDict()
-        self._holds = 0
         self.revenue = 0.0  # money captured by this actor (disagg_auction_revenue_total)
         self.welfare = 0.0  # Σ over batches of W(σ) = Σ_r b_r·x_r (docs/design.md §1)
         # The same on the realised TTFT order, over the batches whose requests all started.
@@ -144,7 +131,7 @@ class AuctionActor(UnaryAdmission, ReplicaExchange):
         self._timer: asyncio.TimerHandle | None = None
         self._bus: EventBus | None = None
         self._bus_up = False
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         metrics.AUCTION_QUEUE_DEPTH.set(0)
 
@@ -188,7 +175,7 @@ class AuctionActor(UnaryAdmission, ReplicaExchange):
                     user.budget,
                 )
 
-    async def _ledger_call(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _ledger_call(self, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._exec, fn, *args)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -217,11 +204,6 @@ class AuctionActor(UnaryAdmission, ReplicaExchange):
             return
         if self._timer is not None:
             self._timer.cancel()
-        for waiter in list(self._waiters.values()):
-            if not waiter.done():
-                waiter.set_exception(AdmissionCancelledError("the auction is shutting down"))
-        for _ in range(3):  # let the refused admits queue their hold releases before the close
-            await asyncio.sleep(0)
         self._closed = True
         for task in list(self._tasks):
             task.cancel()
@@ -248,16 +230,12 @@ class AuctionActor(UnaryAdmission, ReplicaExchange):
             again = False
             for release in self._queue.releasable(loop.time()):
                 entry = self._entries.get(release.request_id)
-                if entry is not None and entry.owner is not None:  # handed in by a replica
-                    entry.release = release
-                    self._box(entry.owner, loop.time()).released.append(release)
-                    continue
-                waiter = self._waiters.get(release.request_id)
-                if waiter is None or waiter.done():  # its caller is gone: give the slot back
+                if entry is None:  # withdrawn as it was released: give the slot back
                     self._queue.slot_freed(release.request_id)
                     again = True
-                else:
-                    waiter.set_result(release)
+                    continue
+                entry.release = release
+                self._box(entry.owner, loop.time()).released.append(release)
         for outcome in self._queue.pop_batches():
             self._on_batch(outcome)
         metrics.AUCTION_QUEUE_DEPTH.set(self._queue.depth)
@@ -301,7 +279,7 @@ class AuctionActor(UnaryAdmission, ReplicaExchange):
             return
         self._spawn(self._bus.publish(event))
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

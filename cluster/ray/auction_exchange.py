@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from auction.admission import AdmissionQueue, AuctionSettings, QueueFull, Release
 from auction.realised import RealisedBatch, RealisedWelfare
@@ -68,9 +68,9 @@ class Entry:
     user: str
     bid: float
     hold_id: str | None  # None: anonymous, nothing held
+    owner: str  # the replica that handed it in
     arrived: float = 0.0  # admission time, on the actor's loop clock (for the realised TTFT)
     release: Release | None = None
-    owner: str | None = None  # the replica that handed it in (None: a unary ``admit``)
 
 
 def refusal_of(request_id: str, exc: BaseException) -> Refused:
@@ -124,7 +124,7 @@ class AuctionCore:
         for hold_id in sorted(self._unreleased):
             self._release_or_keep(hold_id)
 
-    async def _ledger_call(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _ledger_call(self, fn: Callable[..., T], *args: object) -> T:
         raise NotImplementedError
 
     def _pump(self) -> None:
@@ -190,7 +190,7 @@ class ReplicaExchange(AuctionCore):
     def _drop_replicas(self, gone: Sequence[str], now: float) -> None:
         """Leases expired: their replicas' requests go, their holds are released."""
         for rid, entry in list(self._entries.items()):
-            if entry.owner is not None and entry.owner in gone:
+            if entry.owner in gone:
                 del self._entries[rid]
                 if self._queue.cancel(rid):
                     self._box(entry.owner, now).refused.append(
@@ -323,5 +323,5 @@ class ReplicaExchange(AuctionCore):
                 self._release_later(hold.hold_id)
             return
         self._entries[bid.request_id] = Entry(
-            user, bid.bid, None if anonymous else bid.hold_id, now, owner=replica
+            user, bid.bid, None if anonymous else bid.hold_id, replica, now
         )

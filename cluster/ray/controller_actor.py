@@ -29,7 +29,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeVar
 
 from cluster.actor_bus import (
     ActorBus,
@@ -38,6 +39,7 @@ from cluster.actor_bus import (
     subscribe_when_connected,
     wait_subscribed,
 )
+from cluster.actor_ref import ActorRef
 from cluster.events import CompleteEvent, Event, FirstTokenEvent, RegimeEvent, RouteEvent
 from cluster.models import validate_model
 from cluster.plausibility import Plausibility
@@ -47,14 +49,13 @@ from cluster.ray.controller_settings import DEFAULT_THETA_S, ControllerSettings
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
 from cluster.ray.pending_routes import EVENT_SLACK_S, PendingRoutes
 from cluster.ray.poa_actor import CONNECT_WAIT_S, service_clock
-from cluster.ray.policy_push import PolicyPush, call_remote
+from cluster.ray.policy_push import PolicyPush
 from cluster.ray.pools import ActorPools, Launcher
+from cluster.ray.refs import AuctionRef, PoaRef, RouterRef
 from cluster.ray.status import (
     AuctionStats,
     ControllerSnapshot,
-    PoaSnapshot,
     ResplitOutcome,
-    RouterStats,
 )
 from cluster.worker_spec import WorkerSpec
 from controller.controller import Controller, RegimeChange
@@ -66,6 +67,8 @@ from router import Policy
 from telemetry.metrics import OLDEST_WAIT, POOL_WORKERS
 
 __all__ = ["DEFAULT_THETA_S", "ControllerActor", "ControllerSettings"]
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -88,14 +91,14 @@ class ControllerActor:
         *,
         namespace: str = "disagg",
         nats_url: str | None,
-        router: Any | None,
-        auction: Any | None,
-        poa: Any | None,
-        settings: dict[str, Any],
+        router: ActorRef | None,
+        auction: ActorRef | None,
+        poa: ActorRef | None,
+        settings: Mapping[str, object],
         epoch_wall: float | None = None,
         pools: dict[str, int] | None = None,
         workers: dict[str, list[int]] | None = None,
-        worker_spec: dict[str, Any] | None = None,
+        worker_spec: Mapping[str, object] | None = None,
         release_on_shutdown: bool = True,
         launcher: Launcher | None = None,
     ) -> None:
@@ -112,7 +115,9 @@ class ControllerActor:
                 raise ValueError(f"pools: bad entry {role!r}: {count!r}")
             POOL_WORKERS.labels(role=role).set(count)
         s = self.settings
-        self.router, self.auction, self.poa = router, auction, poa
+        self.router = RouterRef(router) if router is not None else None
+        self.auction = AuctionRef(auction) if auction is not None else None
+        self.poa = PoaRef(poa) if poa is not None else None
         self.now = service_clock(epoch_wall)
         self.bus = ActorBus(nats_url, namespace, role="controller", name="controller")
         self.drain = DrainWatch()
@@ -256,7 +261,11 @@ class ControllerActor:
         drain = self.drain.update(now, self._drained(queue_depth, now))
         if drain is not None:  # the queue's samples go, here and in the PoA window
             self.controller.drained(drain)
-            await self.push.deliver(self.poa, "forget_before", drain.since)
+            estimator, since = self.poa, drain.since
+            await self.push.deliver(
+                None if estimator is None else (lambda: estimator.forget_before(since)),
+                "forget_before",
+            )
         self.controller.tick(
             now, **signals, arrival_rate=rate, backlog_since=self.drain.backlog_since
         )
@@ -289,18 +298,20 @@ class ControllerActor:
         count = self.pools.pools().prefilling
         known = None if self.auction_stats is None else self.auction_stats.prefill_workers
         if known is not None and known != count:
-            await self.push.deliver(self.auction, "set_prefill_workers", count)
+            auction = self.auction
+            await self.push.deliver(
+                None if auction is None else (lambda: auction.set_prefill_workers(count)),
+                f"set_prefill_workers({count})",
+            )
 
-    async def _ask(self, handle: Any, method: str) -> Any:
-        """``handle.method()`` within the call timeout, or None (missing, failed or slow)."""
-        if handle is None:
+    async def _ask(self, call: Callable[[], Awaitable[T]] | None, what: str) -> T | None:
+        """``call()`` within the call timeout, or None (no such peer, failed or slow)."""
+        if call is None:
             return None
         try:
-            return await asyncio.wait_for(
-                call_remote(getattr(handle, method)), self.settings.call_timeout_s
-            )
+            return await asyncio.wait_for(call(), self.settings.call_timeout_s)
         except Exception as exc:  # a dead or slow peer is a missing signal, not an error
-            log.debug("%s() failed: %r", method, exc)
+            log.debug("%s failed: %r", what, exc)
             return None
 
     async def _sync_router(self) -> None:
@@ -311,8 +322,10 @@ class ControllerActor:
         policy each), and push the current policy again whenever the router's version is not
         the one we delivered and nothing is pending.
         """
-        stats = await self._ask(self.router, "stats")
-        if not isinstance(stats, RouterStats):  # the router did not answer
+        stats = await self._ask(
+            None if self.router is None else self.router.stats, "the router's stats"
+        )
+        if stats is None:  # the router did not answer
             return
         if self.pools is not None:
             await self.pools.sync_router(stats.workers)
@@ -334,13 +347,14 @@ class ControllerActor:
         )
 
     async def _queue_depth(self) -> float | None:
-        stats = await self._ask(self.auction, "stats")
-        self.auction_stats = stats if isinstance(stats, AuctionStats) else None
+        self.auction_stats = await self._ask(
+            None if self.auction is None else self.auction.stats, "the auction's stats"
+        )
         return None if self.auction_stats is None else _signal(self.auction_stats.queue_depth)
 
     async def _poa_values(self) -> dict[str, float | None]:
-        snap = await self._ask(self.poa, "snapshot")
-        if not isinstance(snap, PoaSnapshot):  # the PoA actor did not answer
+        snap = await self._ask(None if self.poa is None else self.poa.snapshot, "the PoA snapshot")
+        if snap is None:  # the PoA actor did not answer
             return dict.fromkeys(("poa_hat", "poa_routing", "poa_capacity"))
         return {
             "poa_hat": _signal(snap.poa_hat),

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from pydantic import Field
 
+from cluster.actor_ref import ActorRef
 from cluster.events import PoolsEvent
 from cluster.models import StrictModel
 from cluster.ray.launcher import RayLauncher
@@ -29,13 +29,21 @@ from cluster.sim.cluster import Topology
 from cluster.sim.planning import GameOnePlanner
 from cluster.sim.profile import HardwareProfile, load_profile
 from cluster.worker_spec import WorkerSpec, worker_plug
-from controller.resplit import Pools, ResplitDecision, ResplitSettings, Resplitter, Role
+from controller.resplit import (
+    RESPLIT_BOUNDS,
+    Pools,
+    ResplitDecision,
+    ResplitSettings,
+    Resplitter,
+    Role,
+)
 from games.pd_allocation import SloTargets
 
 __all__ = ["ArrivalMeter", "ResplitSection", "WallPlanner", "build_pools"]
 
 ARRIVAL_WINDOW_S = 10.0
-_DEFAULTS = ResplitSettings()
+_B = RESPLIT_BOUNDS  # one table of bounds for the dataclass and this edge model
+_D = ResplitSettings()  # and one set of defaults: the dataclass's
 
 
 class ResplitSection(StrictModel):
@@ -45,21 +53,20 @@ class ResplitSection(StrictModel):
     may take to finish its requests before the re-split is abandoned (wall seconds)."""
 
     enabled: bool = True
-    dominance: float = Field(_DEFAULTS.dominance, ge=1.0, le=1e6)
-    dwell_ticks: int = Field(_DEFAULTS.dwell_ticks, ge=1, le=100_000)
-    release_fraction: float = Field(_DEFAULTS.release_fraction, ge=0.0, le=1.0)
-    release_ticks: int = Field(_DEFAULTS.release_ticks, ge=1, le=100_000)
-    cooldown_s: float = Field(_DEFAULTS.cooldown_s, ge=0.0, le=86_400.0)
+    dominance: float = Field(_D.dominance, ge=_B["dominance"][0], le=_B["dominance"][1])
+    dwell_ticks: int = Field(_D.dwell_ticks, ge=_B["dwell_ticks"][0], le=_B["dwell_ticks"][1])
+    release_fraction: float = Field(
+        _D.release_fraction, ge=_B["release_fraction"][0], le=_B["release_fraction"][1]
+    )
+    release_ticks: int = Field(
+        _D.release_ticks, ge=_B["release_ticks"][0], le=_B["release_ticks"][1]
+    )
+    cooldown_s: float = Field(_D.cooldown_s, ge=_B["cooldown_s"][0], le=_B["cooldown_s"][1])
     drain_timeout_s: float = Field(60.0, gt=0.0, le=3600.0)
 
     def settings(self) -> ResplitSettings:
-        return ResplitSettings(
-            dominance=self.dominance,
-            dwell_ticks=self.dwell_ticks,
-            release_fraction=self.release_fraction,
-            release_ticks=self.release_ticks,
-            cooldown_s=self.cooldown_s,
-        )
+        """The room's record: every field but the two the service adds."""
+        return ResplitSettings(**self.model_dump(exclude={"enabled", "drain_timeout_s"}))
 
 
 class ArrivalMeter:
@@ -117,7 +124,7 @@ def build_pools(
     section: ResplitSection,
     workers: dict[str, list[int]],
     spec: WorkerSpec,
-    router: Any,
+    router: ActorRef | None,
     publish: Callable[[PoolsEvent], object],
     ttft_slo_wall_s: float,
     call_timeout_s: float,
@@ -130,7 +137,7 @@ def build_pools(
     profile = load_profile(spec.profile)
     # Handles are found by name when first needed (ActorPools): the deploy-time roles may be
     # stale after a restart of this actor, a name always finds the current actor.
-    roles: dict[Role, dict[int, Any]] = {
+    roles: dict[Role, dict[int, ActorRef | None]] = {
         "prefill": dict.fromkeys(workers.get("prefill", [])),
         "decode": dict.fromkeys(workers.get("decode", [])),
     }

@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING
 
+from cluster.actor_ref import ActorRef
+from cluster.ray.refs import WorkerRef
 from cluster.ray.worker_factory import RAY_NAMESPACE, new_placement, start_worker, worker_name
 from cluster.worker_spec import WorkerSpec, worker_plug
 from controller.resplit import Role
+
+if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
 
 __all__ = ["READY_TIMEOUT_S", "RayLauncher", "remove_named_placement"]
 
@@ -26,30 +31,31 @@ class RayLauncher:
     def __init__(self, spec: WorkerSpec, *, detached_service: bool) -> None:
         self.spec = spec
         self.detached_service = detached_service
-        self.placements: dict[str, Any] = {}  # actor name → the placement group we made
+        self.placements: dict[str, PlacementGroup] = {}  # actor name → the group we made
 
-    async def start(self, role: Role, worker_id: int) -> Any:
+    async def start(self, role: Role, worker_id: int) -> ActorRef:
         name = worker_name(self.spec.namespace, role, worker_id)
         pg = new_placement(self.spec, name, "detached")
         self.placements[name] = pg
         await asyncio.wait_for(pg.ready(), READY_TIMEOUT_S)
         handle = start_worker(self.spec, role, worker_id, pg, "detached")
-        await asyncio.wait_for(handle.ready.remote(), READY_TIMEOUT_S)
+        await asyncio.wait_for(WorkerRef(handle).ready(), READY_TIMEOUT_S)
         await asyncio.wait_for(
             worker_plug(self.spec).after_start(self.spec, handle), READY_TIMEOUT_S
         )
         return handle
 
-    async def stop(self, role: Role, worker_id: int, handle: Any) -> None:
+    async def stop(self, role: Role, worker_id: int, handle: ActorRef) -> None:
         import ray
 
         name = worker_name(self.spec.namespace, role, worker_id)
         with contextlib.suppress(Exception):  # flush its last KV events and close its bus
-            await asyncio.wait_for(handle.shutdown.remote(), 5.0)
-        ray.kill(handle, no_restart=True)
+            await asyncio.wait_for(WorkerRef(handle).shutdown(), 5.0)
+        with contextlib.suppress(ValueError):  # gone already
+            ray.kill(ray.get_actor(name, namespace=RAY_NAMESPACE), no_restart=True)
         remove_named_placement(name, self.placements.pop(name, None))
 
-    def find(self, role: Role, worker_id: int) -> Any | None:
+    def find(self, role: Role, worker_id: int) -> ActorRef | None:
         import ray
 
         try:
@@ -71,7 +77,7 @@ class RayLauncher:
         self.placements.clear()
 
 
-def remove_named_placement(name: str, pg: Any | None = None) -> None:
+def remove_named_placement(name: str, pg: PlacementGroup | None = None) -> None:
     """Remove placement group ``pg``, or every live one named ``name`` (the service's deploy-time
     groups carry their worker's name; a re-split's group is made by another process)."""
     import ray

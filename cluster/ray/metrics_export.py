@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
 
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
+from prometheus_client.samples import Sample
 
 from telemetry.metrics import REGISTRY
 
@@ -89,7 +90,7 @@ def owner_of(name: str) -> str | None:
 class _Filtered:
     """A collector view of ``registry`` restricted to some families (for generate_latest)."""
 
-    def __init__(self, registry: Any, families: frozenset[str]) -> None:
+    def __init__(self, registry: CollectorRegistry, families: frozenset[str]) -> None:
         self._registry = registry
         self._families = families
 
@@ -99,7 +100,7 @@ class _Filtered:
                 yield metric
 
 
-def owned_metrics_text(names: Iterable[str], registry: Any = REGISTRY) -> str:
+def owned_metrics_text(names: Iterable[str], registry: CollectorRegistry = REGISTRY) -> str:
     """Prometheus text of the families in ``names`` plus :data:`EVERY_PROCESS`.
 
     ``names`` may spell a counter with or without ``_total``; unknown names are skipped (an
@@ -108,7 +109,7 @@ def owned_metrics_text(names: Iterable[str], registry: Any = REGISTRY) -> str:
     return generate_latest(_Filtered(registry, families)).decode()
 
 
-def _key(sample: Any) -> tuple[str, tuple[tuple[str, str], ...]]:
+def _key(sample: Sample) -> tuple[str, tuple[tuple[str, str], ...]]:
     return sample.name, tuple(sorted(sample.labels.items()))
 
 
@@ -122,7 +123,7 @@ def merge_metrics_texts(texts: Iterable[str]) -> str:
     summed per (sample name, labels), gauges and the rest first-seen. A text that does not parse
     is skipped whole and logged (one sick actor must not blank the ingress's /metrics)."""
     merged: dict[str, Metric] = {}  # insertion order: families in the order first seen
-    values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], Any]] = {}
+    values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], Sample]] = {}
     for text in texts:
         try:
             families = list(text_string_to_metric_families(text))

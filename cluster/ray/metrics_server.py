@@ -27,14 +27,20 @@ import socket
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ray.exceptions import RayActorError
 
+from cluster.actor_ref import ActorRef
 from cluster.ray.metrics_export import merge_metrics_texts
 from cluster.ray.named_actor import NamedActor
+from cluster.ray.refs import ControlRef
 from cluster.ray.scrape_cache import ScrapeCache
 from cluster.ray.worker_handles import Workers, named_worker_resolver
+
+if TYPE_CHECKING:
+    import uvicorn
+    from starlette.applications import Starlette
 
 __all__ = [
     "MAX_REPLICAS",
@@ -77,9 +83,9 @@ class MetricsServerActor:
         host: str,
         port: int,
         namespace: str,
-        actors: dict[str, Any],
-        prefill: dict[int, Any],
-        decode: dict[int, Any],
+        actors: dict[str, ActorRef | None],
+        prefill: dict[int, ActorRef],
+        decode: dict[int, ActorRef],
         replica_ttl_s: float = REPLICA_TTL_S,
         worker_ids: Collection[int] = (),
     ) -> None:
@@ -93,7 +99,7 @@ class MetricsServerActor:
         self.replicas: dict[str, _Pushed] = {}
         self.cache = ScrapeCache(self._fetch_actors)
         self.scrapes = 0
-        self._server: Any = None
+        self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def ready(self) -> Listening:
@@ -164,7 +170,7 @@ class MetricsServerActor:
                 if await self.workers.get(role, worker) is not None:
                     break
 
-    def _app(self) -> Any:
+    def _app(self) -> Starlette:
         from prometheus_client import CONTENT_TYPE_LATEST
         from starlette.applications import Starlette
         from starlette.requests import Request
@@ -177,7 +183,7 @@ class MetricsServerActor:
         return Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])
 
 
-async def actors_metrics_text(actors: list[Any], workers: Workers | None) -> str:
+async def actors_metrics_text(actors: list[ActorRef], workers: Workers | None) -> str:
     """The families of ``actors`` and of ``workers``' handles, merged; one that does not answer
     within ``FETCH_TIMEOUT_S`` is left out, and a worker whose actor died is forgotten (a
     re-split stopped it: the next fetch finds its successor by name)."""
@@ -190,15 +196,13 @@ async def actors_metrics_text(actors: list[Any], workers: Workers | None) -> str
     return merge_metrics_texts([t for t in done if isinstance(t, str)])
 
 
-async def _awaited(ref: Any) -> Any:
-    return await ref
+async def _fetch(handle: ActorRef) -> str:
+    return await asyncio.wait_for(ControlRef(handle).metrics_text(), FETCH_TIMEOUT_S)
 
 
-async def _fetch(handle: Any) -> str:
-    return str(await asyncio.wait_for(_awaited(handle.metrics_text.remote()), FETCH_TIMEOUT_S))
-
-
-async def _serve(app: Any, host: str, port: int) -> tuple[Any, asyncio.Task[None], int]:
+async def _serve(
+    app: Starlette, host: str, port: int
+) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
     """uvicorn on a socket bound here: a port in use is an OSError that names it (uvicorn's own
     bind would ``sys.exit`` inside the actor's event loop)."""
     import uvicorn

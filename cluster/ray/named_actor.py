@@ -9,8 +9,7 @@ finds it on first use; the handle it gets survives the other's restarts, as Ray'
 
 from __future__ import annotations
 
-from typing import Any
-
+from cluster.actor_ref import ActorRef, RemoteMethod
 from cluster.ray.worker_factory import RAY_NAMESPACE
 
 __all__ = ["NamedActor"]
@@ -23,19 +22,20 @@ class NamedActor:
 
     def __init__(self, name: str, namespace: str = RAY_NAMESPACE) -> None:
         self.name, self.namespace = name, namespace
-        self._handle: Any = None  # Ray's handle (untyped), found on first use
+        self._handle: ActorRef | None = None  # Ray's handle, found on first use
 
-    def handle(self) -> Any:
+    def handle(self) -> ActorRef:
         if self._handle is None:
             import ray
 
             self._handle = ray.get_actor(self.name, namespace=self.namespace)
         return self._handle
 
-    def __getattr__(self, method: str) -> Any:
+    def __getattr__(self, method: str) -> RemoteMethod:
         if method.startswith("_"):  # pickling and copying probe dunders: not actor methods
             raise AttributeError(method)
-        return getattr(self.handle(), method)
+        remote: RemoteMethod = getattr(self.handle(), method)
+        return remote
 
     def __reduce__(self) -> tuple[type[NamedActor], tuple[str, str]]:
         return NamedActor, (self.name, self.namespace)

@@ -15,18 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable
 
+from cluster.actor_ref import ActorRef
+from cluster.ray.refs import AuctionRef, RouterRef
 from router import Policy
 
-__all__ = ["PendingTarget", "PolicyPush", "call_remote"]
+__all__ = ["PendingTarget", "PolicyPush"]
 
 log = logging.getLogger(__name__)
-
-
-async def call_remote(method: Any, *args: Any) -> Any:
-    """A Ray actor method, or any object whose ``.remote(...)`` returns an awaitable (tests)."""
-    return await method.remote(*args)
 
 
 class PendingTarget:
@@ -43,8 +40,10 @@ class PolicyPush:
     """Delivers the pending policy to ``router`` and regime to ``auction`` (module docstring);
     a handle that is None has nobody to tell, so nothing stays pending for it."""
 
-    def __init__(self, router: Any | None, auction: Any | None, timeout_s: float) -> None:
-        self.router, self.auction, self.timeout_s = router, auction, timeout_s
+    def __init__(self, router: ActorRef | None, auction: ActorRef | None, timeout_s: float) -> None:
+        self.router = RouterRef(router) if router is not None else None
+        self.auction = AuctionRef(auction) if auction is not None else None
+        self.timeout_s = timeout_s
         self.target = PendingTarget()
         self.regime_pending: str | None = None
         self.delivered_version = 0  # newest version the router acknowledged
@@ -65,27 +64,34 @@ class PolicyPush:
     async def push(self) -> None:
         """Deliver the pending policy and regime; what fails stays pending for the next kick."""
         policy = self.target.pending
-        if policy is not None and await self.deliver(self.router, "set_policy", policy):
+        router = self.router
+        if policy is not None and await self.deliver(
+            None if router is None else (lambda: router.set_policy(policy)), f"set_policy({policy})"
+        ):
             self.delivered_version = policy.version if self.router is not None else 0
             if self.target.pending == policy:  # a newer one may have come meanwhile
                 self.target.pending = None
         regime = self.regime_pending
-        if regime is not None and await self.deliver(self.auction, "set_regime", regime):
+        auction = self.auction
+        if regime is not None and await self.deliver(
+            None if auction is None else (lambda: auction.set_regime(regime)),
+            f"set_regime({regime!r})",
+        ):
             self.delivered_regime = regime if self.auction is not None else None
             if self.regime_pending == regime:
                 self.regime_pending = None
 
-    async def deliver(self, handle: Any | None, method: str, *args: Any) -> bool:
-        """``handle.method(*args)`` within the timeout: whether it went through (True for no
-        handle); a failure is counted and logged sparsely."""
-        if handle is None:
+    async def deliver(self, call: Callable[[], Awaitable[object]] | None, what: str) -> bool:
+        """``call()`` (an actor call, ``what``) within the timeout: whether it went through
+        (True for None: nobody to tell); a failure is counted and logged sparsely."""
+        if call is None:
             return True
         try:
-            await asyncio.wait_for(call_remote(getattr(handle, method), *args), self.timeout_s)
+            await asyncio.wait_for(call(), self.timeout_s)
         except Exception as exc:
             self.failures += 1
             n = self.failures
             if n & (n - 1) == 0:  # 1st, 2nd, 4th, ...: a long outage must not flood the log
-                log.warning("%s%r failed (%d failures so far), retrying: %r", method, args, n, exc)
+                log.warning("%s failed (%d failures so far), retrying: %r", what, n, exc)
             return False
         return True

@@ -38,9 +38,11 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
+from cluster.actor_ref import ActorRef
 from cluster.events import PoolAction, PoolsEvent
+from cluster.ray.refs import RouterRef, WorkerRef
 from cluster.ray.status import EngineInflight, PoolsSnapshot, ResplitStep
 from cluster.sim.wallclock import EngineLoad
 from controller.resplit import Pools, Role
@@ -57,21 +59,17 @@ MAX_STEPS = 64  # recent steps kept for snapshot()
 class Launcher(Protocol):
     """Starts, stops and finds worker actors (handles with ``.method.remote(...)``)."""
 
-    async def start(self, role: Role, worker_id: int) -> Any:
+    async def start(self, role: Role, worker_id: int) -> ActorRef:
         """A new ``role`` actor for ``worker_id``, once it answered ``ready()``."""
         ...
 
-    async def stop(self, role: Role, worker_id: int, handle: Any) -> None:
+    async def stop(self, role: Role, worker_id: int, handle: ActorRef) -> None:
         """Kill the actor and free what it held (its placement group)."""
         ...
 
-    def find(self, role: Role, worker_id: int) -> Any | None:
+    def find(self, role: Role, worker_id: int) -> ActorRef | None:
         """The running ``role`` actor of ``worker_id``, or None."""
         ...
-
-
-async def _call(handle: Any, method: str, *args: Any, timeout_s: float) -> Any:
-    return await asyncio.wait_for(getattr(handle, method).remote(*args), timeout_s)
 
 
 def _load_key(role: Role, load: object) -> float:
@@ -90,8 +88,8 @@ class ActorPools:
     def __init__(
         self,
         *,
-        workers: dict[Role, dict[int, Any]],
-        router: Any,
+        workers: Mapping[Role, Mapping[int, ActorRef | None]],
+        router: ActorRef | None,
         launcher: Launcher,
         publish: Callable[[PoolsEvent], object],
         warmup_s: float,
@@ -99,8 +97,11 @@ class ActorPools:
         call_timeout_s: float = 5.0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        self.workers: dict[Role, dict[int, Any]] = {r: dict(workers.get(r, {})) for r in OTHER}
-        self.router = router
+        # None: a worker known by its id only, found by name when first needed.
+        self.workers: dict[Role, dict[int, ActorRef | None]] = {
+            r: dict(workers.get(r, {})) for r in OTHER
+        }
+        self._router_ref = None if router is None else RouterRef(router)
         self.launcher = launcher
         self.publish = publish
         self.warmup_s = warmup_s
@@ -116,6 +117,13 @@ class ActorPools:
         self._task: asyncio.Task[str] | None = None
         self._recall: asyncio.Future[str] | None = None  # set while a drain can be called off
         self._gauges()
+
+    @property
+    def router(self) -> RouterRef:
+        """The router actor, whose pools every move changes (none: no move can start)."""
+        if self._router_ref is None:
+            raise LookupError("the pools were given no router actor")
+        return self._router_ref
 
     # -- PoolTarget --------------------------------------------------------------------------
 
@@ -189,12 +197,14 @@ class ActorPools:
         self.moving = (wid, to_role)
         handle = self._handle(from_role, wid)
         t = self.call_timeout_s
-        await _call(self.router, "remove_worker", from_role, wid, timeout_s=t)
+        await asyncio.wait_for(self.router.remove_worker(from_role, wid), t)
         del source[wid]
         self._step("resplit_start", wid, to_role, f"{from_role} worker {wid}: {reason}")
         recall = self._recall = asyncio.get_running_loop().create_future()
         drain = asyncio.ensure_future(
-            _call(handle, "drain", self.drain_timeout_s, timeout_s=self.drain_timeout_s + t)
+            asyncio.wait_for(
+                WorkerRef(handle).drain(self.drain_timeout_s), self.drain_timeout_s + t
+            )
         )
         try:
             await asyncio.wait({drain, recall}, return_when=asyncio.FIRST_COMPLETED)
@@ -222,7 +232,7 @@ class ActorPools:
         self._step("drained", wid, to_role, f"{from_role} worker {wid} drained and stopped")
         new = await self.launcher.start(to_role, wid)
         await self.sleep(self.warmup_s)  # the model load of role_switch_s (module docstring)
-        await _call(self.router, "add_worker", to_role, wid, timeout_s=t)
+        await asyncio.wait_for(self.router.add_worker(to_role, wid), t)
         self.workers[to_role][wid] = new
         self.completed += 1
         metrics.RESPLITS.inc()
@@ -231,18 +241,18 @@ class ActorPools:
         return "warm"
 
     async def _restore(
-        self, role: Role, wid: int, handle: Any, to_role: Role, action: PoolAction, why: str
+        self, role: Role, wid: int, handle: ActorRef, to_role: Role, action: PoolAction, why: str
     ) -> str:
         """The drain did not finish, or was called off: the worker serves its old role again."""
         t = self.call_timeout_s
         with contextlib.suppress(Exception):  # a dead worker is Ray's to restart
-            await _call(handle, "resume", timeout_s=t)
-        await _call(self.router, "add_worker", role, wid, timeout_s=t)
+            await asyncio.wait_for(WorkerRef(handle).resume(), t)
+        await asyncio.wait_for(self.router.add_worker(role, wid), t)
         self.workers[role][wid] = handle
         self._step(action, wid, to_role, why)
         return action
 
-    def _handle(self, role: Role, wid: int) -> Any:
+    def _handle(self, role: Role, wid: int) -> ActorRef:
         """The worker's handle; None entries (known by id only) are found by name."""
         handle = self.workers[role][wid]
         if handle is None:
@@ -255,8 +265,10 @@ class ActorPools:
     async def _pick(self, role: Role) -> int:
         ids = sorted(self.workers[role])
 
-        async def load(wid: int) -> Any:
-            return await _call(self._handle(role, wid), "load", timeout_s=self.call_timeout_s)
+        async def load(wid: int) -> object:
+            return await asyncio.wait_for(
+                WorkerRef(self._handle(role, wid)).load(), self.call_timeout_s
+            )
 
         loads = await asyncio.gather(*(load(w) for w in ids), return_exceptions=True)
         return min(zip(ids, loads, strict=True), key=lambda x: (_load_key(role, x[1]), x[0]))[0]
@@ -306,13 +318,14 @@ class ActorPools:
             have = routed.get(role)
             if have is None:
                 continue
-            changes = [("remove_worker", w) for w in sorted(set(have) - set(serving))]
-            changes += [("add_worker", w) for w in sorted(set(serving) - set(have))]
-            for method, wid in changes:
+            router = self.router
+            changes = [(router.remove_worker, w) for w in sorted(set(have) - set(serving))]
+            changes += [(router.add_worker, w) for w in sorted(set(serving) - set(have))]
+            for change, wid in changes:
                 try:
-                    await _call(self.router, method, role, wid, timeout_s=self.call_timeout_s)
+                    await asyncio.wait_for(change(role, wid), self.call_timeout_s)
                 except Exception as exc:
-                    log.warning("router %s(%s, %s) failed: %r", method, role, wid, exc)
+                    log.warning("router %s(%s, %s) failed: %r", change.__name__, role, wid, exc)
 
     def snapshot(self) -> PoolsSnapshot:
         return PoolsSnapshot(

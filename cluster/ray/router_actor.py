@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from cluster.actor_bus import ActorBus, subscribe_when_connected
 from cluster.dataplane.peers import PeerLoads
@@ -62,7 +61,7 @@ class RouterActor:
         self._namespace = namespace
         self._subscribed = False
         self.replicas = PeerLoads()  # the ingress replicas' load reports
-        self._tasks: list[Any] = []
+        self._tasks: list[asyncio.Task[object]] = []
         wake_after_restart()  # a restarted router subscribes to KV events at once
 
     @property
@@ -119,8 +118,8 @@ class RouterActor:
 
     # -- KV events ---------------------------------------------------------------------------
 
-    def _kv_handler(self, role: str) -> Callable[[Any], None]:
-        def handle(payload: Any) -> None:
+    def _kv_handler(self, role: str) -> Callable[[object], None]:
+        def handle(payload: object) -> None:
             self.feed_kv(role, payload)
 
         return handle
@@ -130,7 +129,7 @@ class RouterActor:
         counts what it skips). The NATS handler; also for in-process use without NATS."""
         return self.pools.feed_kv(role, payload)
 
-    async def apply_kv_events(self, role: str, payloads: list[dict[str, Any]]) -> int:
+    async def apply_kv_events(self, role: str, payloads: Sequence[object]) -> int:
         """Apply KV payloads without NATS (in-process compositions); how many were applied."""
         self._role(role)
         return sum(self.feed_kv(role, p) for p in payloads)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass
-from typing import Any
 
 import ray
 
@@ -63,12 +62,9 @@ def init_ray(
         ray.init(address=address, log_to_driver=False)
         return LocalRay(False, address, None)
     tmp = tmpdir or short_tmpdir()
-    kwargs: dict[str, Any] = {}
     resources = {accelerator: float(accelerators)} if accelerators > 0 else {}
     if control_resource is not None:  # the one local node may run everything
         resources[control_resource] = CONTROL_RESOURCE_CAPACITY
-    if resources:
-        kwargs["resources"] = resources
     ray.init(
         address="local",
         num_cpus=num_cpus if num_cpus is not None else max(2, os.cpu_count() or 2),
@@ -76,6 +72,6 @@ def init_ray(
         object_store_memory=OBJECT_STORE_BYTES,
         log_to_driver=False,
         _temp_dir=tmp,
-        **kwargs,
+        resources=resources or None,
     )
     return LocalRay(True, ray.get_runtime_context().gcs_address, tmp)

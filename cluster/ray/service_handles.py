@@ -10,11 +10,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import ray
 
+from cluster.actor_ref import ActorHandles, ActorRef
 from cluster.ray.worker_factory import RAY_NAMESPACE, worker_name
+
+if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
 
 __all__ = ["ServiceHandles", "head_node_id", "kill_named_workers", "named_workers"]
 
@@ -25,21 +29,30 @@ ROLES = ("prefill", "decode")
 class ServiceHandles:
     """The actors of one running service, by role."""
 
-    prefill: dict[int, Any] = field(default_factory=dict)
-    decode: dict[int, Any] = field(default_factory=dict)
-    router: Any = None
-    auction: Any = None
-    poa: Any = None
-    controller: Any = None
-    metrics: Any = None  # cluster.ray.metrics_server: /metrics on its own port
-    placement_groups: list[Any] = field(default_factory=list)
+    prefill: dict[int, ActorRef] = field(default_factory=dict)
+    decode: dict[int, ActorRef] = field(default_factory=dict)
+    router: ActorRef | None = None
+    auction: ActorRef | None = None
+    poa: ActorRef | None = None
+    controller: ActorRef | None = None
+    metrics: ActorRef | None = None  # cluster.ray.metrics_server: /metrics on its own port
+    placement_groups: list[PlacementGroup] = field(default_factory=list)
 
-    def actors(self) -> list[Any]:
+    def actors(self) -> list[ActorRef]:
         singles = [self.metrics, self.controller, self.poa, self.auction, self.router]
         return [a for a in singles if a is not None] + [
             *self.decode.values(),
             *self.prefill.values(),
         ]
+
+    def for_ingress(self) -> ActorHandles:
+        """The running actors as an ingress replica is given them."""
+        if self.auction is None:
+            raise RuntimeError("the service's auction actor has not started")
+        return ActorHandles(
+            auction=self.auction, router=self.router, poa=self.poa, controller=self.controller,
+            prefill=dict(self.prefill), decode=dict(self.decode),
+        )  # fmt: skip
 
 
 def head_node_id() -> str:
@@ -52,9 +65,9 @@ def head_node_id() -> str:
 
 def named_workers(
     namespace: str, worker_ids: Sequence[int]
-) -> tuple[dict[int, Any], dict[int, Any]]:
+) -> tuple[dict[int, ActorRef], dict[int, ActorRef]]:
     """The prefill and decode worker actors running now, by worker id."""
-    pools: dict[str, dict[int, Any]] = {role: {} for role in ROLES}
+    pools: dict[str, dict[int, ActorRef]] = {role: {} for role in ROLES}
     for wid in worker_ids:
         for role in ROLES:
             with contextlib.suppress(ValueError):  # no actor of that name

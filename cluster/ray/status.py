@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 
-def as_json(record: object) -> Any:
+def as_json(record: object) -> Any:  # JSON of the record's shape, which callers index
     """A record as JSON values: dataclasses as objects, tuples as lists, enums by label."""
     if dataclasses.is_dataclass(record) and not isinstance(record, type):
         return {f.name: as_json(getattr(record, f.name)) for f in dataclasses.fields(record)}

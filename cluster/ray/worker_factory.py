@@ -12,14 +12,20 @@ worker that a re-split replaced is reached without anyone holding a list of hand
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Literal
 
+from cluster.actor_ref import ActorRef
 from cluster.worker_spec import WorkerSpec, worker_plug
+
+if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
 
 __all__ = [
     "RAY_NAMESPACE",
     "control_actor_name",
     "new_placement",
+    "start_actor",
     "start_worker",
     "worker_name",
     "worker_seed",
@@ -45,7 +51,7 @@ def worker_seed(seed: int, worker_id: int) -> int:
     return seed * 7919 + worker_id
 
 
-def new_placement(spec: WorkerSpec, name: str, lifetime: Lifetime) -> Any:
+def new_placement(spec: WorkerSpec, name: str, lifetime: Lifetime) -> PlacementGroup:
     """A placement group of one bundle holding the worker's TP share of the accelerator (a TP
     group never spans nodes); not yet waited for (``pg.ready()``)."""
     from ray.util.placement_group import placement_group
@@ -54,14 +60,16 @@ def new_placement(spec: WorkerSpec, name: str, lifetime: Lifetime) -> Any:
     bundle = {spec.accelerator_resource: tp}
     if spec.request_gpus:
         bundle["GPU"] = tp
-    return placement_group([bundle], strategy="STRICT_PACK", name=name, lifetime=lifetime)
+    group: PlacementGroup = placement_group(
+        [bundle], strategy="STRICT_PACK", name=name, lifetime=lifetime
+    )
+    return group
 
 
 def start_worker(
-    spec: WorkerSpec, role: str, worker_id: int, placement: Any, lifetime: Lifetime
-) -> Any:
+    spec: WorkerSpec, role: str, worker_id: int, placement: PlacementGroup, lifetime: Lifetime
+) -> ActorRef:
     """Start the ``role`` worker ``worker_id`` on ``placement``; its handle (call ``ready()``)."""
-    import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     if role not in ("prefill", "decode"):
@@ -70,7 +78,7 @@ def start_worker(
     cls = plug.worker_class(role)
     args, kwargs = plug.worker_arguments(spec, role, worker_id)
     tp = float(spec.tp)
-    options: dict[str, Any] = {
+    options: dict[str, object] = {
         "name": worker_name(spec.namespace, role, worker_id),
         "namespace": RAY_NAMESPACE,
         "num_cpus": 0,
@@ -85,4 +93,17 @@ def start_worker(
         options["runtime_env"] = {"env_vars": dict(spec.env_vars)}
     if lifetime is not None:
         options["lifetime"] = lifetime
-    return ray.remote(cls).options(**options).remote(*args, **kwargs)
+    return start_actor(cls, options, *args, **kwargs)
+
+
+def start_actor(
+    cls: type, options: Mapping[str, object], *args: object, **kwargs: object
+) -> ActorRef:
+    """``ray.remote(cls).options(**options).remote(*args, **kwargs)``: the new actor's handle."""
+    import ray
+    from ray.actor import ActorHandle
+
+    handle: object = ray.remote(cls).options(**options).remote(*args, **kwargs)
+    if not isinstance(handle, ActorHandle):  # ray.remote's overloads also admit a class
+        raise TypeError(f"ray.remote({cls.__name__}) started no actor")
+    return handle

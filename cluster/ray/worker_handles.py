@@ -12,9 +12,11 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
+from ray import ObjectRef, ObjectRefGenerator
 from ray.exceptions import ActorUnschedulableError, ObjectLostError, RayActorError, RayTaskError
+
+from cluster.actor_ref import ActorRef
 
 __all__ = ["RAY_FAILURES", "Workers", "named_worker_resolver", "not_taking_work", "ray_cancel"]
 
@@ -36,7 +38,7 @@ def not_taking_work(exc: RayTaskError) -> bool:
     return any(type(c).__name__ in _NOT_TAKING_WORK for c in (cause, exc))
 
 
-def ray_cancel(refs: Any) -> None:
+def ray_cancel(refs: object) -> None:
     """Cancel a call (a streaming one: its generator) if Ray runs and it still runs."""
     import ray
 
@@ -44,12 +46,14 @@ def ray_cancel(refs: Any) -> None:
     # a local Ray of its own (Ray's API auto-initialises).
     if not ray.is_initialized():
         return
+    if not isinstance(refs, ObjectRef | ObjectRefGenerator):  # a test's stand-in
+        return
     # Already finished, or the actor is gone: nothing is left to cancel.
     with contextlib.suppress(Exception):
         ray.cancel(refs)
 
 
-Resolver = Callable[[str, int], Any]
+Resolver = Callable[[str, int], ActorRef | None]
 
 
 @dataclass
@@ -62,14 +66,14 @@ class Workers:
     an id it has not seen, and :meth:`forget` drops a handle whose actor died so the next
     request looks again."""
 
-    prefill: dict[int, Any]
-    decode: dict[int, Any]
-    resolve: Callable[[str, int], Any] | None = field(default=None, repr=False)
+    prefill: dict[int, ActorRef]
+    decode: dict[int, ActorRef]
+    resolve: Resolver | None = field(default=None, repr=False)
 
-    def _pool(self, role: str) -> dict[int, Any]:
+    def _pool(self, role: str) -> dict[int, ActorRef]:
         return self.prefill if role == "prefill" else self.decode
 
-    async def get(self, role: str, worker: int) -> Any | None:
+    async def get(self, role: str, worker: int) -> ActorRef | None:
         pool = self._pool(role)
         handle = pool.get(worker)
         if handle is None and self.resolve is not None:
@@ -79,12 +83,12 @@ class Workers:
                 pool[worker] = handle
         return handle
 
-    def forget(self, role: str, worker: int, handle: Any = None) -> None:
+    def forget(self, role: str, worker: int, handle: ActorRef | None = None) -> None:
         pool = self._pool(role)
         if handle is None or pool.get(worker) is handle:
             pool.pop(worker, None)
 
-    def handles(self) -> list[tuple[str, int, Any]]:
+    def handles(self) -> list[tuple[str, int, ActorRef]]:
         return [("prefill", w, h) for w, h in self.prefill.items()] + [
             ("decode", w, h) for w, h in self.decode.items()
         ]
@@ -93,7 +97,7 @@ class Workers:
 def named_worker_resolver(namespace: str) -> Resolver:
     """``(role, id)`` → the service's named worker actor, or None (none, or outside Ray)."""
 
-    def resolve(role: str, worker: int) -> Any | None:
+    def resolve(role: str, worker: int) -> ActorRef | None:
         import ray
 
         from cluster.ray.worker_factory import RAY_NAMESPACE, worker_name

@@ -33,7 +33,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -144,11 +143,11 @@ def build_app(
         return await edge.complete(request, chat=False)
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models() -> dict[str, object]:
         return {"object": "list", "data": [model_card]}
 
     @app.get("/v1/models/{model:path}")
-    async def model(model: str) -> dict[str, Any]:
+    async def model(model: str) -> dict[str, object]:
         if model != model_name:
             raise ApiError(
                 404, f"model {model!r} is not served", param="model", code="model_not_found"

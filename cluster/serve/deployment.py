@@ -29,14 +29,14 @@ import asyncio
 import inspect
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from fastapi import FastAPI
 from ray import serve
 from ray.serve import Application
 
+from cluster.actor_ref import ActorRef
 from cluster.model_dir import DEFAULT_CONTEXT_TOKENS, ChatTokenizer, default_model_dir
 from cluster.models import ConfigError, validate_model
 from cluster.ray.metrics_export import merge_metrics_texts
@@ -67,11 +67,11 @@ class OpenAIIngress:
         model_name: str,
         model_dir: str | None = None,
         context_tokens: int = DEFAULT_CONTEXT_TOKENS,
-        users: list[dict[str, Any]] | None = None,
+        users: Sequence[Mapping[str, object]] | None = None,
         allow_anonymous: bool = True,
         max_body_bytes: int | None = None,
-        metrics_sink: Any = None,
-        limits: dict[str, Any] | None = None,
+        metrics_sink: ActorRef | None = None,
+        limits: Mapping[str, object] | None = None,
         max_ongoing_requests: int = MAX_ONGOING_REQUESTS,
     ) -> None:
         self._path_factory = path_factory
@@ -146,13 +146,13 @@ def _replica_id() -> str:
         return uuid.uuid4().hex
 
 
-async def push_metrics(sink: Any, replica: str, text: Callable[[], str],
+async def push_metrics(sink: ActorRef, replica: str, text: Callable[[], str],
                        period_s: float = PUSH_PERIOD_S) -> None:  # fmt: skip
     """Every ``period_s``, hand the metrics server this replica's whole text (not a delta: a
     lost push costs one period's freshness, never a count). Never raises but to stop."""
     while True:
         try:
-            await sink.push.remote(replica, text())
+            await sink.push.remote(replica, text())  # the metrics server's push
         except Exception:  # the server restarting: the next period tries again
             log.warning("metrics push failed", exc_info=True)
         await asyncio.sleep(period_s)
@@ -189,7 +189,7 @@ def ingress_app(
     max_body_bytes: int | None = None,
     num_replicas: int = 1,
     max_ongoing_requests: int = MAX_ONGOING_REQUESTS,
-    metrics_sink: Any = None,
+    metrics_sink: ActorRef | None = None,
     env_vars: dict[str, str] | None = None,
     limits: LimitSettings | None = None,
     resources: dict[str, float] | None = None,

@@ -14,7 +14,6 @@ import json
 import logging
 import math
 from collections.abc import Mapping
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -69,7 +68,7 @@ class ApiError(Exception):
         self.code = code
         self.headers = dict(headers or {})  # e.g. a 429's Retry-After
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> dict[str, object]:
         return error_body(self.status, self.message, param=self.param, code=self.code)
 
     def response(self, headers: Mapping[str, str] | None = None) -> JSONResponse:
@@ -80,20 +79,20 @@ class ApiError(Exception):
 
 def error_body(
     status: int, message: str, *, param: str | None = None, code: str | None = None
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """OpenAI's error object. ``type`` follows the status; ``code`` is a short machine name."""
     kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def param_of(loc: tuple[int | str, ...], data: Any) -> str:
+def param_of(loc: tuple[int | str, ...], data: object) -> str:
     """The field path of a pydantic error location, as ``messages[0].content``.
 
     Locations of union members carry the member's name (``("prompt", "list[int]", 1)``); such
     segments are recognised by walking the input alongside: a string is a key only where the
     input is a mapping, an integer an index only where it is a list."""
     out = ""
-    node = data
+    node: object = data
     for seg in loc:
         if isinstance(seg, int) and isinstance(node, list):
             out += f"[{seg}]"
@@ -105,7 +104,7 @@ def param_of(loc: tuple[int | str, ...], data: Any) -> str:
     return out
 
 
-def validation_error(exc: ValidationError | RequestValidationError, data: Any) -> ApiError:
+def validation_error(exc: ValidationError | RequestValidationError, data: object) -> ApiError:
     """One 400 for a failed validation: ``param`` names the first bad field (FastAPI's own 422s
     come here too); the message lists every failure (``field: reason``), each once."""
     lines: list[str] = []
@@ -166,7 +165,7 @@ def _too_large(max_bytes: int) -> ApiError:
     return ApiError(413, f"request body is larger than {max_bytes} bytes", code="body_too_large")
 
 
-def parse_json_object(body: bytes) -> dict[str, Any]:
+def parse_json_object(body: bytes) -> dict[str, object]:
     """The body as a JSON object (400 otherwise). ``NaN``/``Infinity`` literals parse as floats
     here and are refused by the models' finiteness check, naming the field."""
     try:

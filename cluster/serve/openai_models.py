@@ -76,6 +76,7 @@ MAX_SCHEMA_BYTES = 64 << 10  # a tool's parameters or a response format's schema
 MAX_ARGUMENTS_CHARS = 64 << 10  # an earlier turn's tool-call arguments (a JSON string)
 
 
+# Any: a JSON schema of the client's, passed on untouched (bounded in size only).
 def _bounded_json(value: dict[str, Any] | None) -> dict[str, Any] | None:
     if value is not None and len(json.dumps(value)) > MAX_SCHEMA_BYTES:
         raise ValueError(f"at most {MAX_SCHEMA_BYTES} bytes of JSON")
@@ -161,7 +162,7 @@ class ChatMessage(StrictModel):
 
     @field_validator("tool_calls", "refusal")
     @classmethod
-    def _assistant_only(cls, value: Any, info: ValidationInfo) -> Any:
+    def _assistant_only(cls, value: object, info: ValidationInfo) -> object:
         role = info.data.get("role")
         if value is not None and role != "assistant":
             raise ValueError(f"only an assistant message carries {info.field_name}, not a {role}")

@@ -34,9 +34,9 @@ import collections
 import logging
 import time
 from collections.abc import AsyncIterator, Coroutine
-from typing import Any
 
 from cluster.actor_bus import ActorBus
+from cluster.actor_ref import ActorRef
 from cluster.dataplane.admission import AdmissionGate
 from cluster.dataplane.auction_link import AuctionLink
 from cluster.dataplane.exchange import Refusal
@@ -69,12 +69,12 @@ class ActorRequestPath:
     def __init__(
         self,
         *,
-        auction: Any,
+        auction: ActorRef,
         backend: Backend,
         replica: str,
         workers: Workers | None = None,
         bus: ActorBus | None = None,
-        extra_metrics: tuple[Any, ...] = (),
+        extra_metrics: tuple[ActorRef, ...] = (),
         gate: AdmissionGate | None = None,
         exchange_period_s: float = EXCHANGE_PERIOD_S,
     ) -> None:
@@ -208,7 +208,7 @@ class ActorRequestPath:
         """The actors' families (cluster/ray/metrics_server.py: ``actors_metrics_text``)."""
         return await actors_metrics_text([self.auction, *self.extra_metrics], self.workers)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
         """Run bookkeeping in the background, kept until done (``settle`` waits for it)."""
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)

@@ -6,9 +6,9 @@ factory (``cluster.backends``) builds its view and its ``Backend`` and hands the
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from cluster.actor_bus import ActorBus
+from cluster.actor_ref import ActorHandles
 from cluster.dataplane.admission import AdmissionGate
 from cluster.dataplane.lease import LeaseKeeper
 from cluster.dataplane.replica import ReplicaRouter
@@ -20,7 +20,7 @@ __all__ = ["compose_path"]
 
 
 async def compose_path(
-    *, handles: dict[str, Any], namespace: str, bus: ActorBus, view: ReplicaRouter,
+    *, handles: ActorHandles, namespace: str, bus: ActorBus, view: ReplicaRouter,
     backend: Callable[[Workers], Backend], exchange_period_s: float,
 ) -> ActorRequestPath:  # fmt: skip
     """What every ingress replica has whatever its engines: its routing view started (the
@@ -29,20 +29,16 @@ async def compose_path(
     await view.start()
     gate = AdmissionGate()
     view.regime_listeners.append(gate.on_regime)
-    keeper = LeaseKeeper(gate, handles["auction"], view.replica_id)
+    keeper = LeaseKeeper(gate, handles.auction, view.replica_id)
     await keeper.start()
-    workers = Workers(
-        dict(handles["prefill"]), dict(handles["decode"]), named_worker_resolver(namespace)
-    )
+    workers = Workers(dict(handles.prefill), dict(handles.decode), named_worker_resolver(namespace))
     path = ActorRequestPath(
-        auction=handles["auction"],
+        auction=handles.auction,
         backend=backend(workers),
         replica=view.replica_id,
         workers=workers,
         bus=bus,
-        extra_metrics=tuple(
-            h for h in (handles.get("router"), handles.get("poa"), handles.get("controller")) if h
-        ),
+        extra_metrics=handles.control_plane(),
         gate=gate,
         exchange_period_s=exchange_period_s,
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from pydantic import BaseModel
 
@@ -44,7 +44,7 @@ def sse(model: BaseModel) -> bytes:
     return b"data: " + model.model_dump_json().encode() + b"\n\n"
 
 
-def sse_json(obj: Any) -> bytes:
+def sse_json(obj: object) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
@@ -129,7 +129,7 @@ class Shapes:
 
     def response(
         self, text: str, finish_reason: str, usage: Usage, disagg: DisaggInfo
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """The non-streaming body."""
         body: BaseModel
         if self.chat:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Coroutine
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from fastapi import Request
 from starlette.requests import ClientDisconnect
@@ -89,7 +89,7 @@ async def next_event(events: AsyncIterator[PathEvent]) -> PathEvent | None:
         return None
 
 
-async def until_disconnect(request: Request, work: Coroutine[Any, Any, T]) -> T:
+async def until_disconnect(request: Request, work: Coroutine[object, object, T]) -> T:
     """``await work``, unless the client disconnects first: then cancel it (the path sees
     CancelledError where it waits) and raise :class:`ClientGoneError`."""
     task = asyncio.ensure_future(work)

@@ -27,10 +27,10 @@ import hmac
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from cluster.dataplane.admission import ANONYMOUS
 from cluster.ledger.sqlite import MAX_AMOUNT
 from cluster.models import StrictModel, load_yaml_model, validate_model
 
@@ -44,7 +44,6 @@ __all__ = [
     "hash_key",
 ]
 
-ANONYMOUS = "anonymous"  # the ledger name of unauthenticated requests; no file entry may take it
 MAX_USERS = 10_000
 MAX_USERS_FILE_BYTES = 1 << 20
 MAX_KEY_CHARS = 512  # longer bearer tokens are refused before hashing (bounded work per request)
@@ -118,7 +117,7 @@ class Users:
 
     @classmethod
     def from_wire(
-        cls, entries: Sequence[dict[str, Any]] | None, *, allow_anonymous: bool = True
+        cls, entries: Sequence[Mapping[str, object]] | None, *, allow_anonymous: bool = True
     ) -> Users:
         """From :meth:`to_wire` output (how the users travel to a Serve replica), validated
         again on arrival."""
@@ -146,13 +145,13 @@ class Users:
         """The users (name, key hash, budget); empty without a file."""
         return list(self.file.users) if self.file is not None else []
 
-    def to_wire(self) -> list[dict[str, Any]] | None:
+    def to_wire(self) -> list[dict[str, object]] | None:
         """The users as plain dicts (hashes only, never keys), or None without a file."""
         if self.file is None:
             return None
         return [u.model_dump() for u in self.file.users]
 
-    def ledger_users(self) -> list[dict[str, Any]]:
+    def ledger_users(self) -> list[dict[str, object]]:
         """``[{"name", "budget"}]`` for the auction actor's ledger (anonymous has budget 0)."""
         return [{"name": u.name, "budget": u.budget} for u in self.entries]
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from auction import engine_priority
 from cluster.sim.admission import Admission, FcfsAdmission
@@ -95,7 +94,7 @@ class SimCluster:
         self.block_size = bs
         self.seed = seed
         self.views = RouterViews(views or ViewSettings(), self.loop, bs, policy, seed, selection)
-        self.kv_listeners: list[Callable[[dict[str, Any]], None]] = []
+        self.kv_listeners: list[Callable[[dict[str, object]], None]] = []
         self.first_token_listeners: list[Callable[[RequestRecord], None]] = []
         self.completion_listeners: list[Callable[[RequestRecord], None]] = []
         self.prefill: dict[int, PrefillWorker] = {}

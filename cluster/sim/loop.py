@@ -11,11 +11,10 @@ import gc
 import heapq
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 # (time, sequence number, action, args): tuples compare on the first two fields only, because
 # sequence numbers are unique.
-_Event = tuple[float, int, Callable[..., None], tuple[Any, ...]]
+_Event = tuple[float, int, Callable[..., None], tuple[object, ...]]
 
 
 class EventLoop:
@@ -27,13 +26,13 @@ class EventLoop:
         self._seq = 0
         self.log: list[tuple[float, str]] | None = [] if record else None
 
-    def at(self, when: float, action: Callable[..., None], *args: Any) -> None:
+    def at(self, when: float, action: Callable[..., None], *args: object) -> None:
         if when < self.now:
             raise ValueError(f"cannot schedule in the past: {when} < now {self.now}")
         self._seq += 1
         heapq.heappush(self._heap, (when, self._seq, action, args))
 
-    def after(self, delay: float, action: Callable[..., None], *args: Any) -> None:
+    def after(self, delay: float, action: Callable[..., None], *args: object) -> None:
         self.at(self.now + max(0.0, delay), action, *args)
 
     def note(self, label: str) -> None:

@@ -248,7 +248,8 @@ class HardwareProfile(_Checked):
     @classmethod
     def from_spec(cls, spec: ProfileSpec) -> HardwareProfile:
         """The records of a validated spec (each checks itself again: cheap, once per load)."""
-        values: dict[str, Any] = dict(spec)  # shallow: nested specs are still models here
+        # Any: the spec's fields, each its own type; shallow: nested specs are still models here
+        values: dict[str, Any] = dict(spec)
         records = {"prefill": PrefillModel, "decode": DecodeModel, "link": LinkModel}
         for name, record in {**records, "workload": WorkloadShape}.items():
             values[name] = record(**dict(values[name]))
@@ -275,7 +276,7 @@ def load_profile(name_or_path: str | Path) -> HardwareProfile:
     return HardwareProfile.from_spec(load_yaml_model(ProfileSpec, path))
 
 
-def parse_profile(raw: Any, where: str = "profile") -> HardwareProfile:
+def parse_profile(raw: object, where: str = "profile") -> HardwareProfile:
     """A profile from already-parsed data; errors read ``where.field.path: message``."""
     try:
         spec = ProfileSpec.model_validate(raw)

@@ -6,7 +6,7 @@ simulated run may build and the topology syntax ``xP/yD``."""
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Literal, get_args
 
 from pydantic import (
     Discriminator,
@@ -160,7 +160,7 @@ class MemorySpec(StrictModel):
     runtime_gib: float = Field(ge=0, le=1024)
 
 
-def _value_kind(value: Any) -> str:
+def _value_kind(value: object) -> str:
     return "range" if isinstance(value, list | tuple) else "number"
 
 
@@ -189,7 +189,7 @@ class CalibrationSpec(StrictModel):
 
     @field_validator("value", mode="before")
     @classmethod
-    def _list_is_range(cls, value: Any) -> Any:
+    def _list_is_range(cls, value: object) -> object:
         if isinstance(value, list | tuple):  # YAML has no tuples
             if len(value) != 2:
                 raise ValueError(f"a range is [low, high], 2 numbers, not {len(value)}")
@@ -254,7 +254,9 @@ class ProfileSpec(StrictModel):
 
     @field_validator("calibration")
     @classmethod
-    def _derivable(cls, points: list[CalibrationSpec], info: ValidationInfo) -> Any:
+    def _derivable(
+        cls, points: list[CalibrationSpec], info: ValidationInfo
+    ) -> list[CalibrationSpec]:
         derived = any(p.metric == "kv_capacity_tokens" for p in points)
         if derived and (info.data.get("architecture") is None or info.data.get("memory") is None):
             raise ValueError("a kv_capacity_tokens point needs architecture and memory")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
 from cluster.lifecycle import Lifecycle
+from router import Decision
 
 
 @dataclass(eq=False)
@@ -20,8 +21,8 @@ class RequestRecord(Lifecycle):
     prefill_start: float | None = None
     prefill_end: float | None = None
     transfer_end: float | None = None
-    decision: Any = field(default=None, repr=False)  # router.Decision: the decode route
-    prefill_decision: Any = field(default=None, repr=False)  # the prefill route, when remote
+    decision: Decision | None = field(default=None, repr=False)  # the decode route
+    prefill_decision: Decision | None = field(default=None, repr=False)  # when remote
     itl: np.ndarray | None = field(default=None, repr=False)
 
     @property

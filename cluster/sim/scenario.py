@@ -45,7 +45,7 @@ class NamedPhase:
 class ScenarioResult:
     topology: str
     adaptive: bool
-    phases: list[dict[str, Any]]
+    phases: list[dict[str, Any]]  # Any: JSON rows of the report (_phase_row)
     timeline: list[TickSample]
     changes: list[RegimeChange]
     advice: list[CapacityAdvice]

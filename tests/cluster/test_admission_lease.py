@@ -12,6 +12,7 @@ import pytest
 
 from cluster.dataplane.admission import AdmissionGate, Lease
 from cluster.ray.auction_actor import AuctionActor
+from tests.cluster.auction_client import Replica
 
 
 class Clock:
@@ -104,16 +105,19 @@ def test_leases_split_the_slots_and_reserve_them(tmp_path: Path) -> None:
         one = await actor.lease("r1")
         assert one.slots == 2
         # Every slot is leased: a request sent to the auction waits for one.
-        admit = asyncio.ensure_future(actor.admit("q1", "alice", 1.0, [1, 2, 3]))
+        other, r1 = Replica(actor, "r3"), Replica(actor, "r1", lease_id=lambda: one.lease_id)
+        admit = asyncio.ensure_future(other.admit("q1", "alice", 1.0, [1, 2, 3]))
         await asyncio.sleep(0.05)
         assert not admit.done()
         # r1 ran over its share: its slots go back to the auction at once.
-        late = actor.admit("q2", "alice", 1.0, [1, 2], lease_id=one.lease_id)
+        late = r1.admit("q2", "alice", 1.0, [1, 2])
         released = await asyncio.wait_for(asyncio.gather(admit, late), 1.0)
         assert [r.mode for r in released] == ["fcfs", "fcfs"]
-        assert (await actor.stats()).leases == {"r1": 0, "r2": 2}
-        for rid in ("q1", "q2"):
-            assert await actor.finished(rid, True) == 0.0  # FCFS: free
+        assert (await actor.stats()).leases == {"r1": 0, "r2": 2, "r3": 0}  # r3: no lease
+        assert await other.finished("q1", True) == 0.0  # FCFS: free
+        assert await r1.finished("q2", True) == 0.0
+        await other.aclose()
+        await r1.aclose()
         await actor.shutdown()
 
     asyncio.run(body())
@@ -125,12 +129,14 @@ def test_a_dead_replicas_lease_expires_and_returns_its_slots(tmp_path: Path) -> 
         # below sees the lease still live.
         actor = _actor(tmp_path, ttl_s=2.0)
         await actor.lease("dead")
-        admit = asyncio.ensure_future(actor.admit("q1", "alice", 0.0, [1, 2, 3]))
+        other = Replica(actor, "r2")
+        admit = asyncio.ensure_future(other.admit("q1", "alice", 0.0, [1, 2, 3]))
         await asyncio.sleep(0.2)
         assert not admit.done()  # its replica holds every slot
         released = await asyncio.wait_for(admit, 10.0)  # until its lease expires (2 s)
         assert released.position == 0
-        await actor.finished("q1", True)
+        await other.finished("q1", True)
+        await other.aclose()
         await actor.shutdown()
 
     asyncio.run(body())

@@ -1,11 +1,11 @@
 """The auction actor in-process (no Ray, no NATS): admission, holds and captures
-(cluster/ray/auction_actor.py)."""
+(cluster/ray/auction_actor.py), its requests handed in as an ingress replica hands them
+(tests/cluster/auction_client.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -13,13 +13,15 @@ from typing import Any
 import pytest
 
 from auction import Request, run_auction
-from auction.admission import QueueFull, Release, split_payments
+from auction.admission import Release, split_payments
+from cluster.dataplane.exchange import Refusal
 from cluster.events import AuctionEvent
-from cluster.ledger.sqlite import BudgetExceeded, Ledger, LedgerError, UnknownAccountError
+from cluster.ledger.sqlite import Ledger, LedgerError
 from cluster.models import ConfigError, validate_model
-from cluster.ray.auction_actor import AdmissionCancelledError, AuctionActor
+from cluster.ray.auction_actor import AuctionActor
 from cluster.ray.auction_settings import AuctionSettingsModel
 from cluster.ray.status import AuctionStats
+from tests.cluster.auction_client import Replica
 from tests.ledger_backends import LedgerAt
 
 USERS = [
@@ -29,25 +31,31 @@ USERS = [
 ]
 
 
-def _actor(where: Path | LedgerAt, **settings: Any) -> AuctionActor:
+def _actor(where: Path | LedgerAt, ttl_s: float = 30.0, **settings: Any) -> AuctionActor:
     at = (
         where
         if isinstance(where, LedgerAt)
         else LedgerAt("sqlite", str(where / "ledger.db"), "disaggctl", where)
     )
     return AuctionActor(
-        settings=settings, ledger=at.location, ledger_schema=at.schema, users=USERS, nats_url=None
-    )
+        settings=settings, ledger=at.location, ledger_schema=at.schema, users=USERS,
+        nats_url=None, lease_ttl_s=ttl_s, hold_grace_s=ttl_s,
+    )  # fmt: skip
 
 
 def _run(
-    where: Path | LedgerAt, body: Callable[[AuctionActor], Awaitable[None]], **settings: Any
+    where: Path | LedgerAt,
+    body: Callable[[AuctionActor, Replica], Awaitable[None]],
+    ttl_s: float = 30.0,
+    **settings: Any,
 ) -> None:
     async def main() -> None:
-        actor = _actor(where, **settings)
+        actor = _actor(where, ttl_s, **settings)
+        replica = Replica(actor)
         try:
-            await body(actor)
+            await body(actor, replica)
         finally:
+            await replica.aclose()
             await actor.shutdown()
 
     asyncio.run(main())
@@ -57,23 +65,30 @@ def _users(stats: AuctionStats) -> dict[str, tuple[float, float]]:
     return {u: (s.spent, s.held) for u, s in stats.users.items()}
 
 
+async def _refused(admit: Awaitable[Release]) -> tuple[int, str]:
+    with pytest.raises(Refusal) as info:
+        await admit
+    return info.value.status, info.value.code
+
+
 def test_fcfs_below_saturation_holds_the_bid_and_charges_nothing(tmp_path: Path) -> None:
-    async def body(actor: AuctionActor) -> None:
+    async def body(actor: AuctionActor, replica: Replica) -> None:
         ready = await actor.ready()
         assert ready.node_id is None and ready.released_at_start == 0
-        admitted = await actor.admit("r1", "alice", 2.5, [1, 2, 3])
+        admitted = await replica.admit("r1", "alice", 2.5, [1, 2, 3])
         assert admitted == Release("r1", position=0, payment=0.0, batch_id=None, mode="fcfs")
         stats = await actor.stats()
         assert _users(stats)["alice"] == (0.0, 2.5) and stats.in_prefill == 1
-        await actor.started("r1")
-        assert await actor.finished("r1", answered=True) == 0.0
-        assert await actor.finished("r1", answered=True) == 0.0  # idempotent
+        await replica.started("r1")
+        assert await replica.finished("r1", answered=True) == 0.0
+        assert await replica.finished("r1", answered=True) == 0.0  # idempotent
         assert _users(await actor.stats())["alice"] == (0.0, 0.0)
         # Anonymous traffic bids 0, holds nothing and needs no account.
-        assert (await actor.admit("r2", "", 0.0, [4])).mode == "fcfs"
-        assert await actor.finished("r2", answered=True) == 0.0
-        with pytest.raises(BudgetExceeded):
-            await actor.admit("r3", "anonymous", 0.5, [4])
+        assert (await replica.admit("r2", "anonymous", 0.0, [4])).mode == "fcfs"
+        assert await replica.finished("r2", answered=True) == 0.0
+        assert await _refused(replica.admit("r3", "anonymous", 0.5, [4])) == (
+            402, "budget_exceeded"
+        )  # fmt: skip
 
     _run(tmp_path, body)
 
@@ -88,9 +103,9 @@ def test_saturated_requests_are_auctioned_in_dfs_bid_order_and_pay_vcg_shares(
         ("q4", "carol", 2.0, [7, 5]),
     ]
 
-    async def body(actor: AuctionActor) -> None:
+    async def body(actor: AuctionActor, replica: Replica) -> None:
         await actor.set_regime("saturated")
-        results = await asyncio.gather(*(actor.admit(*spec) for spec in specs))
+        results = await asyncio.gather(*(replica.admit(*spec) for spec in specs))
         batch = [Request(r, u, t, b, arrival=k) for k, (r, u, b, t) in enumerate(specs)]
         expected = run_auction(batch, "dfs-bid")
         shares = split_payments(expected.payments, batch)
@@ -105,8 +120,8 @@ def test_saturated_requests_are_auctioned_in_dfs_bid_order_and_pay_vcg_shares(
         assert held["alice"] == (0.0, 4.0) and held["bob"] == (0.0, 4.0)
         charged = {}
         for rid in expected.order:
-            await actor.started(rid)
-            charged[rid] = await actor.finished(rid, answered=True)
+            await replica.started(rid)
+            charged[rid] = await replica.finished(rid, answered=True)
         assert charged == pytest.approx(shares, abs=1e-6)
         stats = await actor.stats()
         assert stats.revenue == pytest.approx(expected.revenue, abs=1e-5)
@@ -125,19 +140,20 @@ def test_saturated_requests_are_auctioned_in_dfs_bid_order_and_pay_vcg_shares(
 
 
 def test_a_bid_above_the_remaining_budget_is_refused_before_queueing(tmp_path: Path) -> None:
-    async def body(actor: AuctionActor) -> None:
-        with pytest.raises(BudgetExceeded) as info:
-            await actor.admit("r1", "bob", 5.5, [1])
-        assert info.value.balance == 5.0
-        await actor.admit("r2", "bob", 3.0, [1])  # holds 3 of bob's 5
-        with pytest.raises(BudgetExceeded):
-            await actor.admit("r3", "bob", 2.5, [2])
-        with pytest.raises(UnknownAccountError):
-            await actor.admit("r4", "mallory", 0.0, [1])
-        with pytest.raises(ValueError, match="bid"):
-            await actor.admit("r5", "bob", -1.0, [1])
-        with pytest.raises(ValueError, match="already admitted"):
-            await actor.admit("r2", "bob", 1.0, [1])
+    async def body(actor: AuctionActor, replica: Replica) -> None:
+        with pytest.raises(Refusal, match="5") as info:  # what bob has left is in the message
+            await replica.admit("r1", "bob", 5.5, [1])
+        assert (info.value.status, info.value.code) == (402, "budget_exceeded")
+        await replica.admit("r2", "bob", 3.0, [1])  # holds 3 of bob's 5
+        assert await _refused(replica.admit("r3", "bob", 2.5, [2])) == (402, "budget_exceeded")
+        assert await _refused(replica.admit("r4", "mallory", 0.0, [1])) == (401, "unknown_user")
+        with pytest.raises(ValueError, match="bid"):  # refused where it is made, never sent
+            await replica.admit("r5", "bob", -1.0, [1])
+        other = Replica(actor, "r2")  # another replica's request of the same id
+        try:
+            assert await _refused(other.admit("r2", "bob", 1.0, [1])) == (400, "invalid_request")
+        finally:
+            await other.aclose()
         stats = await actor.stats()
         assert stats.queue_depth == 0 and stats.in_flight == 1
         assert _users(stats)["bob"] == (0.0, 3.0)
@@ -146,80 +162,79 @@ def test_a_bid_above_the_remaining_budget_is_refused_before_queueing(tmp_path: P
 
 
 def test_not_answered_releases_the_hold_and_answered_captures_it(tmp_path: Path) -> None:
-    async def body(actor: AuctionActor) -> None:
+    async def body(actor: AuctionActor, replica: Replica) -> None:
         await actor.set_regime("saturated")
         first = await asyncio.gather(
-            actor.admit("a", "alice", 2.0, [1]), actor.admit("b", "bob", 1.0, [2])
+            replica.admit("a", "alice", 2.0, [1]), replica.admit("b", "bob", 1.0, [2])
         )
         assert {r.mode for r in first} == {"auction"}
-        assert await actor.finished("b", answered=False) == 0.0
-        paid = await actor.finished("a", answered=True)
+        assert await replica.finished("b", answered=False) == 0.0
+        paid = await replica.finished("a", answered=True)
         assert paid == pytest.approx(1.0)  # alice outbid bob: she pays his externality
-        assert await actor.finished("a", answered=True) == paid
-        assert await actor.finished("never-admitted", answered=True) == 0.0
-        with pytest.raises(AdmissionCancelledError, match="already finished"):
-            await actor.admit("never-admitted", "alice", 1.0, [1])  # a late admit is refused
+        assert await replica.finished("never-admitted", answered=True) == 0.0
         users = _users(await actor.stats())
         assert users["alice"] == (pytest.approx(1.0), 0.0) and users["bob"] == (0.0, 0.0)
 
     _run(tmp_path, body, batch_size=2, batch_window_ms=10_000.0)
 
 
-def test_a_restart_releases_open_holds_and_keeps_charges(ledger_at: LedgerAt) -> None:
-    async def first_life(actor: AuctionActor) -> None:
+def test_a_restart_releases_a_dead_replicas_holds_and_keeps_charges(ledger_at: LedgerAt) -> None:
+    async def first_life(actor: AuctionActor, replica: Replica) -> None:
         await actor.set_regime("saturated")
-        await asyncio.gather(actor.admit("a", "alice", 2.0, [1]), actor.admit("b", "bob", 1.0, [2]))
-        await actor.finished("a", answered=True)
-        # "b" is never answered: the process dies with its hold open.
+        await asyncio.gather(
+            replica.admit("a", "alice", 2.0, [1]), replica.admit("b", "bob", 1.0, [2])
+        )
+        await replica.finished("a", answered=True)
+        # "b" is never answered: its replica dies with the auction, the hold open.
 
-    _run(ledger_at, first_life, batch_size=2, batch_window_ms=10_000.0)
+    _run(ledger_at, first_life, ttl_s=0.05, batch_size=2, batch_window_ms=10_000.0)
     with ledger_at.open() as ledger:  # on either backend (SQLite, or PostgreSQL on a cluster)
         assert ledger.held("bob") == 1.0 and ledger.account("alice").spent == 1.0
 
-    async def second_life(actor: AuctionActor) -> None:
+    async def second_life(actor: AuctionActor, replica: Replica) -> None:
+        # Nobody renewed "b"'s hold past its owner's lease and grace: released at start.
         assert actor.released_at_start == 1
         stats = await actor.stats()
         assert _users(stats) == {"alice": (1.0, 0.0), "bob": (0.0, 0.0), "carol": (0.0, 0.0)}
 
+    asyncio.run(asyncio.sleep(0.2))
     _run(ledger_at, second_life)
 
 
-def test_a_caller_cancelled_while_queued_leaves_and_releases_its_hold(tmp_path: Path) -> None:
-    async def body(actor: AuctionActor) -> None:
+def test_a_caller_gone_while_queued_leaves_and_releases_its_hold(tmp_path: Path) -> None:
+    async def body(actor: AuctionActor, replica: Replica) -> None:
         await actor.set_regime("saturated")
-        waiting = asyncio.ensure_future(actor.admit("r1", "alice", 4.0, [1]))
+        waiting = asyncio.ensure_future(replica.admit("r1", "alice", 4.0, [1]))
         await asyncio.sleep(0.05)
-        assert (await actor.stats()).queue_depth == 1
-        waiting.cancel()
+        stats = await actor.stats()
+        assert stats.queue_depth == 1 and _users(stats)["alice"] == (0.0, 4.0)
+        waiting.cancel()  # the client hung up: the link withdraws the request
         with pytest.raises(asyncio.CancelledError):
             await waiting
-        stats = await actor.stats()  # the release ran before this read on the ledger thread
+        for _ in range(100):  # the withdrawal rides the next exchange
+            stats = await actor.stats()
+            if stats.queue_depth == 0 and _users(stats)["alice"] == (0.0, 0.0):
+                break
+            await asyncio.sleep(0.01)
         assert stats.queue_depth == 0 and _users(stats)["alice"] == (0.0, 0.0)
-        # finished() on a queued request also takes it out (the ingress gave up on it).
-        queued = asyncio.ensure_future(actor.admit("r2", "alice", 4.0, [1]))
-        await asyncio.sleep(0.05)
-        assert await actor.finished("r2", answered=False) == 0.0
-        with pytest.raises(AdmissionCancelledError):
-            await queued
-        assert _users(await actor.stats())["alice"] == (0.0, 0.0)
 
     _run(tmp_path, body, batch_window_ms=60_000.0)
 
 
 def test_the_batch_window_and_the_prefill_slots(tmp_path: Path) -> None:
-    async def body(actor: AuctionActor) -> None:
-        first = await actor.admit("r1", "alice", 1.0, [1])  # below: FCFS, takes the one slot
+    async def body(actor: AuctionActor, replica: Replica) -> None:
+        first = await replica.admit("r1", "alice", 1.0, [1])  # below: FCFS, takes the one slot
         assert first.mode == "fcfs"
-        second = asyncio.ensure_future(actor.admit("r2", "bob", 1.0, [2]))
+        second = asyncio.ensure_future(replica.admit("r2", "bob", 1.0, [2]))
         await asyncio.sleep(0.05)
         assert not second.done()  # no slot until r1's first token
-        await actor.started("r1")
+        await replica.started("r1")
         assert (await second).mode == "fcfs"
         await actor.set_regime("saturated")
-        await actor.started("r2")
+        await replica.started("r2")
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        alone = await actor.admit("r3", "carol", 1.0, [3])  # waits out the 30 ms window
+        alone = await replica.admit("r3", "carol", 1.0, [3])  # waits out the 30 ms window
         assert loop.time() - t0 >= 0.029
         assert (alone.mode, alone.position, alone.payment) == ("auction", 1, 0.0)
 
@@ -227,16 +242,13 @@ def test_the_batch_window_and_the_prefill_slots(tmp_path: Path) -> None:
 
 
 def test_a_full_queue_is_refused_without_touching_the_ledger(tmp_path: Path) -> None:
-    async def body(actor: AuctionActor) -> None:
+    async def body(actor: AuctionActor, replica: Replica) -> None:
         await actor.set_regime("saturated")
-        waiting = asyncio.ensure_future(actor.admit("r1", "alice", 1.0, [1]))
+        waiting = asyncio.ensure_future(replica.admit("r1", "alice", 1.0, [1]))
         await asyncio.sleep(0.02)
-        with pytest.raises(QueueFull):
-            await actor.admit("r2", "alice", 1.0, [1])
+        assert await _refused(replica.admit("r2", "alice", 1.0, [1])) == (503, "queue_full")
         assert _users(await actor.stats())["alice"] == (0.0, 1.0)  # r1's hold only
-        await actor.shutdown()  # refuses what still waits
-        with pytest.raises(AdmissionCancelledError):
-            await waiting
+        waiting.cancel()
 
     _run(tmp_path, body, max_queue=1, batch_window_ms=60_000.0)
 
@@ -248,10 +260,12 @@ def test_each_batch_is_published_as_an_auction_event(tmp_path: Path) -> None:
         async def publish(self, event: AuctionEvent) -> None:
             published.append(event)
 
-    async def body(actor: AuctionActor) -> None:
+    async def body(actor: AuctionActor, replica: Replica) -> None:
         actor._bus, actor._bus_up = FakeBus(), True  # type: ignore[assignment]
         await actor.set_regime("saturated")
-        await asyncio.gather(actor.admit("a", "alice", 2.0, [1]), actor.admit("b", "bob", 1.0, [2]))
+        await asyncio.gather(
+            replica.admit("a", "alice", 2.0, [1]), replica.admit("b", "bob", 1.0, [2])
+        )
         await asyncio.sleep(0)
         (event,) = published
         assert (event.batch_id, event.n, event.order) == (0, 2, ("a", "b"))
@@ -259,7 +273,7 @@ def test_each_batch_is_published_as_an_auction_event(tmp_path: Path) -> None:
         # An id past the event's bounds costs the event, never the request.
         long_id = "x" * 300
         admitted = await asyncio.gather(
-            actor.admit(long_id, "alice", 1.0, [1]), actor.admit("c", "bob", 1.0, [2])
+            replica.admit(long_id, "alice", 1.0, [1]), replica.admit("c", "bob", 1.0, [2])
         )
         assert {a.mode for a in admitted} == {"auction"} and len(published) == 1
         actor._bus, actor._bus_up = None, False
@@ -322,56 +336,10 @@ def test_a_derived_max_in_prefill_follows_the_prefill_pool_and_a_fixed_one_stays
                      prefill_workers=-1)  # fmt: skip
 
 
-def test_a_caller_cancelled_mid_reserve_leaves_no_hold(tmp_path: Path) -> None:
-    async def body(actor: AuctionActor) -> None:
-        reserve = actor._ledger.reserve
-
-        def slow_reserve(*args: Any) -> Any:  # on the ledger thread: the caller gives up first
-            time.sleep(0.1)
-            return reserve(*args)
-
-        actor._ledger.reserve = slow_reserve  # type: ignore[method-assign]
-        admit = asyncio.ensure_future(actor.admit("r1", "alice", 4.0, [1]))
-        await asyncio.sleep(0.02)
-        admit.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await admit
-        # The reserve committed after the cancel; the release queued behind it undid it.
-        stats = await actor.stats()
-        assert _users(stats)["alice"] == (0.0, 0.0) and stats.in_flight == 0
-        # Refused mid-reserve (over budget and cancelled), the queued release finds no hold.
-        over = asyncio.ensure_future(actor.admit("r2", "alice", 40.0, [1]))
-        await asyncio.sleep(0.02)
-        over.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await over
-        assert _users(await actor.stats())["alice"] == (0.0, 0.0)
-
-    _run(tmp_path, body)
-
-
-def test_a_release_racing_a_cancel_gives_the_slot_back(tmp_path: Path) -> None:
-    async def body(actor: AuctionActor) -> None:
-        await actor.set_regime("saturated")
-        first = asyncio.ensure_future(actor.admit("r1", "alice", 1.0, [1]))
-        second = asyncio.ensure_future(actor.admit("r2", "bob", 1.0, [2]))
-        await asyncio.sleep(0.02)
-        first.cancel()  # its waiter is cancelled now; its cleanup runs on the next loop turn
-        await actor.set_regime("below")  # ... but this releases it (FCFS) first
-        assert (await second).mode == "fcfs"
-        with pytest.raises(asyncio.CancelledError):
-            await first
-        stats = await actor.stats()
-        assert stats.in_prefill == 1 and stats.in_flight == 1  # r2 only
-        assert _users(stats)["alice"] == (0.0, 0.0)
-
-    _run(tmp_path, body, max_in_prefill=1, batch_window_ms=60_000.0)
-
-
 def test_a_users_file_budget_change_keeps_the_ledgers(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    _run(tmp_path, lambda actor: asyncio.sleep(0))
+    _run(tmp_path, lambda actor, replica: asyncio.sleep(0))
     changed = [{"name": "alice", "budget": 99.0}, {"name": "anonymous", "budget": 1.0}]
     with caplog.at_level(logging.WARNING, logger="cluster.ray.auction_actor"):
         actor = AuctionActor(

@@ -16,6 +16,7 @@ from ray.exceptions import ActorDiedError
 
 from auction import PAYING, engine_priority
 from auction.admission import Release
+from cluster.actor_ref import ActorHandles
 from cluster.backends.sim.backend import SimBackend
 from cluster.backends.sim.path import make_actor_path
 from cluster.backends.sim.token_streams import DecodeOrder, StreamHost
@@ -430,8 +431,7 @@ def test_the_routing_cost_on_metrics_is_the_replicas_own_last_decision() -> None
 
 
 def test_make_actor_path_builds_from_handles_without_nats() -> None:
-    handles = {"router": None, "auction": Auction(), "poa": None, "controller": None,
-               "prefill": {0: Prefill()}, "decode": {1: Decode()}}  # fmt: skip
+    handles = ActorHandles(auction=Auction(), prefill={0: Prefill()}, decode={1: Decode()})
 
     async def build() -> ActorRequestPath:
         path = await make_actor_path(

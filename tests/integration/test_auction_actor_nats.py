@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from cluster.bus import EventBus
+from cluster.dataplane.exchange import Bid, ExchangeIn
 from cluster.events import AuctionEvent, Event
 from cluster.ray.auction_actor import AuctionActor
 
@@ -36,9 +37,9 @@ def test_batches_are_published_on_nats(nats_url: str, tmp_path: Path) -> None:
                     break
                 await asyncio.sleep(0.02)
             await actor.set_regime("saturated")
-            await asyncio.gather(
-                actor.admit("a", "alice", 2.0, [1, 2]), actor.admit("b", "bob", 1.0, [3])
-            )
+            await actor.exchange(ExchangeIn("r1", (
+                Bid("a", "alice", 2.0, (1, 2), "a@r1"), Bid("b", "bob", 1.0, (3,), "b@r1"),
+            )))  # fmt: skip
             for _ in range(200):
                 if received:
                     break

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
 
 from auction import engine_priority
 from cluster.actor_bus import ActorBus
+from cluster.actor_ref import ActorHandles
 from cluster.backends.dynamo.discovery import Discovery
 from cluster.backends.dynamo.routing import DynamoRoutes
 from cluster.backends.dynamo.settings import DynamoSettings
@@ -47,7 +47,7 @@ class DynamoBackend:
         # stream_chunk_s as the simulated workers' frames; cluster/coalesce.py says why).
         self.chunk_interval_s = chunk_interval_s
         self.view = view  # the policy and our router in shadow (synced, never asked per request)
-        self.overrides: dict[str, Any] = {}  # the last override sent, for tests and stats
+        self.overrides: dict[str, object] = {}  # the last override sent, for tests and stats
         self._placed: dict[str, tuple[list[int], int, int, Mapping[str, float]]] = {}
 
     async def start(self) -> None:
@@ -100,11 +100,11 @@ class DynamoBackend:
 
 async def make_dynamo_path(
     *,
-    handles: dict[str, Any],
+    handles: ActorHandles,
     profile: str,
     nats_url: str,
     namespace: str,
-    settings: dict[str, Any],
+    settings: Mapping[str, object],
     discovery: Discovery,
     model_name: str,
     exchange_period_s: float = 0.1,
@@ -119,11 +119,11 @@ async def make_dynamo_path(
     # Every request of a disaggregated Dynamo deployment is prefilled on a prefill worker.
     pools = PoolRouting(
         block_size=dyn.block_size, local_prefill_max_tokens=0,
-        prefill_workers=sorted(handles["prefill"]), decode_workers=sorted(handles["decode"]),
+        prefill_workers=sorted(handles.prefill), decode_workers=sorted(handles.decode),
     )  # fmt: skip
     components = {"prefill": dyn.prefill_component, "decode": dyn.decode_component}
     view = ShadowView(
-        pools, bus, control=handles["router"],
+        pools, bus, control=handles.router,
         kv_subjects={r: kv_subject(dyn.namespace, components[r]) for r in ROLES},
     )  # fmt: skip
     # Joined on the first request, on the loop that serves requests (DynamoRoutes.start).

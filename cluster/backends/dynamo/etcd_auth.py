@@ -110,6 +110,7 @@ class _Gateway:
         self.client = httpx.Client(base_url=url, timeout=timeout_s, trust_env=False)
         self.token: str | None = None
 
+    # Any: etcd's JSON gateway answers a JSON object per call.
     def call(self, step: str, path: str, body: dict[str, Any], *, ok: tuple[str, ...] = ()) -> Any:
         headers = {} if self.token is None else {"Authorization": self.token}
         response = self.client.post(f"/v3/auth/{path}", json=body, headers=headers)

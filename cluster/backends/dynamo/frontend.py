@@ -14,7 +14,6 @@ import asyncio
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 import httpx
 
@@ -57,7 +56,7 @@ class DynamoFrontend:
         self.process.start()
         return self
 
-    def _models_listed(self, body: Any) -> bool:
+    def _models_listed(self, body: object) -> bool:
         data = body.get("data") if isinstance(body, dict) else None
         names = {m.get("id") for m in data if isinstance(m, dict)} if isinstance(data, list) else ()
         return self.settings.model_name in names

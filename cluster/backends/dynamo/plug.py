@@ -5,8 +5,10 @@ DynamoEngines`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from cluster.actor_ref import ActorRef
+from cluster.backends.dynamo.refs import DynamoWorkerRef
 from cluster.backends.dynamo.settings import DynamoSettings
 from cluster.backends.dynamo.worker_spec import DynamoWorkerSpec, dynamo_worker_settings
 from cluster.backends.protocol import Engines
@@ -46,7 +48,7 @@ class DynamoPlug:
             "router_name": control_actor_name(spec.namespace, "router"),
         }
 
-    async def after_start(self, spec: WorkerSpec, handle: Any) -> None:
+    async def after_start(self, spec: WorkerSpec, handle: ActorRef) -> None:
         # A worker started at run time starts its process here and tells the shadow router
         # its instance id, now and after every restart of the process (shadow.py).
         import ray
@@ -54,8 +56,8 @@ class DynamoPlug:
         router = ray.get_actor(
             control_actor_name(spec.namespace, "router"), namespace=RAY_NAMESPACE
         )
-        await handle.attach.remote(router)
-        await handle.start.remote()
+        await DynamoWorkerRef(handle).attach(router)
+        await DynamoWorkerRef(handle).start()
 
     def switch_warmup_s(self, spec: WorkerSpec, role_switch_s: float) -> float:
         return 0.0  # its warm-up is real: its process started and answered before this

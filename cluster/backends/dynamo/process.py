@@ -34,7 +34,6 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -333,7 +332,7 @@ class DynamoProcess:
         async with httpx.AsyncClient(timeout=HTTP_TIMEOUT_S, trust_env=False) as client:
             return await client.get(f"http://127.0.0.1:{port}{path}")
 
-    async def health(self) -> dict[str, Any]:
+    async def health(self) -> dict[str, object]:
         """The system port's ``/health`` JSON; ``{}`` when it does not answer (yet)."""
         try:
             response = await self._get("/health")

@@ -52,6 +52,7 @@ class DynamoArm:
         return "round-robin" if self.mode == "round_robin" else f"kv:{self.tau:g},{self.omega:g}"
 
 
+# Any below: the JSON that Dynamo's replay takes and answers (its Python API is untyped).
 def engines_of(profile: HardwareProfile, folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """The prefill and decode engine settings of Dynamo's replay that run ``profile``'s engines:
     its block size, each pool's cache (blocks) and batch limits, and its timing (the mocker's

@@ -72,6 +72,7 @@ class DynamoRoutes:
             settings, nats_url=nats_url, discovery=discovery, system_port=None,
             host=listen_host(settings.bind),
         )  # fmt: skip
+        # Any: Dynamo's DistributedRuntime and KvRouter (dynamo._core ships no type stubs).
         self.runtime: Any = None
         self.routers: dict[str, Any] = {}
         self._starting: asyncio.Lock | None = None

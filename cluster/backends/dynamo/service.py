@@ -33,17 +33,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import ray
-
+from cluster.actor_ref import ActorHandles, answer_of
 from cluster.backends.dynamo.discovery import Discovery, listen_host
 from cluster.backends.dynamo.etcd_auth import ensure_etcd_credentials
 from cluster.backends.dynamo.etcd_server import EtcdServer
 from cluster.backends.dynamo.install import require_dynamo
 from cluster.backends.dynamo.shadow import ShadowRouterActor
+from cluster.backends.dynamo.worker_actor import EngineProcess
 from cluster.backends.dynamo.worker_spec import DynamoWorkerSpec
 from cluster.backends.registry import engine_spec
 from cluster.nats_auth import CREDENTIALS_ENV, credentials_directory
 from cluster.ray.launcher import READY_TIMEOUT_S
+from cluster.ray.refs import get_answers
 from cluster.ray.service_handles import ServiceHandles
 from cluster.serve.deployment import PathFactory
 from cluster.worker_spec import WorkerSpec
@@ -99,8 +100,9 @@ class DynamoEngines:
 
     def started_workers(self, handles: ServiceHandles) -> None:
         for role, pool in (("prefill", handles.prefill), ("decode", handles.decode)):
-            infos = ray.get([a.start.remote() for a in pool.values()], timeout=READY_TIMEOUT_S)
-            for slot, info in zip(pool, infos, strict=True):
+            answers = get_answers([a.start.remote() for a in pool.values()], READY_TIMEOUT_S)
+            for slot, answer in zip(pool, answers, strict=True):
+                info = answer_of(EngineProcess, answer, f"{role} worker {slot}'s start()")
                 if info.instance_id is None:  # start() returns once its process serves
                     raise RuntimeError(f"{role} worker {slot} serves without a Dynamo instance id")
                 self.instances[role][slot] = info.instance_id
@@ -120,15 +122,15 @@ class DynamoEngines:
     def started_control_plane(self, handles: ServiceHandles) -> None:
         workers = [*handles.prefill.values(), *handles.decode.values()]
         # From now on each worker re-binds its instance id after a restart of its process.
-        ray.get([w.attach.remote(handles.router) for w in workers], timeout=READY_TIMEOUT_S)
+        get_answers([w.attach.remote(handles.router) for w in workers], READY_TIMEOUT_S)
 
-    def path_factory(self, handles: Mapping[str, object], nats_url: str | None) -> PathFactory:
+    def path_factory(self, handles: ActorHandles, nats_url: str | None) -> PathFactory:
         from cluster.backends.dynamo.backend import make_dynamo_path
 
         cfg = self.config
         assert nats_url is not None and self.discovery is not None  # set at start
         return functools.partial(
-            make_dynamo_path, handles=dict(handles), profile=cfg.profile,
+            make_dynamo_path, handles=handles, profile=cfg.profile,
             nats_url=nats_url, namespace=cfg.namespace,
             settings=cfg.dynamo.model_dump(), discovery=self.discovery,
             model_name=cfg.dynamo.model_name, exchange_period_s=cfg.admission.exchange_period_s,

@@ -29,12 +29,13 @@ import dataclasses
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from cluster.actor_bus import ActorBus
+from cluster.actor_ref import ActorRef
 from cluster.dataplane.replica import ReplicaRouter
-from cluster.dataplane.routing import ROLES, Role, RoutingView
+from cluster.dataplane.routing import ROLES, PoolRouting, Role, RoutingView
 from cluster.events import RouteEvent
 from router import Decision, Router
 
@@ -64,8 +65,15 @@ class ShadowRoute:
 class ShadowView(ReplicaRouter):
     """A Dynamo replica's routing view (module docstring)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        routing: PoolRouting,
+        bus: ActorBus,
+        *,
+        control: ActorRef | None = None,
+        kv_subjects: Mapping[Role, str] | None = None,
+    ) -> None:
+        super().__init__(routing, bus, control=control, kv_subjects=kv_subjects)
         self.slot_of: dict[int, tuple[str, int]] = {}  # instance id → (role, slot)
         self.instance_of: dict[tuple[str, int], int] = {}
         self.agreement: dict[str, Counter[str]] = {r: Counter() for r in ROLES}

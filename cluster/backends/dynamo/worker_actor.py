@@ -29,8 +29,8 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from cluster.actor_ref import ActorRef
 from cluster.backends.dynamo.discovery import Discovery, listen_host
 from cluster.backends.dynamo.install import require_dynamo
 from cluster.backends.dynamo.process import DynamoProcess, DynamoStartError, parse_metrics
@@ -73,7 +73,7 @@ class EngineProcessState(EngineProcess):
     not) and why the watch gave up on it (``failed``; None while it has not)."""
 
     alive: bool
-    health: Mapping[str, Any]
+    health: Mapping[str, object]
     failed: str | None
 
 
@@ -95,7 +95,7 @@ class DynamoWorkerActor:
         self,
         role: str,
         slot: int,
-        settings: dict[str, Any],
+        settings: Mapping[str, object],
         *,
         nats_url: str,
         discovery: Discovery,
@@ -126,7 +126,7 @@ class DynamoWorkerActor:
         self.restarts = 0
         self.hung_kills = 0  # processes killed for failing their health checks
         self.failed: str | None = None  # why the watch gave up, once it has
-        self._router: Any = None
+        self._router: ActorRef | None = None
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
         self._lock = asyncio.Lock()
@@ -137,7 +137,7 @@ class DynamoWorkerActor:
         self._restoring: asyncio.Task[EngineProcess] | None = None
         self._restarted = restore_after_restart("restore")
 
-    def attach(self, router_handle: Any) -> None:
+    def attach(self, router_handle: ActorRef) -> None:
         """The router to tell each new instance id (``bind_instance.remote(role, slot, id)``)."""
         self._router = router_handle
 
@@ -233,7 +233,9 @@ class DynamoWorkerActor:
         if self._router is None or self.instance_id is None:
             return
         try:
-            result = self._router.bind_instance.remote(self.role, self.slot, self.instance_id)
+            result: object = self._router.bind_instance.remote(
+                self.role, self.slot, self.instance_id
+            )
             if inspect.isawaitable(result):
                 await asyncio.wait_for(result, timeout=30.0)
         except Exception:  # the worker serves either way; the router may be restarting

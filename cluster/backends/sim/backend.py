@@ -15,6 +15,7 @@ from ray.exceptions import RayTaskError
 
 from auction import engine_priority
 from cluster.backends.sim.decode_streams import SUBMIT_TIMEOUT_S, DecodeStreams
+from cluster.backends.sim.refs import PrefillWorkerRef
 from cluster.backends.sim.token_streams import DecodeOrder
 from cluster.dataplane.replica import ReplicaRouter
 from cluster.dataplane.routing import Route
@@ -102,7 +103,7 @@ class SimBackend:
         try:
             if self.calls is not None:
                 self.calls["prefill"] += 1
-            await asyncio.wait_for(handle.prefill.remote(
+            await asyncio.wait_for(PrefillWorkerRef(handle).prefill(
                 req.request_id, route.prompt_tokens, list(route.local_hashes),
                 list(route.seq_hashes), engine_priority(req.bid),
             ), self.prefill_timeout_s)  # fmt: skip

@@ -24,11 +24,12 @@ import collections
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Coroutine
 
 from ray.exceptions import RayTaskError
 
+from cluster.actor_ref import ActorRef
+from cluster.backends.sim.refs import DecodeWorkerRef
 from cluster.backends.sim.token_streams import MAX_ORDERS_PER_SUBMIT, DecodeOrder, Frame, StreamPart
 from cluster.dataplane.calls import call_detached, detached_task
 from cluster.ray.worker_handles import RAY_FAILURES, Workers, ray_cancel
@@ -49,9 +50,10 @@ class _Link:
     """One stream to one decode worker: the frames it reads, the orders it sends."""
 
     def __init__(
-        self, owner: DecodeStreams, worker: int, handle: Any, interval_s: float
+        self, owner: DecodeStreams, worker: int, handle: ActorRef, interval_s: float
     ) -> None:  # fmt: skip
         self.owner, self.worker, self.handle = owner, worker, handle
+        self.calls = DecodeWorkerRef(handle)
         self.stream_id = f"{owner.replica}.{uuid.uuid4().hex[:12]}"
         self.queues: dict[str, asyncio.Queue[_Item]] = {}
         self.orders: list[DecodeOrder] = []
@@ -61,7 +63,7 @@ class _Link:
         self.closing = False  # the worker said it leaves its role (``Frame.closing``)
         # Whichever of this call and the first submit reaches the worker first opens the
         # stream's outbox there; the other finds it.
-        self.frames = call_detached(handle.frames.remote, self.stream_id, interval_s)
+        self.frames = call_detached(self.calls.frames, self.stream_id, interval_s)
         self.reader = detached_task(self._read())
 
     def join(self, order: DecodeOrder) -> asyncio.Queue[_Item]:
@@ -107,7 +109,7 @@ class _Link:
                 deadline = self.owner.submit_timeout_s
                 try:
                     refused = await asyncio.wait_for(
-                        self.handle.submit.remote(self.stream_id, orders, withdrawn), deadline
+                        self.calls.submit(self.stream_id, orders, withdrawn), deadline
                     )
                 except _SUBMIT_FAILED as exc:
                     self.fail(type(exc).__name__, forget=not isinstance(exc, RayTaskError))
@@ -127,7 +129,9 @@ class _Link:
         why = "its token stream ended"
         try:
             async for ref in self.frames:
-                frame: Frame = await ref
+                frame = await ref
+                if not isinstance(frame, Frame):
+                    raise TypeError(f"a decode worker streamed {type(frame).__name__}, not a Frame")
                 if frame.seq != seq + 1:  # Ray delivers a stream's items in order, or fails it
                     raise RuntimeError(f"frame {frame.seq} after {seq}")
                 seq = frame.seq
@@ -223,7 +227,7 @@ class DecodeStreams:
         if self.calls is not None:
             self.calls[method] += 1
 
-    def spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Coroutine[object, object, None]) -> None:
         task = detached_task(coro)  # a submit carries other requests' orders too
         self._background.add(task)
         task.add_done_callback(self._background.discard)

@@ -4,9 +4,10 @@ SimBackend` over the simulated worker actors (docs/design.md "Data flow (serve m
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from cluster.actor_bus import ActorBus
+from cluster.actor_ref import ActorHandles
 from cluster.backends.sim.backend import PREFILL_TIMEOUT_S, SimBackend
 from cluster.backends.sim.decode_streams import SUBMIT_TIMEOUT_S
 from cluster.dataplane.replica import ReplicaRouter
@@ -20,7 +21,7 @@ __all__ = ["make_actor_path"]
 
 async def make_actor_path(
     *,
-    handles: dict[str, Any],
+    handles: ActorHandles,
     profile: str,
     speedup: float,
     nats_url: str | None,
@@ -28,7 +29,7 @@ async def make_actor_path(
     block_size: int,
     local_prefill_max_tokens: int,
     seed: int = 0,
-    routing: dict[str, Any] | None = None,
+    routing: Mapping[str, object] | None = None,
     chunk_interval_s: float = 0.0,
     submit_timeout_s: float = SUBMIT_TIMEOUT_S,
     prefill_timeout_s: float = PREFILL_TIMEOUT_S,
@@ -44,10 +45,10 @@ async def make_actor_path(
     loaded = load_profile(profile)
     pools = PoolRouting(
         block_size=block_size, local_prefill_max_tokens=local_prefill_max_tokens, seed=seed,
-        prefill_workers=sorted(handles["prefill"]), decode_workers=sorted(handles["decode"]),
+        prefill_workers=sorted(handles.prefill), decode_workers=sorted(handles.decode),
         max_blocks_per_worker=loaded.kv_index_bound(block_size),
     )  # fmt: skip
-    router = ReplicaRouter(pools, bus, control=handles["router"], settings=settings)
+    router = ReplicaRouter(pools, bus, control=handles.router, settings=settings)
     return await compose_path(
         handles=handles, namespace=namespace, bus=bus, view=router,
         backend=lambda workers: SimBackend(router=router, workers=workers, profile=loaded,

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from cluster.actor_ref import ActorHandles, ActorRef
 from cluster.backends.protocol import Engines
 from cluster.backends.registry import engine_spec
 from cluster.ray.router_actor import RouterActor
@@ -43,13 +44,13 @@ class SimEngines:
     def started_control_plane(self, handles: ServiceHandles) -> None:
         pass
 
-    def path_factory(self, handles: Mapping[str, object], nats_url: str | None) -> PathFactory:
+    def path_factory(self, handles: ActorHandles, nats_url: str | None) -> PathFactory:
         from cluster.backends.sim.path import make_actor_path
 
         cfg = self.config
         profile = load_profile(cfg.profile)
         return functools.partial(
-            make_actor_path, handles=dict(handles), profile=cfg.profile, speedup=cfg.speedup,
+            make_actor_path, handles=handles, profile=cfg.profile, speedup=cfg.speedup,
             nats_url=nats_url, namespace=cfg.namespace, block_size=profile.block_size,
             local_prefill_max_tokens=profile.decode.local_prefill_max_tokens,
             seed=cfg.seed, routing=cfg.routing.model_dump(),
@@ -87,7 +88,7 @@ class SimPlug:
             kwargs["model_dir"] = spec.model_dir
         return (worker_id, spec.profile), kwargs
 
-    async def after_start(self, spec: WorkerSpec, handle: Any) -> None:
+    async def after_start(self, spec: WorkerSpec, handle: ActorRef) -> None:
         pass
 
     def switch_warmup_s(self, spec: WorkerSpec, role_switch_s: float) -> float:

@@ -27,9 +27,9 @@ import time
 import zlib
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from cluster.actor_bus import ActorBus
+from cluster.actor_bus import ActorBus, KvPayloads
 from cluster.backends.sim.token_streams import DecodeOrder, Frame, StreamHost
 from cluster.coalesce import coalesced
 from cluster.dataplane.engine_loads import EngineReporter
@@ -85,11 +85,11 @@ def _split(event: KvEvent, n: int) -> Iterator[KvEvent]:
 
 def kv_messages(
     events: Sequence[KvEvent], max_blocks: int = MAX_BLOCKS_PER_MESSAGE
-) -> list[list[dict[str, Any]]]:
+) -> list[KvPayloads]:
     """Flattened payloads of ``events``, in order, grouped into messages of at most
     ``max_blocks`` blocks (an event without blocks weighs one)."""
-    messages: list[list[dict[str, Any]]] = []
-    current: list[dict[str, Any]] = []
+    messages: list[KvPayloads] = []
+    current: KvPayloads = []
     weight = 0
     for event in events:
         for part in _split(event, max_blocks):
@@ -341,7 +341,7 @@ class DecodeWorkerActor(_WorkerActor):
         self, request_id: str, prompt_tokens: int, local_hashes: list[int],
         seq_hashes: list[int], output_tokens: int, prefill_locally: bool,
         chunk_interval_s: float = 0.0,
-    ) -> AsyncGenerator[list[list[Any]], None]:  # fmt: skip
+    ) -> AsyncGenerator[list[TokenRow], None]:  # fmt: skip
         """Decode ``output_tokens`` tokens; yields chunks ``[[index, token_id, t_virtual], ...]``.
 
         One request's own stream, with the virtual time of each token: for a caller that holds
@@ -368,6 +368,7 @@ class DecodeWorkerActor(_WorkerActor):
 
 
 MAX_CHUNK_INTERVAL_S = 1.0
+TokenRow = list[int | float]  # [index, token id, virtual time]
 # One frame's round trip is milliseconds; a consumer silent for this long will not answer.
 CLOSE_ACK_S = 5.0
 
@@ -382,11 +383,11 @@ def _check_interval(value: object, name: str = "chunk_interval_s") -> float:
     return float(value)
 
 
-async def _rows(tokens: AsyncIterator[Token]) -> AsyncGenerator[list[list[Any]], None]:
+async def _rows(tokens: AsyncIterator[Token]) -> AsyncGenerator[list[TokenRow], None]:
     async with contextlib.aclosing(tokens):  # type: ignore[type-var]
         async for token in tokens:
             yield [_row(token)]
 
 
-def _row(token: Token) -> list[Any]:
+def _row(token: Token) -> TokenRow:
     return [token.index, token.token_id, token.t_virtual]

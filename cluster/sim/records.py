@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -47,6 +48,16 @@ class Summary:
 
     def as_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in self.__dict__.items()}
+
+
+def placements_digest(records: Sequence[RequestRecord]) -> str:
+    """A digest of where every request ran (its prefill and decode workers, in arrival order).
+    Two runs of one workload and seed with the same digest placed every request alike, so
+    their figures are one run's: a report shows such arms once, and says so."""
+    digest = hashlib.sha256()
+    for r in sorted(records, key=lambda r: (r.arrival, r.request_id)):
+        digest.update(f"{r.request_id}:{r.prefill_worker}:{r.decode_worker};".encode())
+    return digest.hexdigest()[:16]
 
 
 def percentile(values: Sequence[float] | np.ndarray, q: float) -> float:

@@ -7,7 +7,8 @@ in ``tests/cluster/test_workloads.py``):
 - ``stars`` (``mixshare-P``): P% of the queries are one of ``articles`` ~1k-token articles (or
   few-shot prefixes) followed by a short question; the rest are singletons: a question of the
   same length with no article. mixshare-50 shares 88% of its tokens, mixshare-90 93%,
-  mixshare-10 59%.
+  mixshare-10 59%. Four articles fit any cache; ``mixshare-P-wide`` has 64 (~64k tokens of
+  prefixes), more than the 23k-token cache of ``h100-32b``.
 - ``chains``: agent trajectories. A trajectory starts from a shared system prompt and a task, and
   every step's prompt extends the previous one by an observation: prompts from ~2.2k to ~4k
   tokens, ~3.1k on average; 88% shared.
@@ -102,6 +103,16 @@ class Workload:
         from auction import build_radix_tree  # the tree is the exact count of unique prefixes
 
         return build_radix_tree(self.requests).tree_tokens
+
+    @property
+    def shared_prefix_tokens(self) -> int:
+        """Tokens of the prefixes two or more prompts share (each once): what a cache must hold
+        for every order of the batch to find them, the rest being read once whatever the order."""
+        from auction import build_radix_tree
+
+        tree = build_radix_tree(self.requests)
+        edges = tree.depth[1:] - tree.depth[tree.parent[1:]]
+        return int(edges[tree.size[1:] >= 2].sum())
 
     @property
     def shared_fraction(self) -> float:
@@ -350,6 +361,9 @@ GENERATORS: dict[str, Callable[..., Workload]] = {
 }
 
 DEFAULT_WORKLOADS = ("mixshare-50", "mixshare-90", "chains", "trees-short", "trees-long")
+# ``mixshare-P-wide``: 64 articles of ~1k tokens, ~64k tokens of shared prefixes, against the
+# 4 of ``mixshare-P`` (~4k) that every cache the study uses holds whole (h100-32b: 23k tokens).
+WIDE_ARTICLES = 64
 
 
 def make_workload(
@@ -365,10 +379,15 @@ def make_workload(
     ``trees-long``. ``knobs`` go to the generator (``stars``, ``chains``, ``trees``); an unknown
     one is a ``ValueError`` naming it."""
     if name.startswith("mixshare-"):
+        spec, wide = name.removeprefix("mixshare-"), name.endswith("-wide")
         try:
-            share = float(name.removeprefix("mixshare-"))
+            share = float(spec.removesuffix("-wide"))
         except ValueError:
-            raise ValueError(f"bad workload {name!r}: expected mixshare-P, P in [0, 100]") from None
+            raise ValueError(
+                f"bad workload {name!r}: expected mixshare-P or mixshare-P-wide, P in [0, 100]"
+            ) from None
+        if wide:  # more shared prefix tokens than a small worker's cache holds
+            knobs = {"articles": WIDE_ARTICLES, **knobs}
         generator: Callable[..., Workload] = lambda n, **kw: stars(n, share, **kw)  # noqa: E731
     elif name in GENERATORS and name != "stars":
         generator = GENERATORS[name]

@@ -13,6 +13,7 @@ targets.
 
 from __future__ import annotations
 
+import json
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -23,7 +24,7 @@ from disaggctl.experiment import adaptive_plots
 from disaggctl.experiment.base import Plan, Settings
 from disaggctl.experiment.fanout import Job, bench_module
 from disaggctl.experiment.report import Section, markdown_table, stat_cell, write_csv
-from disaggctl.experiment.stats import fmt, fmt_mean_se, mean_se, summarise
+from disaggctl.experiment.stats import fmt, mean_se, summarise
 
 NAME = "adaptive"
 TITLE = "adaptive: the controller against static routing through a ramp and a spike"
@@ -86,10 +87,14 @@ def plan(settings: Settings) -> Plan:
         "trials (seeds)": list(settings.seeds),
         "timeline seed": settings.seeds[0],
     }
-    jobs = []
+    jobs: list[Job] = []
+    owner: dict[tuple[str, str, str, str, int], str] = {}  # a run's first case: it runs it
     for case in cases:
         for arm in case.arms:
             for seed in settings.seeds:
+                first = owner.setdefault(run_key(case.name, arm, seed), case.name)
+                if first != case.name:
+                    continue
                 kw = {
                     "case": case.name,
                     "arm": arm,
@@ -98,7 +103,23 @@ def plan(settings: Settings) -> Plan:
                     "timeline": seed == settings.seeds[0],
                 }
                 jobs.append(Job(f"{__name__}:run_arm", kw, units=span))
+    shared = [
+        f"{c.name} {arm}: the runs of {owner[run_key(c.name, arm, settings.seeds[0])]}"
+        for c in cases
+        for arm in c.arms
+        if owner[run_key(c.name, arm, settings.seeds[0])] != c.name
+    ]
+    if shared:
+        setup["runs shared between cases (same deployment, views, arm and seeds)"] = shared
     return Plan(setup, jobs)
+
+
+def run_key(case: str, arm: str, seed: int) -> tuple[str, str, str, str, int]:
+    """What a run is made of (``bench.adaptive.arm_scenario``'s inputs besides the phases and
+    thresholds, which follow from them): two (case, arm, seed) with one key are one run."""
+    c = _case(case)
+    views = json.dumps(c.views.record(), sort_keys=True, default=str)
+    return c.profile, c.topology, views, arm, seed
 
 
 def _case(name: str) -> Any:
@@ -132,13 +153,31 @@ def run_arm(case: str, arm: str, seed: int, quick: bool, timeline: bool = False)
 
 def analyse(plan: Plan, results: list[Any]) -> dict[str, Any]:
     A = bench()
-    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    timelines: dict[str, dict[str, Any]] = {}
+    done: dict[tuple[str, str, str, str, int], dict[str, Any]] = {}
+    owners: dict[tuple[str, str, str, str, int], str] = {}
+    ticks: dict[tuple[str, str, str, str, int], Any] = {}
+    seeds: list[int] = []
     for job, res in zip(plan.jobs, results, strict=True):
         kw = job.kwargs
+        key = run_key(kw["case"], kw["arm"], kw["seed"])
         if "timeline" in res:
-            timelines.setdefault(kw["case"], {})[kw["arm"]] = res.pop("timeline")
-        runs.setdefault((kw["case"], kw["arm"]), []).append({"seed": kw["seed"], **res})
+            ticks[key] = res.pop("timeline")
+        done[key], owners[key] = {"seed": kw["seed"], **res}, kw["case"]
+        seeds += [] if kw["seed"] in seeds else [kw["seed"]]
+    # Every case's arms, a shared run read from its owner's job (``plan``).
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    timelines: dict[str, dict[str, Any]] = {}
+    shared: dict[str, dict[str, str]] = {}
+    for case in A.CASES:
+        for arm in case.arms:
+            keys = [run_key(case.name, arm, seed) for seed in seeds]
+            if not all(k in done for k in keys):
+                continue
+            runs[(case.name, arm)] = [done[k] for k in keys]
+            if keys[0] in ticks:
+                timelines.setdefault(case.name, {})[arm] = ticks[keys[0]]
+            if owners[keys[0]] != case.name:
+                shared.setdefault(case.name, {})[arm] = owners[keys[0]]
     cases: dict[str, Any] = {}
     for case in A.CASES:
         if (case.name, case.arms[0]) not in runs:
@@ -150,6 +189,7 @@ def analyse(plan: Plan, results: list[Any]) -> dict[str, Any]:
             "arms": list(case.arms),
             "compare": case.compare,
             "thresholds_s": runs[(case.name, "static")][0]["thresholds_s"],
+            "shared": shared.get(case.name, {}),  # arm → the case whose runs it is
         }
         for arm in case.arms:
             arm_runs = runs[(case.name, arm)]
@@ -195,6 +235,14 @@ def _paired(
             if s in other and other[s][key] is not None and static[s][key]
         ]
         out[key], out[f"{key}_se"] = mean_se(ratios)
+    # The hold's second half (``bench.adaptive.arm_figures``), paired the same way.
+    late = {r["seed"]: r["late_hold_ttft_p99_s"] for r in runs[(case.name, "static")]}
+    ratios = [
+        r["late_hold_ttft_p99_s"] / late[r["seed"]]
+        for r in runs[(case.name, case.compare)]
+        if late.get(r["seed"]) and r["late_hold_ttft_p99_s"] is not None
+    ]
+    out["late_hold_ttft_p99_s"], out["late_hold_ttft_p99_s_se"] = mean_se(ratios)
     return out
 
 
@@ -202,64 +250,16 @@ def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
 
 
-def describe_timeline(
-    name: str, entry: dict[str, Any], verdict: dict[str, Any], timeline: dict[str, Any]
-) -> str:
-    arm = entry["compare"]
-    ticks = timeline.get(arm, [])
-    parts = []
-    firsts = {}
-    for level, label in enumerate(REGIMES[1:], start=1):
-        t = next((s["t"] for s in ticks if s["regime"] >= level), None)
-        firsts[label] = t
-    when = {k: "no time" if t is None else f"t = {t:.0f} s" for k, t in firsts.items()}
-    parts.append(
-        f"In the plotted seed the {arm} arm reaches transition at {when['transition']} and "
-        f"saturated at {when['saturated']}"
-    )
-    taus = sorted({s["tau"] for s in ticks})
-    if taus:
-        parts.append(f"τ takes the values {', '.join(f'{t:g}' for t in taus)}")
-    pools = [(s["prefill_workers"], s["decode_workers"]) for s in ticks]
-    if pools and len(set(pools)) > 1:
-        parts.append(
-            f"the pools move from {pools[0][0]}P/{pools[0][1]}D to {pools[-1][0]}P/{pools[-1][1]}D"
-        )
-    r = entry["paired_hold_ratios"]
-    text = "; ".join(parts) + ". "
-    text += (
-        f"Over the trials the saturated hold's TTFT P99 of {arm} is "
-        f"{fmt_mean_se(r['ttft_p99_s'], r['ttft_p99_s_se'])}× static's, poa_hat "
-        f"{fmt_mean_se(r['poa_hat'], r['poa_hat_se'])}×, throughput "
-        f"{fmt_mean_se(r['throughput_rps'], r['throughput_rps_se'])}× (paired by seed)."
-    )
-    targets = {k: v for k, v in verdict["targets"].items() if k.startswith(f"{name}:")}
-    missed = [k.split(":", 1)[1] for k, v in targets.items() if not v["met"]]
-    if targets and missed:
-        text += (
-            f" Against what the controller is meant to achieve: the targets on "
-            f"{', '.join(missed)} are missed."
-        )
-    elif targets:
-        text += " Every target of bench.adaptive for this case is met."
-    else:
-        ratio, se = r["ttft_p99_s"], r["ttft_p99_s_se"] or 0.0
-        if ratio is not None and ratio - 2 * se > 1.0:
-            text += (
-                f" No target here, but {arm} makes the hold's TTFT P99 worse than static, "
-                "against what the controller is meant to do."
-            )
-        elif ratio is not None and ratio + 2 * se < 1.0:
-            text += f" No target here; {arm} lowers the hold's TTFT P99."
-        else:
-            text += f" No target here; {arm} and static are within noise of each other."
-    return text
-
-
 def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: Section) -> None:
+    from disaggctl.experiment.adaptive_prose import describe_timeline
+
     rows, csv_rows = [], []
     for name, e in data["cases"].items():
         for arm in e["arms"]:
+            owner = e.get("shared", {}).get(arm)
+            if owner is not None:  # one run shown once: where it was made
+                rows.append((name, arm, "every", *([f"the runs of {owner}"] * 5), ""))
+                continue
             for p in e[arm]["phases"]:
                 csv_rows.append({"case": name, "arm": arm, **p})
                 pools = f"{fmt(p['prefill_workers'])}P/{fmt(p['decode_workers'])}D"
@@ -286,7 +286,7 @@ def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: S
         "req/s",
         "poa_hat",
         "poa_capacity",
-        "pools (time mean)",
+        "pools (time mean; a moving worker in neither)",
     )
     section.text("Per case, arm and phase, mean ± 1 s.e.:\n\n" + markdown_table(header, rows))
     summary_rows, summary_csv = [], []
@@ -301,7 +301,6 @@ def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: S
             else "missed: "
             + ", ".join(k.split(":", 1)[1] for k, v in targets.items() if not v["met"])
         )
-        late = data["summary"][name]["late_hold_over_static"]["ttft_p99_s"]
         summary_rows.append(
             (
                 name,
@@ -309,19 +308,11 @@ def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: S
                 stat_cell(r, "ttft_p99_s"),
                 stat_cell(r, "poa_hat"),
                 stat_cell(r, "throughput_rps"),
-                fmt(late),
+                stat_cell(r, "late_hold_ttft_p99_s"),
                 met,
             )
         )
-        summary_csv.append(
-            {
-                "case": name,
-                "arm": e["compare"],
-                **r,
-                "late_hold_ttft_p99_over_static": late,
-                "targets": met,
-            }
-        )
+        summary_csv.append({"case": name, "arm": e["compare"], **r, "targets": met})
     write_csv(folder / "adaptive_summary.csv", summary_csv)
     detected = data["verdict"]["targets"].get("saturated_regime_detected", {})
     verdict = "met" if data["verdict"]["met"] else "missed"

@@ -23,11 +23,12 @@ from typing import Any
 
 from disaggctl.experiment import auction_plots
 from disaggctl.experiment.auction_baselines import baselines, describe_baselines
-from disaggctl.experiment.auction_rows import SCHEDULERS, one, pick
+from disaggctl.experiment.auction_rows import SCHEDULERS
 from disaggctl.experiment.base import Plan, Settings
+from disaggctl.experiment.checks import same_run_of
 from disaggctl.experiment.fanout import Job
 from disaggctl.experiment.report import Section, markdown_table, stat_cell, write_csv
-from disaggctl.experiment.stats import fmt, fmt_mean_se, mean_se, summarise
+from disaggctl.experiment.stats import ratio_of_means, summarise
 
 NAME = "auction"
 TITLE = "auction: schedulers on a simulated queue, welfare on the realised order"
@@ -42,6 +43,7 @@ FULL: dict[str, Any] = {
         "mixshare-10",
         "mixshare-50",
         "mixshare-90",
+        "mixshare-90-wide",
         "chains",
         "trees-short",
         "trees-long",
@@ -67,22 +69,40 @@ KEYS = (
     "revenue",
     "makespan_s",
 )
+# What one simulation did, whatever batches it was cut into: the batch-planned figure is an
+# account of the batches, so it differs with n where the run itself does not.
+RUN_KEYS = tuple(k for k in KEYS if k != "batch_planned_welfare_pct")
+TABLE_KEYS = (
+    "realised_welfare_pct",
+    "planned_welfare_pct",
+    "cache_hit_rate",
+    "mean_ttft_s",
+    "revenue",
+)
 COST = {"chains": 3.0, "trees-long": 3.5}  # relative to the stars and short trees
 
 
 def plan(settings: Settings) -> Plan:
+    from cluster.sim.profile import load_profile
     from cluster.sim.workloads import make_workload
 
     g = QUICK if settings.quick else FULL
     Q = g["Q"]
+    cache = load_profile(PROFILE).decode.kv_capacity_tokens
     knobs, facts = [], []
     for name in g["workloads"]:
         w = make_workload(name, Q, seed=0)
         shown = {k: v for k, v in w.knobs.items() if k not in ("n", "values")}
         knobs.append(f"{name}: " + ", ".join(f"{k} = {v}" for k, v in shown.items()))
+        # What a cache of the worker's size makes of the order: shared prefixes that fit it
+        # are found in every order (the workload is a control for the schedulers' hit rate);
+        # more than it holds reward the orders that keep a prefix's requests together.
+        shared = w.shared_prefix_tokens
+        fits = "fit the cache: a control" if shared <= cache else "exceed the cache"
         facts.append(
             f"{name}: {100 * w.shared_fraction:.0f}% of tokens shared, mean prompt "
-            f"{w.mean_prompt_tokens:.0f} tokens, {w.distinct_tokens} distinct"
+            f"{w.mean_prompt_tokens:.0f} tokens, {w.distinct_tokens} distinct, shared "
+            f"prefixes {shared} tokens ({fits} of {cache})"
         )
     setup = {
         "queue Q": Q,
@@ -143,10 +163,6 @@ def run_queue(
     return out
 
 
-def _share(num: float | None, den: float | None) -> float | None:
-    return num / den if num is not None and den is not None and den > 0 else None
-
-
 def analyse(plan: Plan, results: list[Any]) -> dict[str, Any]:
     groups: dict[tuple[str, str, int, str, float], list[dict[str, Any]]] = {}
     raw = []
@@ -162,15 +178,31 @@ def analyse(plan: Plan, results: list[Any]) -> dict[str, Any]:
                     **figures,
                 }
             )
+    # A scheduler whose runs do not change with n (no-sort keeps the arrival order whatever
+    # the batch) is one run at every n: shown at its first n, named at the others.
+    same: dict[tuple[Any, ...], int] = {}
+    for sweep, workload, values, rho in dict.fromkeys((k[0], k[1], k[3], k[4]) for k in groups):
+        for name in SCHEDULERS:
+            by_n = {
+                k[2]: [r[name] for r in runs]
+                for k, runs in groups.items()
+                if (k[0], k[1], k[3], k[4]) == (sweep, workload, values, rho)
+            }
+            for n, first in same_run_of(by_n, RUN_KEYS).items():
+                same[(sweep, workload, n, values, rho, name)] = first
     rows, shares = [], []
     for (sweep, workload, n, values, rho), runs in groups.items():
         base = {"sweep": sweep, "workload": workload, "n": n, "values": values, "rho": rho}
         for name in SCHEDULERS:
-            rows.append({**base, "scheduler": name, **summarise([r[name] for r in runs], KEYS)})
+            rows.append({
+                **base, "scheduler": name, **summarise([r[name] for r in runs], KEYS),
+                "same_as_n": same.get((sweep, workload, n, values, rho, name)),
+            })  # fmt: skip
         share: dict[str, Any] = {**base}
         for figure in ("realised_welfare_pct", "planned_welfare_pct"):
-            ratios = [_share(r["dfs-bid"][figure], r["bid-sort"][figure]) for r in runs]
-            share[figure], share[f"{figure}_se"] = mean_se(ratios)
+            share[figure], share[f"{figure}_se"] = ratio_of_means(
+                [r["dfs-bid"][figure] for r in runs], [r["bid-sort"][figure] for r in runs]
+            )
         shares.append(share)
     n_sweep = [job.kwargs for job in plan.jobs if job.kwargs["sweep"] == "n"]
     checked = baselines(
@@ -181,158 +213,14 @@ def analyse(plan: Plan, results: list[Any]) -> dict[str, Any]:
     return {"rows": rows, "shares": shares, "trials": raw, "baselines": checked}
 
 
-def _beats(a: dict[str, Any], b: dict[str, Any], key: str) -> bool:
-    """a's mean above b's by more than their combined standard errors."""
-    ea, eb = a.get(f"{key}_se") or 0.0, b.get(f"{key}_se") or 0.0
-    return bool(a[key] is not None and b[key] is not None and a[key] - b[key] > ea + eb)
-
-
-def describe_n(data: dict[str, Any]) -> str:
-    parts, against = [], []
-    workloads = list(dict.fromkeys(r["workload"] for r in data["rows"] if r["sweep"] == "n"))
-    ns = sorted({r["n"] for r in data["rows"] if r["sweep"] == "n"})
-    gaps = []
-    for w in workloads:
-        at_q = pick(data, "n", workload=w, n=ns[-1])
-        bid, uni, wei = one(at_q, "dfs-bid"), one(at_q, "dfs-uniform"), one(at_q, "dfs-weight")
-        small = one(pick(data, "n", workload=w, n=ns[0]), "dfs-bid")
-        if not (bid and uni and wei and small):
-            continue
-        best = max(at_q, key=lambda r: r["realised_welfare_pct"] or -1e9)
-        parts.append(
-            f"{w}: at n = {ns[-1]} dfs-bid {fmt(bid['realised_welfare_pct'])}% (n = "
-            f"{ns[0]}: {fmt(small['realised_welfare_pct'])}%), dfs-uniform "
-            f"{fmt(uni['realised_welfare_pct'])}%, dfs-weight "
-            f"{fmt(wei['realised_welfare_pct'])}%, best {best['scheduler']} "
-            f"{fmt(best['realised_welfare_pct'])}%"
-        )
-        gaps.append(
-            (abs((bid["planned_welfare_pct"] or 0) - (bid["realised_welfare_pct"] or 0)), w)
-        )
-        for n in ns:
-            rows = pick(data, "n", workload=w, n=n)
-            b, u = one(rows, "dfs-bid"), one(rows, "dfs-uniform")
-            if b and u and _beats(u, b, "realised_welfare_pct"):
-                against.append(f"{w} at n = {n} (dfs-uniform above dfs-bid)")
-    text = (
-        "Realised welfare (% above ½Σb, mean ± 1 s.e.) against the batch size n, per workload "
-        "and scheduler. " + "; ".join(parts) + "."
-    )
-    if gaps:
-        gap, w = max(gaps)
-        text += (
-            f" The planned order overstates or understates dfs-bid's realised welfare by at "
-            f"most {fmt(gap)} points (on {w})."
-        )
-    if against:
-        text += (
-            " Against what dfs-bid is meant to do (beat the bid-blind DFS orders): "
-            + ", ".join(against)
-            + "."
-        )
-    else:
-        text += " dfs-bid is never below dfs-uniform beyond the noise."
-    return text
-
-
-def describe_cache(data: dict[str, Any]) -> str:
-    parts, against = [], []
-    Q = max(r["n"] for r in data["rows"] if r["sweep"] == "n")
-    for w in dict.fromkeys(r["workload"] for r in data["rows"] if r["sweep"] == "n"):
-        rows = pick(data, "n", workload=w, n=Q)
-        bid, bs, ns = one(rows, "dfs-bid"), one(rows, "bid-sort"), one(rows, "no-sort")
-        uni = one(rows, "dfs-uniform")
-        if not (bid and bs and ns and uni):
-            continue
-        ratio = (bs["mean_ttft_s"] or 0) / (bid["mean_ttft_s"] or 1)
-        parts.append(
-            f"{w}: hit rate dfs-bid {fmt(bid['cache_hit_rate'])}, bid-sort "
-            f"{fmt(bs['cache_hit_rate'])}, no-sort {fmt(ns['cache_hit_rate'])}; "
-            f"bid-sort's mean TTFT is {fmt(ratio)}× dfs-bid's"
-        )
-        better = [r["scheduler"] for r in rows if r is not bid and _beats(r, bid, "cache_hit_rate")]
-        if better:
-            against.append(f"{w}: {', '.join(better)} reuse the cache more than dfs-bid")
-        if (bid["mean_ttft_s"] or 0) > 1.1 * (uni["mean_ttft_s"] or 0):
-            against.append(f"{w}: dfs-bid's mean TTFT is over 10% above dfs-uniform's")
-    text = (
-        f"Prefix-cache hit rate and mean TTFT per scheduler at n = {Q}. " + "; ".join(parts) + "."
-    )
-    if against:
-        text += " Against what the DFS restriction is meant to keep: " + "; ".join(against) + "."
-    else:
-        text += " The DFS orders keep the cache's reuse: no order beats dfs-bid's hit rate."
-    return text
-
-
-def describe_rho(data: dict[str, Any]) -> str:
-    parts, against = [], []
-    for w in dict.fromkeys(s["workload"] for s in data["shares"] if s["sweep"] == "rho"):
-        pts = sorted(
-            (s for s in data["shares"] if s["sweep"] == "rho" and s["workload"] == w),
-            key=lambda s: s["rho"],
-        )
-        if len(pts) < 2:
-            continue
-        lo, hi = pts[0], pts[-1]
-        parts.append(
-            f"{w}: dfs-bid's share of bid-sort's welfare "
-            f"{fmt_mean_se(lo['realised_welfare_pct'], lo['realised_welfare_pct_se'])} "
-            f"at ρ = {lo['rho']:g}, "
-            f"{fmt_mean_se(hi['realised_welfare_pct'], hi['realised_welfare_pct_se'])} "
-            f"at ρ = {hi['rho']:g}"
-        )
-        if (hi["realised_welfare_pct"] or 0) < (lo["realised_welfare_pct"] or 0):
-            against.append(w)
-    text = (
-        "Realised welfare against the within-cluster correlation ρ of values at n = Q, and "
-        "dfs-bid's share of bid-sort's. " + "; ".join(parts) + "."
-    )
-    if against:
-        text += (
-            " Against the expectation that correlated values (a cluster worth more as a "
-            "whole) let a DFS order come closer to bid-sort, the share falls with ρ on "
-            + ", ".join(against)
-            + "."
-        )
-    else:
-        text += " The share rises with ρ: when a cluster's requests are worth alike, serving it "
-        text += "whole costs less welfare."
-    return text
-
-
-def describe_one_cluster(data: dict[str, Any]) -> str:
-    parts = []
-    weak = []
-    for s in (s for s in data["shares"] if s["sweep"] == "one-cluster"):
-        rows = pick(data, "one-cluster", workload=s["workload"])
-        bid, uni = one(rows, "dfs-bid"), one(rows, "dfs-uniform")
-        if not (bid and uni):
-            continue
-        parts.append(
-            f"{s['workload']}: dfs-bid {fmt(bid['realised_welfare_pct'])}% "
-            f"({fmt(s['realised_welfare_pct'])} of bid-sort's), dfs-uniform "
-            f"{fmt(uni['realised_welfare_pct'])}%"
-        )
-        if s["realised_welfare_pct"] is not None and s["realised_welfare_pct"] < 0.5:
-            weak.append(s["workload"])
-    text = (
-        "One bidding cluster, everyone else at zero, n = Q: realised welfare per scheduler. "
-        + "; ".join(parts)
-        + "."
-    )
-    if weak:
-        text += (
-            " dfs-bid keeps less than half of bid-sort's welfare on "
-            + ", ".join(weak)
-            + ", against the case it should handle best (one cluster to move first)."
-        )
-    else:
-        text += " dfs-bid keeps at least half of bid-sort's welfare on every workload."
-    return text
-
-
 def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: Section) -> None:
+    from disaggctl.experiment.auction_prose import (
+        describe_cache,
+        describe_n,
+        describe_one_cluster,
+        describe_rho,
+    )
+
     write_csv(folder / "auction_rows.csv", data["rows"])
     write_csv(folder / "auction_shares.csv", data["shares"])
     write_csv(folder / "auction_trials.csv", data["trials"])
@@ -347,11 +235,11 @@ def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: S
                 r["n"],
                 f"{r['rho']:g}" if sweep == "rho" else r["values"],
                 r["scheduler"],
-                stat_cell(r, "realised_welfare_pct"),
-                stat_cell(r, "planned_welfare_pct"),
-                stat_cell(r, "cache_hit_rate"),
-                stat_cell(r, "mean_ttft_s"),
-                stat_cell(r, "revenue"),
+                *(
+                    (stat_cell(r, k) for k in TABLE_KEYS)
+                    if r["same_as_n"] is None
+                    else (f"the run of n = {r['same_as_n']}",) * len(TABLE_KEYS)
+                ),
             )
             for r in data["rows"]
             if r["sweep"] == sweep
@@ -381,7 +269,9 @@ def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: S
         for s in data["shares"]
     ]
     section.text(
-        "dfs-bid's share of bid-sort's welfare (ratio of % above ½Σb, paired by seed):\n\n"
+        "dfs-bid's share of bid-sort's welfare (the ratio of their mean % above ½Σb over the "
+        "seeds, ± its delta-method standard error, the seeds paired; – where bid-sort's mean is "
+        "not above ½Σb):\n\n"
         + markdown_table(
             ("sweep", "workload", "n", "ρ", "values", "realised", "planned"), share_rows
         )

@@ -28,6 +28,7 @@ workload (5 templates that every worker caches in seconds) hit 0.500 in every ce
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
@@ -57,6 +58,15 @@ KEYS = (
     "poa_hat",
     "poa_routing",
     "poa_capacity",
+    "cache_hit_rate",
+)
+BREAKDOWN = ("tail_wait_s", "tail_prefill_s", "tail_other_s")
+TABLE_KEYS = (
+    "throughput_rps",
+    "ttft_p99_s",
+    "itl_p99_s",
+    "poa_hat",
+    "poa_routing",
     "cache_hit_rate",
 )
 DRAIN_S = 30.0
@@ -133,6 +143,7 @@ def run_cell(
     """One fixed policy at one load: the hold's figures."""
     from cluster.sim.loadgen import Phase
     from cluster.sim.profile import load_profile
+    from cluster.sim.records import placements_digest
     from cluster.sim.scenario import NamedPhase, run_scenario
     from controller.detector import Thresholds
     from controller.policy import PolicyTable, RegimePolicy
@@ -158,9 +169,36 @@ def run_cell(
     hold = result.phases[1]
     return {
         **{k: hold[k] for k in KEYS},
+        **tail_breakdown(result.records, hold["start_s"], hold["end_s"]),
+        "placements": placements_digest(result.records),
         "baseline_p99_s": p99,
         "theta1_s": theta1,
         "theta2_s": theta2,
+    }
+
+
+TAIL = 0.95  # the slowest 5% of first tokens: what TTFT P99 is made of
+
+
+def tail_breakdown(records: Sequence[Any], start: float, end: float) -> dict[str, float | None]:
+    """Where the slowest first tokens of the hold's arrivals spent their time, in seconds on
+    average: waiting for a prefill worker (arrival to prefill start, admission included), the
+    prefill itself (which the cached prefix shortens), and the rest (the KV transfer and the
+    first decode step)."""
+    tails = [
+        r for r in records
+        if start <= r.arrival < end and r.first_token is not None and r.prefill_start is not None
+        and r.prefill_end is not None
+    ]  # fmt: skip
+    if not tails:
+        return dict.fromkeys(BREAKDOWN)
+    tails.sort(key=lambda r: r.first_token - r.arrival)
+    tails = tails[int(TAIL * len(tails)) :]
+    n = len(tails)
+    return {
+        "tail_wait_s": sum(r.prefill_start - r.arrival for r in tails) / n,
+        "tail_prefill_s": sum(r.prefill_end - r.prefill_start for r in tails) / n,
+        "tail_other_s": sum(r.first_token - r.prefill_end for r in tails) / n,
     }
 
 
@@ -176,17 +214,40 @@ def analyse(plan: Plan, results: list[Any]) -> dict[str, Any]:
     cells = []
     for (c, view, tau, omega), runs in groups.items():
         row: dict[str, Any] = {"concurrency": c, "view": view, "tau": tau, "omega": omega}
-        row.update(summarise(runs, KEYS))
+        row.update(summarise(runs, (*KEYS, *BREAKDOWN)))
         row["regime"] = regime_of(row["ttft_p99_s"], th[view]["theta1_s"], th[view]["theta2_s"])
+        row["placements"] = tuple(r.get("placements") for r in runs)
         cells.append(row)
     for c in CONCURRENCY:
         for view in VIEWS:
-            mark_frontier([r for r in cells if (r["concurrency"], r["view"]) == (c, view)])
+            at = [r for r in cells if (r["concurrency"], r["view"]) == (c, view)]
+            mark_same_runs(at)
+            mark_frontier([r for r in at if r["same_as"] is None])
     return {"thresholds": th, "cells": cells, "trials": raw}
 
 
-def panel(data: dict[str, Any], c: int, view: str) -> list[dict[str, Any]]:
-    return [r for r in data["cells"] if (r["concurrency"], r["view"]) == (c, view)]
+def mark_same_runs(cells: list[dict[str, Any]]) -> None:
+    """``same_as``: the (τ, ω) of an earlier cell (in τ, ω order) whose runs placed every request
+    on the same workers as this one's, seed for seed (``placements_digest``): the two are one
+    run, shown once. None for a cell of its own."""
+    first: dict[tuple[Any, ...], tuple[float, float]] = {}
+    for cell in sorted(cells, key=lambda r: (r["tau"], r["omega"])):
+        digests = cell["placements"]
+        known = None if None in digests else first.get(digests)
+        cell["same_as"] = known
+        if known is None and None not in digests:
+            first[digests] = (cell["tau"], cell["omega"])
+
+
+def panel(
+    data: dict[str, Any], c: int, view: str, *, distinct: bool = False
+) -> list[dict[str, Any]]:
+    """The cells of one (C, view); ``distinct``: without those that repeat another's run."""
+    return [
+        r
+        for r in data["cells"]
+        if (r["concurrency"], r["view"]) == (c, view) and not (distinct and r.get("same_as"))
+    ]
 
 
 def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: Section) -> None:
@@ -196,6 +257,8 @@ def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: S
         describe_cache,
         describe_frontier,
         describe_heatmaps,
+        describe_same_runs,
+        describe_tails,
     )
 
     cells = sorted(
@@ -208,7 +271,17 @@ def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: S
         (v, fmt(t["baseline_p99_s"]), fmt(t["theta1_s"]), fmt(t["theta2_s"]))
         for v, t in data["thresholds"].items()
     ]
-    section.text("Thresholds (s):\n\n" + markdown_table(("view", "calm P99", "θ1", "θ2"), th))
+    theta2 = {v: t["theta2_s"] for v, t in data["thresholds"].items()}
+    section.text(
+        "Thresholds (s):\n\n"
+        + markdown_table(("view", "calm P99", "θ1", "θ2"), th)
+        + "\n\nThe rule every regime below follows: the cell's hold TTFT P99 against its own "
+        "view's thresholds, which come from a separate calm run (C = 32) and never from the "
+        "cells. The views' thresholds differ ("
+        + ", ".join(f"θ2 {v} {fmt(t)} s" for v, t in theta2.items())
+        + "), so a TTFT P99 between them reads saturated with one view's and transition "
+        "with the other's."
+    )
     rows = [
         (
             r["concurrency"],
@@ -217,12 +290,11 @@ def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: S
             f"{r['omega']:g}",
             r["regime"] or "–",
             "yes" if r.get("frontier") else "",
-            stat_cell(r, "throughput_rps"),
-            stat_cell(r, "ttft_p99_s"),
-            stat_cell(r, "itl_p99_s"),
-            stat_cell(r, "poa_hat"),
-            stat_cell(r, "poa_routing", 4),
-            stat_cell(r, "cache_hit_rate"),
+            *(
+                (stat_cell(r, k, 4 if k == "poa_routing" else 3) for k in TABLE_KEYS)
+                if not r.get("same_as")
+                else (f"the run of ({r['same_as'][0]:g}, {r['same_as'][1]:g})",) * len(TABLE_KEYS)
+            ),
         )
         for r in cells
     ]
@@ -241,7 +313,9 @@ def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: S
         "cache hit",
     )
     section.text("Per cell, mean ± 1 s.e.:\n\n" + markdown_table(header, rows))
+    section.text(describe_same_runs(data))
     section.text(describe_cache(data))
+    section.text(describe_tails(data))
     plot_frontier(data, folder / "pareto_frontier.png")
     section.figure(
         "pareto_frontier.png", "Throughput vs TTFT P99 per (C, view)", describe_frontier(data)

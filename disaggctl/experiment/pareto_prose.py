@@ -25,11 +25,53 @@ def _worse(a: dict[str, Any], b: dict[str, Any], key: str) -> bool:
     return bool(a[key] is not None and b[key] is not None and a[key] - b[key] > ea + eb)
 
 
+def _ties(rows: list[dict[str, Any]], best: dict[str, Any], key: str) -> str:
+    """The cells the trials cannot tell from ``best`` on ``key`` (neither worse than the other
+    by more than their combined standard errors), as a clause; empty when there are none."""
+    tied = [
+        r for r in rows
+        if r is not best and not _worse(r, best, key) and not _worse(best, r, key)
+    ]  # fmt: skip
+    if not tied:
+        return ""
+    cells = ", ".join(f"({r['tau']:g}, {r['omega']:g})" for r in tied)
+    return f" (a tie within the trials' noise with {cells})"
+
+
+def describe_same_runs(data: dict[str, Any]) -> str:
+    """Which cells are one run (``pareto.mark_same_runs``), and why."""
+    same = [r for r in data["cells"] if r.get("same_as")]
+    if not same:
+        return (
+            "No two cells of a panel are one run: in each pair, some request was placed on "
+            "another worker in some seed (``cluster.sim.records.placements_digest``)."
+        )
+    parts = [
+        f"({r['tau']:g}, {r['omega']:g}) at C = {r['concurrency']}, {r['view']} views is the run "
+        f"of ({r['same_as'][0]:g}, {r['same_as'][1]:g})"
+        for r in same
+    ]
+    text = (
+        "Cells that are one run, shown once: " + "; ".join(parts) + ". Each placed every "
+        "request on the same prefill and decode workers as the cell it names, in every seed "
+        "(``cluster.sim.records.placements_digest``), so every figure is that cell's."
+    )
+    if all(r["tau"] == 0 and r["omega"] > 0 and r["same_as"][1] > 0 for r in same):
+        text += (
+            " Why: at τ = 0 the router takes the cheapest worker, and a prefill worker holds no "
+            "decode blocks, so its cost is ω·prefill_blocks alone and every ω > 0 ranks the "
+            "prefill workers alike; the digests show the decode choices coincided as well."
+        )
+    return text
+
+
 def describe_frontier(data: dict[str, Any]) -> str:
     parts, against = [], []
     for c in CONCURRENCY:
         for view in VIEWS:
-            rows = [r for r in panel(data, c, view) if r["ttft_p99_s"] is not None]
+            rows = [
+                r for r in panel(data, c, view, distinct=True) if r["ttft_p99_s"] is not None
+            ]
             if not rows:
                 continue
             best = min(rows, key=lambda r: r["ttft_p99_s"])
@@ -39,6 +81,7 @@ def describe_frontier(data: dict[str, Any]) -> str:
             text = (
                 f"C = {c}, {view} views (static (0, 1) in the {regime} regime): lowest TTFT P99 at "
                 f"(τ, ω) = ({best['tau']:g}, {best['omega']:g}), {fmt(best['ttft_p99_s'])} s"
+                + _ties(rows, best, "ttft_p99_s")
             )
             if static:
                 text += f", {_pct(best['ttft_p99_s'], static['ttft_p99_s'])} against static (0, 1)"
@@ -90,7 +133,7 @@ def describe_heatmaps(data: dict[str, Any]) -> str:
         for view in VIEWS:
             rows = [
                 r
-                for r in panel(data, c, view)
+                for r in panel(data, c, view, distinct=True)
                 if r["poa_hat"] is not None and r["ttft_p99_s"] is not None
             ]
             if len(rows) < 3:
@@ -145,15 +188,18 @@ def describe_cache(data: dict[str, Any]) -> str:
     parts = []
     for c in CONCURRENCY:
         for view in VIEWS:
-            rows = [r for r in panel(data, c, view) if r["cache_hit_rate"] is not None]
+            rows = [
+                r for r in panel(data, c, view, distinct=True) if r["cache_hit_rate"] is not None
+            ]
             if not rows:
                 continue
             lo = min(rows, key=lambda r: r["cache_hit_rate"])
             hi = max(rows, key=lambda r: r["cache_hit_rate"])
             text = (
                 f"C = {c}, {view}: {lo['cache_hit_rate']:.3f} at ({lo['tau']:g}, "
-                f"{lo['omega']:g}) to {hi['cache_hit_rate']:.3f} at ({hi['tau']:g}, "
-                f"{hi['omega']:g})"
+                f"{lo['omega']:g}){_ties(rows, lo, 'cache_hit_rate')} to "
+                f"{hi['cache_hit_rate']:.3f} at ({hi['tau']:g}, "
+                f"{hi['omega']:g}){_ties(rows, hi, 'cache_hit_rate')}"
             )
             by_omega, by_tau = _spread(rows, "omega", "tau"), _spread(rows, "tau", "omega")
             if by_omega is not None and by_tau is not None:
@@ -170,3 +216,58 @@ def describe_cache(data: dict[str, Any]) -> str:
         "robin's phase leaves it fewer first steps (which find only the system prompt) than "
         "later ones, a cell reads above that. " + "; ".join(parts) + "."
     )
+
+
+def describe_tails(data: dict[str, Any]) -> str:
+    """Why (τ, ω) move TTFT P99 more at one load than at the other: where the slowest 5% of
+    first tokens spend their time (``pareto.tail_breakdown``), per panel, at its fastest and
+    slowest cells."""
+    parts, waiting = [], {}
+    for c in CONCURRENCY:
+        for view in VIEWS:
+            rows = [
+                r for r in panel(data, c, view, distinct=True)
+                if r["ttft_p99_s"] is not None and r.get("tail_wait_s") is not None
+            ]  # fmt: skip
+            if len(rows) < 2:
+                continue
+            lo = min(rows, key=lambda r: r["ttft_p99_s"])
+            hi = max(rows, key=lambda r: r["ttft_p99_s"])
+            totals = [r["tail_wait_s"] + r["tail_prefill_s"] + r["tail_other_s"] for r in rows]
+            waiting[(c, view)] = sum(
+                r["tail_wait_s"] / t for r, t in zip(rows, totals, strict=True) if t
+            ) / len(rows)
+            cells = []
+            for r in (lo, hi):
+                cells.append(
+                    f"({r['tau']:g}, {r['omega']:g}): {fmt(r['tail_wait_s'])} s waiting, "
+                    f"{fmt(r['tail_prefill_s'])} s prefilling, {fmt(r['tail_other_s'])} s "
+                    f"after (hit rate {fmt(r['cache_hit_rate'])})"
+                )
+            parts.append(
+                f"C = {c}, {view}: TTFT P99 {fmt(lo['ttft_p99_s'])}–{fmt(hi['ttft_p99_s'])} s; "
+                + " against ".join(cells)
+                + f"; waiting is {100 * waiting[(c, view)]:.0f}% of the tail across the cells"
+            )
+    if not parts:
+        return ""
+    text = (
+        "Where the slowest 5% of first tokens spend their time (mean over the hold's tail, per "
+        "cell): " + "; ".join(parts) + "."
+    )
+    low, high = min(CONCURRENCY), max(CONCURRENCY)
+    below = [waiting[(low, v)] for v in VIEWS if (low, v) in waiting]
+    above = [waiting[(high, v)] for v in VIEWS if (high, v) in waiting]
+    if below and above and max(below) < min(above):
+        text += (
+            f" So the mechanism: at C = {low} the tail is mostly prefill work, which the cached "
+            "prefix shortens, so the policies that keep a trajectory on its worker (ω > 0 at a "
+            f"low τ) cut it; at C = {high} the tail is mostly waiting for a prefill worker. "
+            "There the closed loop keeps the same C requests in the system whatever the policy, "
+            "so a prefill the cache shortens lets the next request in sooner without "
+            "shortening the queue it joins, and (τ, ω) move TTFT P99 by a few percent only. "
+            "This is why the invariance runs the other way from the source study's (policies "
+            "matter only above the knee): below it, our trajectories' long shared histories "
+            "make the cache hit rate, which the policy sets, most of a first token's time."
+        )
+    return text

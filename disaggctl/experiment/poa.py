@@ -8,13 +8,13 @@ to its completions). Per point: poa_hat and its factors poa_routing and poa_capa
 the estimator's ticks over the hold), TTFT P99, ITL P99, throughput, and the regime the
 controller would call it, from the hold's TTFT P99 against thresholds at the deployment's own
 knee (``controller.knee``: N* = X_max·R₀, where the closed loop's two throughput asymptotes
-meet, from the sweep itself; θ2 the TTFT P99 there, θ1 = θ2/3). The calm calibration (5× and
+meet, from the sweep itself; θ2 the TTFT P99 there, θ1 = θ2/3), the knee of each label fitted
+on the other points, so that no label uses the point it labels. The calm calibration (5× and
 15× the calm P99) is reported beside it, with the regimes it would give.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,8 @@ def plan(settings: Settings) -> Plan:
         "policy": "static: τ = 0, ω = 1, no controller",
         "thresholds": "at the knee N* = X_max·R₀ of the sweep's mean throughput: θ2 the TTFT "
         "P99 there, θ1 = θ2/3 (beside them 5×, 15× the calm TTFT P99: C = 32, 30 s, seed 0)",
+        "regime labels": "each point against the knee fitted on the deployment's other points "
+        "(leave one out), so no label uses the point it labels",
         "poa estimator": "window 256 requests, max age games.poa.MAX_AGE_S",
         "trials (seeds)": list(settings.seeds),
     }
@@ -113,6 +115,7 @@ def run_point(
     """One static operating point: the hold's figures."""
     from cluster.sim.loadgen import Phase
     from cluster.sim.profile import load_profile
+    from cluster.sim.records import placements_digest
     from cluster.sim.scenario import NamedPhase, run_scenario
 
     phases = [
@@ -123,9 +126,16 @@ def run_point(
     result = run_scenario(load_profile(profile), topology, phases, adaptive=False, seed=seed)
     hold = result.phases[1]
     arrived = [r for r in result.records if hold["start_s"] <= r.arrival < hold["end_s"]]
+    finished = [
+        r for r in result.records
+        if r.finished is not None and hold["start_s"] <= r.finished < hold["end_s"]
+    ]  # fmt: skip
     return {
         **{k: hold[k] for k in KEYS},
         "unfinished": sum(1 for r in arrived if r.finished is None),
+        "completed": len(finished),  # the hold's throughput × its length
+        "shapes": len({(r.prompt_tokens, r.output_tokens) for r in result.records}),
+        "placements": placements_digest(result.records),
     }
 
 
@@ -156,7 +166,13 @@ def analyse(plan: Plan, results: list[Any]) -> dict[str, Any]:
         if th["theta1_s"] is not None and th["theta2_s"] is not None:
             at_knee = (th["theta1_s"], th["theta2_s"])
         for row in rows:
-            row["regime"] = regime_of(row["ttft_p99_s"], *at_knee)
+            # Labelled by a knee fitted on the other points: θ2 is a point's own TTFT P99 when
+            # the knee falls on it, which would make its label true by construction.
+            own = knee_thresholds([r for r in rows if r is not row])
+            t1, t2 = own["theta1_s"], own["theta2_s"]
+            loo = at_knee if t1 is None or t2 is None else (t1, t2)
+            row["label_theta_s"] = loo
+            row["regime"] = regime_of(row["ttft_p99_s"], *loo)
             row["calm_regime"] = regime_of(row["ttft_p99_s"], *calm)
     return {"thresholds": thresholds, "points": points, "trials": raw}
 
@@ -175,98 +191,15 @@ def _knees(rows: list[dict[str, Any]]) -> tuple[int | None, int | None]:
     return first["transition"], first["saturated"]
 
 
-def describe_factors(data: dict[str, Any]) -> str:
-    """What the poa_hat figure shows, from the numbers."""
-    parts, against = [], []
-    for name, _, topology in CONFIGS:
-        rows = _rows(data, name)
-        if not rows:
-            continue
-        lo, hi = rows[0], max(rows, key=lambda p: p["poa_hat"] or 0.0)
-        trans, sat = _knees(rows)
-        text = (
-            f"{name}: poa_hat {fmt(lo['poa_hat'])} at C = {lo['concurrency']}, highest "
-            f"{fmt(hi['poa_hat'])} at C = {hi['concurrency']}"
-        )
-        text += f"; transition from C = {trans}" if trans else "; never in transition"
-        text += f", saturated from C = {sat}" if sat else ", never saturated"
-        sat_rows = [p for p in rows if p["regime"] == "saturated" and p["poa_hat"]]
-        if topology.startswith("1P/"):
-            # The window places a request by its prefill decision (docs/design.md §3), and one
-            # prefill worker leaves that decision no choice: the split says so by construction.
-            route = max(p["poa_routing"] or 1.0 for p in rows)
-            text += (
-                f"; poa_routing is at most {fmt(route)} (one prefill worker: the prefill that "
-                f"TTFT waits on has nowhere else to go, so routing can recover nothing)"
-            )
-        elif sat_rows:
-            share = [
-                math.log(p["poa_capacity"]) / math.log(p["poa_hat"])
-                for p in sat_rows
-                if p["poa_hat"] > 1 and p["poa_capacity"]
-            ]
-            route = max(p["poa_routing"] or 1.0 for p in sat_rows)
-            if share:
-                text += (
-                    f"; when saturated the capacity factor carries "
-                    f"{100 * sum(share) / len(share):.0f}% of log poa_hat and poa_routing is "
-                    f"at most {fmt(route)}"
-                )
-        parts.append(text)
-        below = [p["poa_hat"] for p in rows if p["regime"] == "below" and p["poa_hat"]]
-        if sat_rows and below and max(p["poa_hat"] for p in sat_rows) <= max(below):
-            against.append(f"on {name} poa_hat is no higher saturated than below saturation")
-        if any(p["poa_hat"] is not None and p["poa_hat"] < 1.0 for p in rows):
-            against.append(f"on {name} poa_hat falls below 1, which it should not by construction")
-    text = "poa_hat (mean ± 1 s.e. over the trials) against concurrency, its two factors beside "
-    text += "it, the background coloured by regime. " + "; ".join(parts) + "."
-    if against:
-        text += " Against what the estimator is meant to show: " + "; ".join(against) + "."
-    else:
-        text += (
-            " As intended, poa_hat stays ≥ 1 and is higher in saturation than below it on "
-            "every deployment."
-        )
-    return text
-
-
-def describe_latency(data: dict[str, Any]) -> str:
-    parts = []
-    peak = {}
-    for name, _, _ in CONFIGS:
-        rows = _rows(data, name)
-        if not rows:
-            continue
-        best = max(rows, key=lambda p: p["throughput_rps"] or 0.0)
-        peak[name] = best["throughput_rps"] or 0.0
-        knee = next(p for p in rows if (p["throughput_rps"] or 0.0) >= 0.95 * peak[name])
-        last = rows[-1]
-        ttft_growth = (last["ttft_p99_s"] or math.nan) / (rows[0]["ttft_p99_s"] or math.nan)
-        itl_growth = (last["itl_p99_s"] or math.nan) / (rows[0]["itl_p99_s"] or math.nan)
-        parts.append(
-            f"{name} reaches 95% of its peak throughput ({fmt(peak[name])} req/s) at "
-            f"C = {knee['concurrency']}; from C = {rows[0]['concurrency']} to "
-            f"{last['concurrency']} TTFT P99 grows {fmt(ttft_growth)}× and ITL P99 "
-            f"{fmt(itl_growth)}×"
-        )
-    text = "TTFT P99, ITL P99 and throughput against concurrency. " + "; ".join(parts) + "."
-    a, b = peak.get("70B 1P/2D"), peak.get("70B 1P/5D")
-    if a and b:
-        gain = b / a - 1
-        text += (
-            f" Going from 2 to 5 decode workers on 70B changes peak throughput by "
-            f"{100 * gain:+.0f}%: "
-            + (
-                "the single prefill worker is the bottleneck, so extra decode capacity buys "
-                "nothing at saturation; that is capacity, not routing, and only a re-split helps."
-                if abs(gain) < 0.05
-                else "decode capacity was binding."
-            )
-        )
-    return text
-
-
 def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: Section) -> None:
+    # The prose reads this module's deployments and rows: imported once it is loaded.
+    from disaggctl.experiment.poa_prose import (
+        describe_factors,
+        describe_fixed_ceiling,
+        describe_label_gaps,
+        describe_latency,
+    )
+
     points = sorted(
         data["points"],
         key=lambda p: ([n for n, _, _ in CONFIGS].index(p["config"]), p["concurrency"]),
@@ -282,7 +215,8 @@ def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: S
     ]  # fmt: skip
     th_header = ("deployment", "knee N*", "θ1", "θ2", "calm P99", "calm θ1 (5×)", "calm θ2 (15×)")
     section.text(
-        "Thresholds (seconds of TTFT P99; the regimes below use those at the knee):\n\n"
+        "Thresholds (seconds of TTFT P99; the regimes below use the knee fitted on every point "
+        "but the one labelled, beside these fitted on all):\n\n"
         + markdown_table(th_header, th_rows)
         + "\n\n"
         + describe_thresholds(data)
@@ -313,6 +247,10 @@ def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: S
         "req/s",
     )
     section.text("Per point, mean ± 1 s.e.:\n\n" + markdown_table(header, rows))
+    section.text(describe_fixed_ceiling(data))
+    gaps = describe_label_gaps(data)
+    if gaps:
+        section.text(gaps)
     _plot_factors(data, folder / "poa_factors.png")
     section.figure(
         "poa_factors.png", "poa_hat and its factors vs concurrency", describe_factors(data)

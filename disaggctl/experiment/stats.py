@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["fmt", "fmt_mean_se", "mean_se", "routing_share", "summarise"]
+__all__ = ["fmt", "fmt_mean_se", "mean_se", "ratio_of_means", "routing_share", "summarise"]
 
 
 def _measured(values: Iterable[Any]) -> list[float]:
@@ -46,6 +46,40 @@ def mean_se(values: Iterable[Any]) -> tuple[float | None, float | None]:
         return mean, None
     var = math.fsum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
     return mean, math.sqrt(var / len(xs))
+
+
+def ratio_of_means(
+    numerators: Iterable[Any], denominators: Iterable[Any]
+) -> tuple[float | None, float | None]:
+    """R = x̄ / ȳ over the paired trials where both are measured, and its standard error by the
+    delta method, ``se(R) = √(s²ₓ − 2R·sₓᵧ + R²·s²ᵧ) / (|ȳ|·√n)`` (sample (co)variances, n − 1);
+    ``None`` where ȳ ≤ 0 or nothing is measured, the error ``None`` below two trials.
+
+    >>> r, se = ratio_of_means([1.0, 2.0, 3.0], [2.0, 4.0, 6.0])
+    >>> round(r, 6), round(se, 6)
+    (0.5, 0.0)
+    >>> ratio_of_means([1.0], [2.0])
+    (0.5, None)
+    """
+    pairs = [
+        (x, y)
+        for x, y in zip(numerators, denominators, strict=True)
+        if _measured([x]) and _measured([y])
+    ]
+    if not pairs:
+        return None, None
+    xs, ys = [float(x) for x, _ in pairs], [float(y) for _, y in pairs]
+    n, mx, my = len(pairs), math.fsum(xs) / len(xs), math.fsum(ys) / len(ys)
+    if my <= 0:
+        return None, None
+    ratio = mx / my
+    if n < 2:
+        return ratio, None
+    vx = math.fsum((x - mx) ** 2 for x in xs) / (n - 1)
+    vy = math.fsum((y - my) ** 2 for y in ys) / (n - 1)
+    cxy = math.fsum((x - mx) * (y - my) for x, y in pairs) / (n - 1)
+    var = max(0.0, vx - 2 * ratio * cxy + ratio * ratio * vy)
+    return ratio, math.sqrt(var) / (my * math.sqrt(n))
 
 
 def summarise(

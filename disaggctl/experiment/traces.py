@@ -39,6 +39,7 @@ from cluster.sim.replay import (
 from cluster.traces import ReplayWindow, TracePrompts, TraceReader, trace_requests
 from controller.detector import Thresholds
 from disaggctl.experiment.base import Plan, Settings
+from disaggctl.experiment.checks import same_run_of
 from disaggctl.experiment.fanout import Job, available_cores
 from disaggctl.experiment.report import Section, markdown_table, stat_cell, write_csv
 from disaggctl.experiment.stats import fmt, mean_se, summarise
@@ -209,6 +210,14 @@ def analyse(plan: Plan, results: list[Any]) -> dict[str, Any]:
         name = f"{trace} {job.kwargs['topology']}"
         key = (name, job.kwargs["load"], job.kwargs["arm"])
         runs.setdefault(key, {})[job.kwargs["seed"]] = res
+    same: dict[tuple[str, float, str], str] = {}
+    for name, load in dict.fromkeys((n, f) for n, f, _ in runs):
+        arms = {
+            a: [by_seed[s] for s in sorted(by_seed)]
+            for (n, f, a), by_seed in runs.items()
+            if (n, f) == (name, load)
+        }
+        same |= {(name, load, a): b for a, b in same_run_of(arms, KEYS).items()}
     rows = []
     for (name, load, arm), by_seed in runs.items():
         base = runs[(name, load, ARMS[0])]
@@ -223,8 +232,31 @@ def analyse(plan: Plan, results: list[Any]) -> dict[str, Any]:
             "speedup": plan.setup["traces"][name]["speed-ups (f: ×)"][load], "arm": arm,
             **summarise(list(by_seed.values()), KEYS),
             "p99_over_static": ratio, "p99_over_static_se": ratio_se,
+            "same_as": same.get((name, load, arm)),  # the arm whose run this is, if any
         })  # fmt: skip
     return {"rows": rows}
+
+
+def describe_same_runs(repeated: list[dict[str, Any]]) -> str:
+    """Which arms are another's run, and why, from their own figures."""
+    if not repeated:
+        return "No arm repeats another's run."
+    parts = []
+    for r in repeated:
+        why = (
+            "its controller never left the policy it starts with"
+            if not r["regime_changes"] and not r["resplits"]
+            else "its controller never moved a worker"
+            if not r["resplits"]
+            else "the two decided alike"
+        )
+        parts.append(f"{r['trace']} at f = {r['load']:g}: {r['arm']} is the run of "
+                     f"{r['same_as']} ({why})")  # fmt: skip
+    return (
+        "Arms shown once because they are one run (every figure equal in every seed, which "
+        "the deterministic simulator gives only to runs that decided alike): "
+        + "; ".join(parts) + "."
+    )
 
 
 def verdicts(data: dict[str, Any]) -> str:
@@ -310,18 +342,21 @@ def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: S
             ],
         )
     )
-    header = ("trace, deployment", "f", "×", "arm", "TTFT P50 s", "TTFT P99 s", "ITL P50 s",
-              "req/s", "prefix reuse", "regime changes", "re-splits",
+    header = ("trace, deployment", "f", "speed-up", "arm", "TTFT P50 s", "TTFT P99 s",
+              "ITL P50 s", "req/s", "prefix reuse", "regime changes", "re-splits",
               "P99 / static:0,1")  # fmt: skip
+    figures = ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "throughput_rps", "prefix_reuse",
+               "regime_changes", "resplits", "p99_over_static")  # fmt: skip
     table = [
-        (r["trace"], f"{r['load']:g}", f"{r['speedup']:g}", r["arm"], stat_cell(r, "ttft_p50_s"),
-         stat_cell(r, "ttft_p99_s"), stat_cell(r, "itl_p50_s"), stat_cell(r, "throughput_rps"),
-         stat_cell(r, "prefix_reuse"), stat_cell(r, "regime_changes"), stat_cell(r, "resplits"),
-         stat_cell(r, "p99_over_static"))
+        (r["trace"], f"{r['load']:g}", f"{r['speedup']:g}", r["arm"],
+         *((stat_cell(r, k) for k in figures) if r["same_as"] is None
+           else (f"the run of {r['same_as']}",) * len(figures)))
         for r in data["rows"]
     ]  # fmt: skip
+    repeated = [r for r in data["rows"] if r["same_as"] is not None]
     section.text("Per arm and load, mean ± 1 s.e. over the seeds:\n\n"
-                 + markdown_table(header, table))  # fmt: skip
+                 + markdown_table(header, table) + "\n\n"
+                 + describe_same_runs(repeated))  # fmt: skip
     section.text("Where the controller's arms win and lose (TTFT P99, paired by seed):\n\n"
                  + verdicts(data) + "\n\n" + regimes(data, setup))  # fmt: skip
     for name in setup["traces"]:

@@ -31,7 +31,7 @@ import numpy as np
 
 from cluster.config import ServeConfig
 from cluster.nats_server import free_port
-from cluster.ray.refs import get_answers
+from cluster.ray.refs import get_answer
 from cluster.ray.status import AuctionStats, ControllerSnapshot, as_json
 from cluster.serve.users import Users
 from cluster.service import Service
@@ -181,11 +181,12 @@ def phase_table(
 def _auction_stats(service: Service) -> dict[str, Any]:
     """The auction actor's totals: money captured (ledger) and welfare per user."""
     auction = service.handles.auction
+    if auction is None:
+        return {}
     try:
-        stats = get_answers([auction.stats.remote()], 10)[0] if auction is not None else None
+        return dict(as_json(get_answer(auction.stats.remote(), AuctionStats, 10)))
     except Exception:  # a report without the auction's totals beats no report
         return {}
-    return as_json(stats) if isinstance(stats, AuctionStats) else {}
 
 
 def user_table(
@@ -223,13 +224,12 @@ def user_table(
 
 def _controller_snapshot(service: Service) -> dict[str, Any]:
     controller = service.handles.controller
+    if controller is None:
+        return {}
     try:
-        snap = (
-            get_answers([controller.snapshot.remote()], 10)[0] if controller is not None else None
-        )
+        return dict(as_json(get_answer(controller.snapshot.remote(), ControllerSnapshot, 10)))
     except Exception:  # a report without the re-splits beats no report
         return {}
-    return as_json(snap) if isinstance(snap, ControllerSnapshot) else {}
 
 
 # How a re-split ends: its worker serves the new role, or the old one again (cluster/ray/pools.py).

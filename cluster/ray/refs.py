@@ -14,14 +14,12 @@ from typing import TypeVar
 
 from cluster.actor_ref import ActorRef, answer_of
 from cluster.dataplane.refs import AuctionCalls, RouterCalls
-from cluster.ray.actor_support import Ready
-from cluster.ray.status import AuctionStats, ControllerSnapshot, PoaSnapshot, RouterStats
+from cluster.ray.status import AuctionStats, PoaSnapshot, RouterStats
 from router import Policy
 
 __all__ = [
     "AuctionRef",
     "ControlRef",
-    "ControllerRef",
     "PoaRef",
     "RouterRef",
     "WorkerRef",
@@ -47,12 +45,9 @@ class _Lifecycle:
 
 @dataclass(frozen=True)
 class ControlRef(_Lifecycle):
-    """Any control-plane actor of the service, for its lifecycle alone."""
+    """Any actor of the service, for its lifecycle alone."""
 
     actor: ActorRef
-
-    async def ready(self) -> Ready:
-        return answer_of(Ready, await self.actor.ready.remote(), "ready()")
 
 
 @dataclass(frozen=True)
@@ -99,17 +94,6 @@ class PoaRef(_Lifecycle):
     async def forget_before(self, since: float) -> PoaSnapshot:
         answer = await self.actor.forget_before.remote(since)
         return answer_of(PoaSnapshot, answer, "the PoA's forget_before")
-
-
-@dataclass(frozen=True)
-class ControllerRef(_Lifecycle):
-    """The controller actor (``cluster/ray/controller_actor.py``)."""
-
-    actor: ActorRef
-
-    async def snapshot(self) -> ControllerSnapshot:
-        answer = await self.actor.snapshot.remote()
-        return answer_of(ControllerSnapshot, answer, "the controller's snapshot")
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 #   make test   lint + type-check every room, then the whole test suite (installs Dynamo)
 #   make dynamo install the optional real Dynamo backend (docs/design.md §6); demo needs none
 #   make etcd   install Debian's etcd-server: Dynamo's discovery across hosts, for the rehearsal
+#   make planner Dynamo's planner's imports (after make dynamo): bench.controller's planner arm
 #   make aiperf NVIDIA's aiperf in a venv of its own (its pins clash with ours): trace replays
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
@@ -10,6 +11,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DYNAMO_VERSION := 1.6.1
 DYNAMO_STAMP   := $(VENV)/.dynamo-installed
+PLANNER_STAMP  := $(VENV)/.planner-installed
 # NVIDIA's aiperf (the README's trace replay against `disaggctl serve`, and its test) pins
 # prometheus-client, pyzmq and psutil apart from ours: it gets a venv of its own.
 AIPERF_VERSION := 0.13.0
@@ -21,7 +23,7 @@ MATH_ROOMS := auction router games controller
 # Every room is under mypy --strict: the math rooms, the runtime adapters, the CLI, the benches.
 TYPED  := $(MATH_ROOMS) telemetry cluster disaggctl bench
 
-.PHONY: demo test lint bench clean dynamo etcd aiperf
+.PHONY: demo test lint bench clean dynamo planner etcd aiperf
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +40,12 @@ $(DYNAMO_STAMP): pyproject.toml | $(STAMP)
 	touch $(DYNAMO_STAMP)
 
 dynamo: $(DYNAMO_STAMP)
+
+$(PLANNER_STAMP): pyproject.toml | $(DYNAMO_STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,dynamo,planner]'
+	touch $(PLANNER_STAMP)
+
+planner: $(PLANNER_STAMP)
 
 $(AIPERF):
 	$(PYTHON) -m venv $(AIPERF_VENV)

@@ -38,6 +38,7 @@ from controller.drain import Drain
 from controller.evidence import EvidencePolicy
 from controller.policy import PolicyTable, RegimePolicy
 from controller.resplit import Resplitter
+from controller.traffic import Traffic
 from router import Policy
 from telemetry import metrics
 
@@ -170,9 +171,14 @@ class Controller:
         poa_capacity: float | None = None,
         arrival_rate: float | None = None,
         backlog_since: float | None = None,
+        traffic: Traffic | None = None,
     ) -> Regime:
-        """One control tick; ``arrival_rate`` (req/s, measured) and ``backlog_since`` (when the
-        backlog under way began, ``controller.drain``) feed the re-split lever."""
+        """One control tick; ``arrival_rate`` (req/s, measured), ``backlog_since`` (when the
+        backlog under way began, ``controller.drain``) and ``traffic`` (the window's traffic,
+        ``controller.traffic``; its λ stands for ``arrival_rate`` when that is not given) feed
+        the re-split lever."""
+        if arrival_rate is None and traffic is not None:
+            arrival_rate = traffic.arrival_rate
         signals = (
             ("queue_depth", queue_depth),
             ("poa_hat", poa_hat),
@@ -206,8 +212,9 @@ class Controller:
         self._advise(now, poa_routing, poa_capacity)
         if self.resplitter is not None and arrival_rate is not None:
             self.resplitter.tick(
-                now, self.detector.regime, arrival_rate, poa_routing, poa_capacity, backlog_since
-            )
+                now, self.detector.regime, arrival_rate, poa_routing, poa_capacity, backlog_since,
+                traffic,
+            )  # fmt: skip
         return self.detector.regime
 
     def drained(self, drain: Drain) -> Regime:

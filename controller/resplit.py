@@ -12,10 +12,20 @@ step back must carry the measured λ within the SLOs with headroom,
 
     λ ≤ release_fraction · κ(P − 1, D + 1),    κ(P, D) = min(P·κ_P, D·κ_D)
 
-(κ_P, κ_D: Game 1's per-worker SLO rates, ``games.pd_allocation.slo_capacity``), for
-``release_ticks`` ticks in a row outside ``saturated``. TTFT alone cannot say it: the re-split
+(κ_P, κ_D: Game 1's per-worker SLO rates, ``games.pd_allocation.slo_capacity``; λ read as the
+mean of the last ``release_ticks`` ticks' readings plus twice their spread, so that a calm
+half-minute between busy ones is not a fall), for ``release_ticks`` ticks in a row outside
+``saturated``. TTFT alone cannot say it: the re-split
 itself brings TTFT down, and a lever that gave capacity back whenever TTFT looked calm would
 undo its own move while the load still needs it.
+
+The traffic plans a move too (``controller.traffic``, docs/design.md §4 "A re-split plans from
+the traffic"): with a reading of the window's traffic, a move up is also due after
+``dwell_ticks`` ticks in which the prefill queue outruns the pool (an overload under way, dated
+from the queue) or the demand λ exceeds the split's SLO capacity κ(P, D) at the window's
+shape (dated from when it began), whatever the detector reads; Game 1's split is then asked at
+the demand plus the backlog owed (``Traffic.demand_rate``), and R below is the longer of the
+two datings and the backlog's drain time.
 
 A move up also has to pay for itself (``resplit_payoff``). The moving worker serves in neither
 pool for the switch, W seconds on the controller's clock (``PoolTarget.switch_s``: drain and
@@ -60,11 +70,15 @@ the moving worker, restarts it in its new role and reports progress. This module
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal, Protocol
+from typing import Literal, Protocol
 
 from controller.detector import Regime
+from controller.resplit_settings import RESPLIT_BOUNDS as RESPLIT_BOUNDS
+from controller.resplit_settings import ResplitSettings as ResplitSettings
+from controller.traffic import QueueWatch, Traffic, TrafficShape
 
 Role = Literal["prefill", "decode"]
 
@@ -112,14 +126,19 @@ class PoolTarget(Protocol):
 
 
 class SplitPlanner(Protocol):
-    """Game 1 for the resplitter (e.g. ``cluster.sim.planning.GameOnePlanner``)."""
+    """Game 1 for the resplitter (e.g. ``cluster.sim.planning.GameOnePlanner``), each answer at
+    the window's traffic shape (None: the profile's workload)."""
 
-    def best_split(self, arrival_rate: float) -> Pools:
+    def best_split(self, arrival_rate: float, shape: TrafficShape | None = None) -> Pools:
         """The split that serves ``arrival_rate`` best (Game 1's social optimum), in workers."""
         ...
 
-    def capacity(self, pools: Pools) -> float:
+    def capacity(self, pools: Pools, shape: TrafficShape | None = None) -> float:
         """Requests per second ``pools`` carries within the SLOs: min(P·κ_P, D·κ_D)."""
+        ...
+
+    def prefill_rate(self, pools: Pools, shape: TrafficShape | None = None) -> float:
+        """μ: prompt tokens per second the prefill pool computes at full batches."""
         ...
 
 
@@ -169,68 +188,19 @@ class Payoff:
 
 
 def resplit_payoff(
-    planner: SplitPlanner, pools: Pools, arrival_rate: float, lasted_s: float, switch_s: float
+    planner: SplitPlanner,
+    pools: Pools,
+    arrival_rate: float,
+    lasted_s: float,
+    switch_s: float,
+    shape: TrafficShape | None = None,
 ) -> Payoff:
     """The payoff of moving one worker from decode to prefill (module docstring): gain and loss
-    from Game 1's SLO capacities at the demand λ, R = ``lasted_s``."""
-    served = min(arrival_rate, planner.capacity(pools))
-    moving = min(arrival_rate, planner.capacity(Pools(pools.prefill, pools.decode - 1)))
-    after = min(arrival_rate, planner.capacity(Pools(pools.prefill + 1, pools.decode - 1)))
+    from Game 1's SLO capacities at the demand λ and the window's shape, R = ``lasted_s``."""
+    served = min(arrival_rate, planner.capacity(pools, shape))
+    moving = min(arrival_rate, planner.capacity(Pools(pools.prefill, pools.decode - 1), shape))
+    after = min(arrival_rate, planner.capacity(Pools(pools.prefill + 1, pools.decode - 1), shape))
     return Payoff(after - served, max(0.0, served - moving), lasted_s, switch_s)
-
-
-# One table of bounds, for this dataclass and the config's edge model
-# (``cluster.ray.controller_pools.ResplitSection``), as the auction's ``SETTING_BOUNDS``.
-RESPLIT_BOUNDS: Final[Mapping[str, tuple[float, float]]] = {
-    "dominance": (1.0, 1e6),
-    "dwell_ticks": (1, 100_000),
-    "release_fraction": (0.0, 1.0),
-    "release_ticks": (1, 100_000),
-    "cooldown_s": (0.0, 86_400.0),  # a day: longer is "never", which enabled: false says
-    "min_prefill": (0, 4096),
-    "min_decode": (1, 4096),
-}
-_COUNTS = frozenset({"dwell_ticks", "release_ticks", "min_prefill", "min_decode"})
-
-
-def _count(name: str, value: object, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
-
-
-@dataclass(frozen=True)
-class ResplitSettings:
-    """``dominance``: poa_capacity / poa_routing at which saturation counts as capacity-bound
-    (2: capacity explains at least twice what routing could recover). ``dwell_ticks``: ticks the
-    condition must hold before a move up (one noisy window never moves a worker).
-    ``release_fraction``: the share of the smaller split's SLO capacity the demand must stay
-    under before a move back (0.8: 20% headroom, the margin a queue needs to stay short);
-    ``release_ticks``: ticks it must stay there (longer than the dwell: keeping capacity a little
-    too long is the cheap mistake). ``cooldown_s``: seconds after a re-split finishes before the
-    next may start. ``min_prefill`` / ``min_decode``: never fewer."""
-
-    dominance: float = 2.0
-    dwell_ticks: int = 5
-    release_fraction: float = 0.8
-    release_ticks: int = 30
-    cooldown_s: float = 20.0
-    min_prefill: int = 1
-    min_decode: int = 1
-
-    def __post_init__(self) -> None:
-        for name, (low, high) in RESPLIT_BOUNDS.items():
-            value: object = getattr(self, name)
-            if name in _COUNTS:
-                _count(name, value, int(low), int(high))
-            elif (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not math.isfinite(value)
-                or not low <= value <= high
-            ):
-                raise ValueError(
-                    f"{name} must be a finite number in [{low:g}, {high:g}], got {value!r}"
-                )
 
 
 class Resplitter:
@@ -263,6 +233,11 @@ class Resplitter:
         self._idle_since: float | None = None  # when the last re-split finished
         self._overload_since: float | None = None  # start of the regime's saturated stretch
         self.unpaid = 0  # ticks a move up was due but would not have paid for itself
+        self.queue = QueueWatch()
+        self._plan_ticks = 0
+        # The overload episode under way: when it began, and the split it found.
+        self._episode: tuple[float, Pools] | None = None
+        self._rates: deque[float] = deque(maxlen=self.settings.release_ticks)
 
     def tick(
         self,
@@ -272,12 +247,15 @@ class Resplitter:
         poa_routing: float | None = None,
         poa_capacity: float | None = None,
         backlog_since: float | None = None,
+        traffic: Traffic | None = None,
     ) -> ResplitDecision | None:
         """Update the counters with this tick's signals; start a re-split when they say so.
-        ``backlog_since``: when the backlog under way began (``DrainWatch.backlog_since``)."""
+        ``backlog_since``: when the backlog under way began (``DrainWatch.backlog_since``);
+        ``traffic``: the window's traffic, for the planned move (module docstring)."""
         if not (math.isfinite(arrival_rate) and arrival_rate >= 0):
             raise ValueError(f"arrival_rate must be finite and >= 0, got {arrival_rate!r}")
         s = self.settings
+        shape = traffic.shape if traffic is not None else None
         if regime != Regime.SATURATED:
             self._overload_since = None
         elif self._overload_since is None:
@@ -290,15 +268,25 @@ class Resplitter:
         )
         self._up_ticks = self._up_ticks + 1 if capacity_bound else 0
         pools = self.target.pools()
+        overloaded, remaining = self._read_queue(now, pools, traffic)
+        # The SLO's reading of the same traffic: a split whose SLO capacity is below the demand
+        # misses the SLO in steady state even while its queue clears between bursts.
+        rate = traffic.arrival_rate if traffic is not None else 0.0
+        short = shape is not None and rate > self.planner.capacity(pools, shape)
+        overloaded = overloaded or short
+        remaining = max(remaining, self._episode_age(now, pools, overloaded, rate, shape))
+        self._plan_ticks = self._plan_ticks + 1 if overloaded else 0
         smaller = Pools(pools.prefill - 1, pools.decode + 1)
+        self._rates.append(arrival_rate)
         demand_fell = (
             regime != Regime.SATURATED
+            and not overloaded
             and pools.prefill > max(self.home.prefill, s.min_prefill)
-            and arrival_rate <= s.release_fraction * self.planner.capacity(smaller)
+            and self._demand_bound() <= s.release_fraction * self.planner.capacity(smaller, shape)
         )
         self._down_ticks = self._down_ticks + 1 if demand_fell else 0
         busy = self.target.resplitting()
-        if busy and self._moving_up and regime == Regime.BELOW:
+        if busy and self._moving_up and regime == Regime.BELOW and not overloaded:
             busy = not self._cancel(now)
         if self._busy and not busy:
             self._idle_since = now
@@ -306,24 +294,34 @@ class Resplitter:
         self._busy = busy
         if busy or (self._idle_since is not None and now - self._idle_since < s.cooldown_s):
             return None
-        if self._up_ticks >= s.dwell_ticks and pools.decode > s.min_decode:
-            goal = self.planner.best_split(arrival_rate)
+        planned = self._plan_ticks >= s.dwell_ticks
+        if (self._up_ticks >= s.dwell_ticks or planned) and pools.decode > s.min_decode:
+            starts = [t for t in (self._overload_since, backlog_since) if t is not None]
+            lasted = now - min(starts) if self._overload_since is not None else 0.0
+            lasted = max(lasted, remaining)
+            switch = self.target.switch_s()
+            demand = arrival_rate
+            if traffic is not None:  # the backlog is owed too (controller.traffic)
+                demand = max(demand, traffic.demand_rate(max(lasted, switch)))
+            goal = self.planner.best_split(demand, shape)
             if goal.prefill > pools.prefill:
-                starts = [t for t in (self._overload_since, backlog_since) if t is not None]
-                lasted = now - min(starts) if self._overload_since is not None else 0.0
-                payoff = resplit_payoff(
-                    self.planner, pools, arrival_rate, lasted, self.target.switch_s()
-                )
+                payoff = resplit_payoff(self.planner, pools, demand, lasted, switch, shape)
                 if not payoff.pays:  # due, but the switch would cost more than it returns
                     self.unpaid += 1
                 else:
+                    why = (
+                        f"the traffic overloads {pools} for {self._plan_ticks} ticks (prefill "
+                        f"queue {traffic.queued_prefill_tokens:.3g} tokens, or demand over its "
+                        "SLO capacity)"
+                        if planned and traffic is not None
+                        else f"capacity-bound for {self._up_ticks} ticks: poa_capacity "
+                        f"{poa_capacity:.3g} >= {s.dominance:g} x poa_routing {poa_routing:.3g}"
+                    )
                     reason = (
-                        f"capacity-bound for {self._up_ticks} ticks: poa_capacity "
-                        f"{poa_capacity:.3g} >= {s.dominance:g} x poa_routing "
-                        f"{poa_routing:.3g}; Game 1 at {arrival_rate:.3g} req/s: {goal}; pays "
-                        f"for its {payoff.switch_s:.3g} s switch after {lasted:.3g} s of "
-                        f"overload (benefit {payoff.benefit:.3g} > cost {payoff.cost:.3g} "
-                        "request-s)"
+                        f"{why}; Game 1 at {demand:.3g} req/s{_shown(shape)}: {goal}; "
+                        f"pays for its {payoff.switch_s:.3g} s switch, the overload likely "
+                        f"lasting {lasted:.3g} s more (benefit {payoff.benefit:.3g} > cost "
+                        f"{payoff.cost:.3g} request-s)"
                     )
                     return self._start(
                         now, "prefill", pools, goal, arrival_rate, reason, poa_routing,
@@ -338,6 +336,43 @@ class Resplitter:
                 now, "decode", pools, self.home, arrival_rate, reason, poa_routing, poa_capacity
             )
         return None
+
+    def _episode_age(
+        self, now: float, pools: Pools, overloaded: bool, rate: float, shape: TrafficShape | None
+    ) -> float:
+        """A for the traffic's moves: how long the overload episode has lasted. It begins at
+        the first overloaded tick and lasts while the traffic overloads the split it found
+        (its demand above that split's SLO capacity) or the current one: a move that answered
+        it changes the split, not the traffic, and the next move's evidence is the same
+        episode's, not a new one that must last a switch again."""
+        if self._episode is None:
+            if not overloaded:
+                return 0.0
+            self._episode = (now, pools)
+        since, found = self._episode
+        if not overloaded and (shape is None or rate <= self.planner.capacity(found, shape)):
+            self._episode = None
+            return 0.0
+        return now - since
+
+    def _demand_bound(self) -> float:
+        """The demand a move back must fit: the mean of λ over the last ``release_ticks`` ticks
+        plus twice its standard deviation. A trace's arrival rate swings by a third between
+        half-minute windows (Mooncake's); a split that carries only the calm windows would be
+        left at the next busy one, and the lever would pay a switch each way for nothing."""
+        rates = self._rates
+        mean = sum(rates) / len(rates)
+        spread = math.sqrt(sum((r - mean) ** 2 for r in rates) / len(rates))
+        return mean + 2.0 * spread
+
+    def _read_queue(self, now: float, pools: Pools, traffic: Traffic | None) -> tuple[bool, float]:
+        """(overloaded, R) from the prefill queue (``controller.traffic``); (False, 0) with no
+        traffic reading."""
+        if traffic is None:
+            return False, 0.0
+        service = self.planner.prefill_rate(pools, traffic.shape) if pools.prefilling else 0.0
+        overloaded = self.queue.update(now, traffic, service, self.target.switch_s())
+        return overloaded, self.queue.remaining_s(now, traffic.queued_prefill_tokens, service)
 
     def _cancel(self, now: float) -> bool:
         """The overload a move up answered is over before its worker drained: the worker
@@ -368,7 +403,16 @@ class Resplitter:
         self.decisions.append(decision)
         self._busy = True
         self._moving_up = to_role == "prefill"
-        self._up_ticks = self._down_ticks = 0
+        self._up_ticks = self._down_ticks = self._plan_ticks = 0
         if self.on_decision is not None:
             self.on_decision(decision)
         return decision
+
+
+def _shown(shape: TrafficShape | None) -> str:
+    if shape is None:
+        return ""
+    return (
+        f" (prompts {shape.prompt_tokens:.0f} tokens, {shape.reuse:.0%} cached, "
+        f"outputs {shape.output_tokens:.0f})"
+    )

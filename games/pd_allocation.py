@@ -8,8 +8,12 @@ input and O output tokens; SLOs: TTFT ≤ τ_T with probability q, ITL ≤ τ_I)
 
 - prefill: a full chunked-prefill iteration serves B_P = min(max_batch_requests, max_batch_tokens/I)
   requests in a + (b·I + c)·B_P seconds, so a worker serves μ_P = 1/s_P requests/s with
-  s_P = a/B_P + b·I + c. As an M/M/1 queue at rate λ_w its sojourn (the TTFT) is exponential with
-  rate μ_P − λ_w, so P(TTFT ≤ τ_T) ≥ q exactly while λ_w ≤ κ_P = μ_P − ln(1/(1 − q))/τ_T.
+  s_P = a/B_P + b·I + c. A prompt whose first C tokens a cache holds computes I' = I − C of
+  them, so I' stands for I here (and in B_P) when a window measured its reuse, and a profile
+  that states attention adds e·I'·(C + I'/2) per request; the decode side keeps I, as the cache
+  hit still occupies KV. As an M/M/1 queue at rate λ_w its sojourn (the
+  TTFT) is exponential with rate μ_P − λ_w, so P(TTFT ≤ τ_T) ≥ q exactly while
+  λ_w ≤ κ_P = μ_P − ln(1/(1 − q))/τ_T.
 - decode: continuous batching. At rate λ_w a worker holds B = λ_w·O·ITL sequences (Little) of
   K̄ = I + O/2 KV tokens on average, and an iteration takes ITL = d0 + (d1 + d2·K̄)·B, hence
   ITL = d0/(1 − e_D·O·λ_w) with e_D = d1 + d2·K̄. ITL ≤ τ_I and B ≤ B_D = min(max_batch,
@@ -89,6 +93,8 @@ class PoolCosts:
     kv_capacity_tokens: int
     input_tokens: int
     output_tokens: int
+    cached_tokens: int = 0
+    e_s_per_token_pair: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -99,21 +105,41 @@ class PoolCosts:
                 raise ValueError(f"{f.name} must be {kind}, got {value!r}")
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{f.name} must be finite and >= 0, got {value!r}")
-        positive = ("tp", "max_batch_tokens", "max_batch_requests", "max_batch",
-                    "input_tokens", "output_tokens")
+        positive = (
+            "tp",
+            "max_batch_tokens",
+            "max_batch_requests",
+            "max_batch",
+            "input_tokens",
+            "output_tokens",
+        )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.cached_tokens >= self.input_tokens:
+            raise ValueError(
+                f"cached_tokens must be < input_tokens ({self.input_tokens}): a prefill "
+                f"computes at least one token, got {self.cached_tokens}"
+            )
         if self.s_prefill <= 0:
             raise ValueError("a prefill request must take time: a, b or c must be > 0")
         if self.d0_s <= 0:
             raise ValueError(f"d0_s must be > 0 (a decode iteration takes time), got {self.d0_s}")
 
     @property
+    def new_tokens(self) -> int:
+        """I − cached: the prompt tokens a prefill computes (a cache hit is prefill capacity)."""
+        return self.input_tokens - self.cached_tokens
+
+    @property
     def s_prefill(self) -> float:
-        """s_P = a/B_P + b·I + c: seconds of prefill per request at a full iteration."""
-        b_p = min(self.max_batch_requests, self.max_batch_tokens / self.input_tokens)
-        return self.a_s / b_p + self.b_s_per_token * self.input_tokens + self.c_s_per_request
+        """s_P = a/B_P + b·I' + e·I'·(C + I'/2) + c with I' = I − C, C cached: seconds of
+        prefill per request at a full iteration (e: attention over the context, 0 unless the
+        profile states it; at the mean prompt, a lower bound for prompts of spread lengths)."""
+        new = self.new_tokens
+        b_p = min(self.max_batch_requests, self.max_batch_tokens / new)
+        attention = self.e_s_per_token_pair * new * (self.cached_tokens + new / 2)
+        return self.a_s / b_p + self.b_s_per_token * new + attention + self.c_s_per_request
 
     @property
     def e_decode(self) -> float:
@@ -318,9 +344,7 @@ def social_optimum(game: PdGame) -> Split:
     w = np.where(feasible, game.welfare, -np.inf)
     best = float(w.max())
     near = np.argwhere(w >= best - _tol(game))
-    i, j = min(
-        near, key=lambda c: (game.latency[c[0], c[1]], int(c[0]) + int(c[1]), int(c[0]))
-    )
+    i, j = min(near, key=lambda c: (game.latency[c[0], c[1]], int(c[0]) + int(c[1]), int(c[0])))
     return _split(game, int(i), int(j))
 
 

@@ -40,12 +40,20 @@ from cluster.actor_bus import (
     wait_subscribed,
 )
 from cluster.actor_ref import ActorRef
-from cluster.events import CompleteEvent, Event, FirstTokenEvent, RegimeEvent, RouteEvent
+from cluster.events import (
+    CompleteEvent,
+    EngineLoadEvent,
+    Event,
+    FirstTokenEvent,
+    RegimeEvent,
+    RouteEvent,
+)
 from cluster.models import validate_model
 from cluster.plausibility import Plausibility
 from cluster.ray.actor_support import Ready, ready_record, wake_after_restart
 from cluster.ray.controller_pools import ArrivalMeter, build_pools
 from cluster.ray.controller_settings import DEFAULT_THETA_S, ControllerSettings
+from cluster.ray.live_traffic import LiveTraffic
 from cluster.ray.metrics_export import OWNERS, owned_metrics_text
 from cluster.ray.pending_routes import EVENT_SLACK_S, PendingRoutes
 from cluster.ray.poa_actor import CONNECT_WAIT_S, service_clock
@@ -133,6 +141,7 @@ class ControllerActor:
         )
         self.push = PolicyPush(router, auction, s.call_timeout_s)
         self.arrivals = ArrivalMeter()
+        self.traffic = LiveTraffic()
         # A TTFT is used only for a request the deployment routed (cluster/plausibility.py).
         ids = None if workers is None else [w for pool in workers.values() for w in pool]
         self.plausible = Plausibility(started_wall=epoch_wall, workers=ids)
@@ -223,6 +232,9 @@ class ControllerActor:
                 self.pending.routed(usable.request_id, self.now())
             elif isinstance(usable, CompleteEvent):
                 self.pending.ended(usable.request_id)
+                self.traffic.complete(self.now(), usable)
+            elif isinstance(usable, EngineLoadEvent):
+                self.traffic.engine_load(self.now(), usable)
             elif isinstance(usable, FirstTokenEvent):
                 self.pending.answered(usable.request_id)
                 self.waits.answered(usable.ttft_s)
@@ -267,7 +279,14 @@ class ControllerActor:
                 "forget_before",
             )
         self.controller.tick(
-            now, **signals, arrival_rate=rate, backlog_since=self.drain.backlog_since
+            now,
+            queue_depth=queue_depth,
+            poa_hat=signals.get("poa_hat"),
+            poa_routing=signals.get("poa_routing"),
+            poa_capacity=signals.get("poa_capacity"),
+            arrival_rate=rate,
+            backlog_since=self.drain.backlog_since,
+            traffic=None if rate is None else self.traffic.reading(now, rate),
         )
         self.ticks += 1
         if len(self.controller.changes) > 2 * MAX_CHANGES:  # the plain Controller keeps them all

@@ -37,6 +37,7 @@ from controller.resplit import (
     Resplitter,
     Role,
 )
+from controller.traffic import TrafficShape
 from games.pd_allocation import SloTargets
 
 __all__ = ["ArrivalMeter", "ResplitSection", "WallPlanner", "build_pools"]
@@ -112,11 +113,14 @@ class WallPlanner:
         self.game = GameOnePlanner(profile, Topology(pools.prefill, pools.decode), slo)
         self.speedup = speedup
 
-    def best_split(self, arrival_rate: float) -> Pools:
-        return self.game.best_split(arrival_rate / self.speedup)
+    def best_split(self, arrival_rate: float, shape: TrafficShape | None = None) -> Pools:
+        return self.game.best_split(arrival_rate / self.speedup, shape)
 
-    def capacity(self, pools: Pools) -> float:
-        return self.game.capacity(pools) * self.speedup
+    def capacity(self, pools: Pools, shape: TrafficShape | None = None) -> float:
+        return self.game.capacity(pools, shape) * self.speedup
+
+    def prefill_rate(self, pools: Pools, shape: TrafficShape | None = None) -> float:
+        return self.game.prefill_rate(pools, shape) * self.speedup
 
 
 def build_pools(

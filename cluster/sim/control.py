@@ -26,6 +26,7 @@ from cluster.sim.records import RequestRecord
 from controller.controller import Controller
 from controller.drain import Drain, DrainWatch, TickWaits, calm_limit_s
 from controller.resplit import Pools, Role
+from controller.traffic import Traffic, TrafficShape
 from games.join import EventJoiner
 from games.poa import PoaEstimate, PoaEstimator
 from telemetry import metrics
@@ -49,6 +50,13 @@ class TickSample:
     prefill_workers: int = 0
     decode_workers: int = 0
     arrival_rate: float = 0.0
+
+
+# The traffic's window: 30 s holds some 80 of Mooncake's requests at its own rate, enough for a
+# mean prompt that one 30k-token conversation does not swing; a first token answers a request
+# that may have waited a minute in a backlog, so the scan for reuse looks that much further back.
+TRAFFIC_WINDOW_S = 30.0
+REUSE_LOOKBACK_S = 120.0
 
 
 class SimPools:
@@ -135,6 +143,37 @@ class ControlLoop:
             arrived += 1
         return arrived / min(window_s, max(now, 1e-9))
 
+    def traffic(self, window_s: float = TRAFFIC_WINDOW_S) -> Traffic:
+        """This tick's traffic (``controller.traffic``): λ and the mean prompt and output of the
+        requests that arrived over the last ``window_s``, the reuse met by the prefills that
+        answered in it (whenever they arrived: under a backlog the window's own arrivals have
+        not started yet), and the prompt tokens the prefill pool still has to compute (waiting
+        prompts at that reuse, as their cache lookup happens when they start)."""
+        now = self.cluster.now
+        since = now - window_s
+        arrived = prompt = output = seen = cached = 0
+        for record in reversed(self.cluster.records):
+            if record.arrival <= since - REUSE_LOOKBACK_S:
+                break
+            if record.arrival > since:
+                arrived += 1
+                prompt += record.prompt_tokens
+                output += record.output_tokens
+            if record.first_token is not None and record.first_token > since:
+                seen += record.prompt_tokens
+                cached += record.cached_tokens
+        rate = arrived / min(window_s, max(now, 1e-9))
+        reuse = min(1.0, cached / seen) if seen else 0.0
+        shape = None
+        if arrived:
+            shape = TrafficShape(prompt / arrived, max(1.0, output / arrived), reuse)
+        queued = sum(
+            (1.0 - reuse) * sum(j.prompt_tokens for j in p.waiting)
+            + sum(j.remaining for j in p.running)
+            for p in self.cluster.prefill.values()
+        )
+        return Traffic(rate, shape, queued)
+
     def _completed(self, record: RequestRecord) -> None:
         metrics.REQUESTS.labels(record.status).inc()
         if record.mean_itl is not None:
@@ -185,7 +224,8 @@ class ControlLoop:
         metrics.POA_ROUTING.set(est.poa_routing)
         metrics.POA_CAPACITY.set(est.poa_capacity)
         depth = self.cluster.admission.depth + self.cluster.backlog
-        rate = self.arrival_rate()
+        traffic = self.traffic()
+        rate = traffic.arrival_rate
         metrics.AUCTION_QUEUE_DEPTH.set(self.cluster.admission.depth)
         if self.controller is not None:
             self.controller.tick(
@@ -196,6 +236,7 @@ class ControlLoop:
                 poa_capacity=est.poa_capacity,
                 arrival_rate=rate,
                 backlog_since=self.drain.backlog_since,
+                traffic=traffic,
             )
             detector = self.controller.detector
             regime, p99, smoothed = int(detector.regime), detector.last_p99, detector.smoothed_p99

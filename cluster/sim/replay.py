@@ -37,6 +37,7 @@ from controller.controller import RegimeChange
 from controller.detector import Thresholds
 from controller.drain import calm_limit_s
 from controller.resplit import ResplitDecision, ResplitSettings
+from games.pd_allocation import SloTargets
 from games.poa import MAX_AGE_S, PoaEstimator
 from router import Policy
 
@@ -259,13 +260,15 @@ def replay_on_sim(
     thresholds: Thresholds | None = None,
     views: ViewSettings | None = None,
     resplit: ResplitSettings | None = None,
+    slo: SloTargets | None = None,
     poa_every_s: float = POA_EVERY_S,
     on_progress: Callable[[int, int, float], None] | None = None,
 ) -> ReplayRun:
     """Replay ``requests`` through ``arm`` on a fresh cluster (module docstring).
 
     ``thresholds``: the detector's (every arm gets its drain limit from them, so static and
-    adaptive arms age their PoA windows alike); required for an adaptive arm.
+    adaptive arms age their PoA windows alike); required for an adaptive arm. ``slo``: the
+    targets the controller's Game 1 plans for (``adaptive_controller``'s default without it).
     ``on_progress(sent, finished, virtual_now)`` after every ``_SLICE_S`` virtual seconds."""
     if arm.adaptive and thresholds is None:
         raise ValueError("an adaptive arm needs the detector's thresholds")
@@ -287,7 +290,7 @@ def replay_on_sim(
         lever = (resplit or ResplitSettings()) if arm.resplit else None
         controller = adaptive_controller(
             cluster, thresholds, None, lever, lambda: loop_ref[0].arrival_rate(),
-            evidence=arm.policy == "evidence",
+            evidence=arm.policy == "evidence", slo=slo,
         )  # fmt: skip
     estimator = PoaEstimator(256, MAX_AGE_S, unloaded_latency_s=unloaded_ttft(profile))
     limit = None if thresholds is None else calm_limit_s(thresholds)

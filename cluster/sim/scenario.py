@@ -116,13 +116,16 @@ def adaptive_controller(
     arrival_rate: Callable[[], float],
     *,
     evidence: bool = False,
+    slo: SloTargets | None = None,
 ) -> Controller:
     """The controller of an adaptive arm on ``cluster``: the detector at ``thresholds``, the
     policy ``table`` (the study's by default) on every router, or with ``evidence`` the table
     blended by the PoA window's evidence (controller/evidence.py), Game 1's advice at the
-    measured ``arrival_rate`` and, given ``resplit``, the re-split lever on the pools."""
+    measured ``arrival_rate`` and, given ``resplit``, the re-split lever on the pools. ``slo``:
+    the operator's targets Game 1 plans for (default TTFT θ1 at 90%, ITL 1.5 decode steps)."""
     profile = cluster.profile
-    slo = SloTargets(ttft_s=thresholds.theta1, itl_s=1.5 * profile.decode.d0_s)
+    if slo is None:
+        slo = SloTargets(ttft_s=thresholds.theta1, itl_s=1.5 * profile.decode.d0_s)
     advisor = capacity_advisor(profile, cluster.topology, slo, arrival_rate)
     resplitter = None
     if resplit is not None:

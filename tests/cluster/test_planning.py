@@ -12,8 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cluster.sim.cluster import Topology
-from cluster.sim.planning import capacity_advisor, pool_costs
+from cluster.sim.planning import GameOnePlanner, capacity_advisor, pool_costs
 from cluster.sim.profile import load_profile
+from controller.resplit import Pools
+from controller.traffic import TrafficShape
 from games.pd_allocation import PoolCosts, SloTargets, slo_capacity
 
 PROFILES = ("b200-llama70b-fp8-tp4", "b200-nemotron340b-fp8-tp8", "h100-32b")
@@ -48,6 +50,8 @@ def test_pool_costs_mirror_the_profile(profile) -> None:
         "kv_capacity_tokens": d.kv_capacity_tokens,
         "input_tokens": w.input_tokens,
         "output_tokens": w.output_tokens,
+        "cached_tokens": 0,
+        "e_s_per_token_pair": p.e_s_per_token_pair,
     }
     assert {f.name: getattr(costs, f.name) for f in fields(costs)} == expected
     # A real profile serves both pools within its own SLO.
@@ -146,3 +150,21 @@ def test_more_gpus_never_carry_less() -> None:
         for d in (1, 2, 5, 9)
     ]
     assert carried == sorted(carried) and carried[-1] > carried[0]
+
+
+def test_the_planner_reads_the_windows_traffic_shape() -> None:
+    profile = load_profile("b200-llama70b-fp8-tp4")
+    # A TTFT SLO a 12k-token prompt can meet (the scenario's 0.5 s is shorter than its prefill).
+    slo = SloTargets(ttft_s=5.0, itl_s=1.5 * profile.decode.d0_s)
+    planner = GameOnePlanner(profile, Topology(1, 5), slo)
+    long_prompts = TrafficShape(prompt_tokens=12_000.0, output_tokens=400.0)
+    cached = TrafficShape(prompt_tokens=12_000.0, output_tokens=400.0, reuse=0.5)
+    one = Pools(1, 5)
+    # A cache hit is prefill capacity: half the prompt cached, 1.5 times the requests/s at
+    # least (the linear half goes; the new half still attends over the cached one).
+    per_request = [planner.prefill_rate(one, s) / s.new_tokens for s in (cached, long_prompts)]
+    assert per_request[0] > 1.5 * per_request[1]
+    assert planner.capacity(one, long_prompts) < planner.capacity(one)  # vs 128-token prompts
+    # Mooncake-like prompts at 2.5 req/s need more than one prefill worker of six.
+    assert planner.best_split(2.5, long_prompts).prefill > 1
+    assert planner.best_split(2.5).prefill <= planner.best_split(2.5, long_prompts).prefill

@@ -18,6 +18,7 @@ from controller.resplit import (
     Role,
     resplit_payoff,
 )
+from controller.traffic import TrafficShape
 
 
 class FakePools:
@@ -77,11 +78,14 @@ class FakePlanner:
     def __init__(self, goal: Pools) -> None:
         self.goal = goal
 
-    def best_split(self, arrival_rate: float) -> Pools:
+    def best_split(self, arrival_rate: float, shape: TrafficShape | None = None) -> Pools:
         return self.goal
 
-    def capacity(self, pools: Pools) -> float:
+    def capacity(self, pools: Pools, shape: TrafficShape | None = None) -> float:
         return self.PER_PREFILL * pools.prefill
+
+    def prefill_rate(self, pools: Pools, shape: TrafficShape | None = None) -> float:
+        return 1000.0 * pools.prefilling  # prompt tokens/s: 1,000 per prefill worker
 
 
 def always(goal: Pools) -> FakePlanner:
@@ -251,7 +255,7 @@ class AdditivePlanner(FakePlanner):
     """A capacity every worker adds to (20 req/s per prefill, 5 per decode worker): losing a
     decode worker for the switch costs, unlike Game 1's min(P·κ_P, D·κ_D)."""
 
-    def capacity(self, pools: Pools) -> float:
+    def capacity(self, pools: Pools, shape: TrafficShape | None = None) -> float:
         return 20.0 * pools.prefill + 5.0 * pools.decode
 
 
@@ -262,7 +266,7 @@ def test_a_move_up_waits_until_the_overload_has_lasted_one_switch() -> None:
     # Capacity-bound from t = 0 (the dwell is met at t = 3), but the move pays only once the
     # overload has lasted more than the 10 s switch: R = 11 s at t = 11.
     assert [d.t for d in made] == [11.0] and r.unpaid == 8
-    assert "pays for its 10 s switch after 11 s of overload" in made[0].reason
+    assert "pays for its 10 s switch, the overload likely lasting 11 s more" in made[0].reason
 
 
 def test_a_spike_shorter_than_the_switch_takes_no_worker_away() -> None:
@@ -289,7 +293,7 @@ def test_game_ones_capacity_never_gains_what_the_switch_lost() -> None:
     # With κ = min(P·κ_P, D·κ_D), a decode worker whose absence binds during the switch also
     # binds after it: the cost term is zero whenever the gain is positive.
     class MinPlanner(FakePlanner):
-        def capacity(self, pools: Pools) -> float:
+        def capacity(self, pools: Pools, shape: TrafficShape | None = None) -> float:
             return min(20.0 * pools.prefill, 15.0 * pools.decode)
 
     for p, d in itertools.product(range(1, 6), range(2, 8)):

@@ -213,14 +213,15 @@ B200_SLO = SloTargets(ttft_s=0.5, itl_s=0.025)
 def test_pool_costs_of_the_70b_profile_by_hand() -> None:
     costs = pool_costs(load_profile(LLAMA))
     assert costs.tp == 4
-    # Prefill: B_P = min(64 requests, 8192 tokens / 128) = 64, so
-    # s_P = 0.004/64 + 2e-5·128 + 0.0204 = 0.0230225 s per request.
-    assert costs.s_prefill == pytest.approx(0.0230225)
+    # Prefill: B_P = min(64 requests, 8192 tokens / 128) = 64, and attention over the prompt
+    # e·I·(0 + I/2) = 5.825e-10·128·64 = 4.7718e-6 s, so
+    # s_P = 0.004/64 + 2e-5·128 + 4.7718e-6 + 0.0204 = 0.0230272718 s per request.
+    assert costs.s_prefill == pytest.approx(0.0230272718)
     # Decode: e_D = d1 + d2·(I + O/2) = 1e-6 + 5e-9·(128 + 128) = 2.28e-6 s.
     assert costs.e_decode == pytest.approx(2.28e-6)
     cap = slo_capacity(costs, B200_SLO)
-    # κ_P = 1/0.0230225 − ln(10)/0.5 = 43.43577 − 4.60517.
-    assert cap.prefill == pytest.approx(43.43577 - 4.60517, rel=1e-6)
+    # κ_P = 1/0.0230272718 − ln(10)/0.5.
+    assert cap.prefill == pytest.approx(1 / 0.0230272718 - math.log(10) / 0.5, rel=1e-6)
     # κ_D = min(ITL: (1 − 0.0085/0.025)/(2.28e-6·256) = 1130.8,
     #           batch: B_D = min(256, 3e6 // 384) = 256 → 1/(0.0085 + 2.28e-6·256) = 110.0875).
     assert cap.decode == pytest.approx(1 / (0.0085 + 2.28e-6 * 256))
@@ -228,11 +229,12 @@ def test_pool_costs_of_the_70b_profile_by_hand() -> None:
 
 def test_pool_costs_of_the_340b_profile_by_hand() -> None:
     costs = pool_costs(load_profile(NEMOTRON))
-    # s_P = 0 + 1e-5·128 + 0.0555 = 0.05678 s; e_D = 5e-6 + 5e-9·256 = 6.28e-6 s.
-    assert (costs.tp, costs.s_prefill, costs.e_decode) == (8, pytest.approx(0.05678),
+    # s_P = 0 + 1e-5·128 + 7.864e-10·128·64 + 0.0555 = 0.0567864422 s (attention over the
+    # prompt included); e_D = 5e-6 + 5e-9·256 = 6.28e-6 s.
+    assert (costs.tp, costs.s_prefill, costs.e_decode) == (8, pytest.approx(0.0567864422),
                                                            pytest.approx(6.28e-6))
     cap = slo_capacity(costs, B200_SLO)
-    assert cap.prefill == pytest.approx(1 / 0.05678 - math.log(10) / 0.5)  # ≈ 13.0 req/s
+    assert cap.prefill == pytest.approx(1 / 0.0567864422 - math.log(10) / 0.5)  # ≈ 13.0 req/s
     # ITL bound (1 − 0.0222/0.025)/(6.28e-6·256) = 69.67 beats the batch bound 1/0.0238077 = 42.0.
     assert cap.decode == pytest.approx(1 / (0.0222 + 6.28e-6 * 256))
 

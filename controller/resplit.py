@@ -12,12 +12,12 @@ step back must carry the measured λ within the SLOs with headroom,
 
     λ ≤ release_fraction · κ(P − 1, D + 1),    κ(P, D) = min(P·κ_P, D·κ_D)
 
-(κ_P, κ_D: Game 1's per-worker SLO rates, ``games.pd_allocation.slo_capacity``; λ read as the
-mean of the last ``release_ticks`` ticks' readings plus twice their spread, so that a calm
-half-minute between busy ones is not a fall), for ``release_ticks`` ticks in a row outside
-``saturated``. TTFT alone cannot say it: the re-split
-itself brings TTFT down, and a lever that gave capacity back whenever TTFT looked calm would
-undo its own move while the load still needs it.
+(κ_P, κ_D: Game 1's per-worker SLO rates, ``games.pd_allocation.slo_capacity``; the load
+λ/κ(P − 1, D + 1) read as the mean of the last ``release_ticks`` ticks' readings, each at its
+window's traffic shape, plus twice their spread, so that a calm half-minute between busy ones is
+not a fall), for ``release_ticks`` ticks in a row outside ``saturated``. TTFT alone cannot say
+it: the re-split itself brings TTFT down, and a lever that gave capacity back whenever TTFT
+looked calm would undo its own move while the load still needs it.
 
 The traffic plans a move too (``controller.traffic``, docs/design.md §4 "A re-split plans from
 the traffic"): with a reading of the window's traffic, a move up is also due after
@@ -61,7 +61,8 @@ Never oscillating comes from three things:
 - one TP group at a time, and none while the target reports a re-split in progress (drain and
   warm-up take tens of seconds on real hardware);
 - a cool-down of ``cooldown_s`` after a re-split finishes before the next may start, so the
-  estimator sees the new split's effect before the lever is pulled again.
+  estimator sees the new split's effect before the lever is pulled again (but for the next
+  step up the same overload episode's traffic asks for: its evidence is read every tick).
 
 The target does the work (a simulated cluster, or the serve runtime's worker actors): it drains
 the moving worker, restarts it in its new role and reports progress. This module only decides.
@@ -73,73 +74,17 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
 
 from controller.detector import Regime
 from controller.resplit_settings import RESPLIT_BOUNDS as RESPLIT_BOUNDS
 from controller.resplit_settings import ResplitSettings as ResplitSettings
+from controller.split import Payoff as Payoff
+from controller.split import Pools as Pools
+from controller.split import PoolTarget as PoolTarget
+from controller.split import Role as Role
+from controller.split import SplitPlanner as SplitPlanner
+from controller.split import resplit_payoff as resplit_payoff
 from controller.traffic import QueueWatch, Traffic, TrafficShape
-
-Role = Literal["prefill", "decode"]
-
-
-@dataclass(frozen=True)
-class Pools:
-    """Workers (TP groups) serving in each role."""
-
-    prefill: int
-    decode: int
-
-    def __str__(self) -> str:
-        return f"{self.prefill}P/{self.decode}D"
-
-    @property
-    def prefilling(self) -> int:
-        """Workers that run prefills: the prefill pool, or the decode workers when there is
-        none (0P/nD: each prefills its own requests)."""
-        return self.prefill if self.prefill > 0 else self.decode
-
-
-class PoolTarget(Protocol):
-    """What the resplitter drives: the cluster's pools."""
-
-    def pools(self) -> Pools:
-        """Workers serving in each role now (a worker in transition counts in neither)."""
-        ...
-
-    def resplitting(self) -> bool:
-        """A re-split is in progress (draining or warming up)."""
-        ...
-
-    def resplit(self, to_role: Role, reason: str) -> None:
-        """Start moving one TP group from the other role to ``to_role``."""
-        ...
-
-    def switch_s(self) -> float:
-        """Seconds (on the controller's clock) a moving worker serves in neither pool."""
-        ...
-
-    def cancel(self, reason: str) -> bool:
-        """Stop the re-split under way if its worker still drains (it serves its old role
-        again at once); False when there is none or its old engine has stopped."""
-        ...
-
-
-class SplitPlanner(Protocol):
-    """Game 1 for the resplitter (e.g. ``cluster.sim.planning.GameOnePlanner``), each answer at
-    the window's traffic shape (None: the profile's workload)."""
-
-    def best_split(self, arrival_rate: float, shape: TrafficShape | None = None) -> Pools:
-        """The split that serves ``arrival_rate`` best (Game 1's social optimum), in workers."""
-        ...
-
-    def capacity(self, pools: Pools, shape: TrafficShape | None = None) -> float:
-        """Requests per second ``pools`` carries within the SLOs: min(P·κ_P, D·κ_D)."""
-        ...
-
-    def prefill_rate(self, pools: Pools, shape: TrafficShape | None = None) -> float:
-        """μ: prompt tokens per second the prefill pool computes at full batches."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -163,44 +108,6 @@ class ResplitCancel:
     t: float
     to_role: Role
     reason: str
-
-
-@dataclass(frozen=True)
-class Payoff:
-    """What one move up would return (module docstring): request-seconds within the SLOs."""
-
-    gain_rps: float
-    loss_rps: float
-    remaining_s: float
-    switch_s: float
-
-    @property
-    def benefit(self) -> float:
-        return self.gain_rps * max(0.0, self.remaining_s - self.switch_s)
-
-    @property
-    def cost(self) -> float:
-        return self.loss_rps * self.switch_s
-
-    @property
-    def pays(self) -> bool:
-        return self.benefit > self.cost
-
-
-def resplit_payoff(
-    planner: SplitPlanner,
-    pools: Pools,
-    arrival_rate: float,
-    lasted_s: float,
-    switch_s: float,
-    shape: TrafficShape | None = None,
-) -> Payoff:
-    """The payoff of moving one worker from decode to prefill (module docstring): gain and loss
-    from Game 1's SLO capacities at the demand λ and the window's shape, R = ``lasted_s``."""
-    served = min(arrival_rate, planner.capacity(pools, shape))
-    moving = min(arrival_rate, planner.capacity(Pools(pools.prefill, pools.decode - 1), shape))
-    after = min(arrival_rate, planner.capacity(Pools(pools.prefill + 1, pools.decode - 1), shape))
-    return Payoff(after - served, max(0.0, served - moving), lasted_s, switch_s)
 
 
 class Resplitter:
@@ -237,7 +144,9 @@ class Resplitter:
         self._plan_ticks = 0
         # The overload episode under way: when it began, and the split it found.
         self._episode: tuple[float, Pools] | None = None
-        self._rates: deque[float] = deque(maxlen=self.settings.release_ticks)
+        self._episode_moves = 0  # moves up made in the episode under way
+        # λ/κ(P − 1, D + 1) of the last ticks, each at its own window's shape
+        self._loads: deque[float] = deque(maxlen=self.settings.release_ticks)
 
     def tick(
         self,
@@ -268,21 +177,22 @@ class Resplitter:
         )
         self._up_ticks = self._up_ticks + 1 if capacity_bound else 0
         pools = self.target.pools()
-        overloaded, remaining = self._read_queue(now, pools, traffic)
+        overloaded, remaining, cost = self._read_queue(now, pools, traffic)
         # The SLO's reading of the same traffic: a split whose SLO capacity is below the demand
         # misses the SLO in steady state even while its queue clears between bursts.
-        rate = traffic.arrival_rate if traffic is not None else 0.0
+        rate = cost * traffic.arrival_rate if traffic is not None else 0.0
         short = shape is not None and rate > self.planner.capacity(pools, shape)
         overloaded = overloaded or short
         remaining = max(remaining, self._episode_age(now, pools, overloaded, rate, shape))
         self._plan_ticks = self._plan_ticks + 1 if overloaded else 0
         smaller = Pools(pools.prefill - 1, pools.decode + 1)
-        self._rates.append(arrival_rate)
+        held = self.planner.capacity(smaller, shape)
+        self._loads.append(cost * arrival_rate / held if held > 0 else math.inf)
         demand_fell = (
             regime != Regime.SATURATED
             and not overloaded
             and pools.prefill > max(self.home.prefill, s.min_prefill)
-            and self._demand_bound() <= s.release_fraction * self.planner.capacity(smaller, shape)
+            and self._load_bound() <= s.release_fraction
         )
         self._down_ticks = self._down_ticks + 1 if demand_fell else 0
         busy = self.target.resplitting()
@@ -292,17 +202,21 @@ class Resplitter:
             self._idle_since = now
             self._moving_up = False
         self._busy = busy
-        if busy or (self._idle_since is not None and now - self._idle_since < s.cooldown_s):
-            return None
         planned = self._plan_ticks >= s.dwell_ticks
+        cooling = self._idle_since is not None and now - self._idle_since < s.cooldown_s
+        # The next step toward the split an episode's traffic asks for needs no cool-down: its
+        # evidence is read every tick (the dwell on the new split), not a PoA window to refill.
+        onward = planned and self._episode is not None and self._episode_moves > 0
+        if busy or (cooling and not onward):
+            return None
         if (self._up_ticks >= s.dwell_ticks or planned) and pools.decode > s.min_decode:
             starts = [t for t in (self._overload_since, backlog_since) if t is not None]
             lasted = now - min(starts) if self._overload_since is not None else 0.0
             lasted = max(lasted, remaining)
             switch = self.target.switch_s()
             demand = arrival_rate
-            if traffic is not None:  # the backlog is owed too (controller.traffic)
-                demand = max(demand, traffic.demand_rate(max(lasted, switch)))
+            if traffic is not None:  # the backlog is owed too, in Game 1's requests
+                demand = cost * max(demand, traffic.demand_rate(max(lasted, switch)))
             goal = self.planner.best_split(demand, shape)
             if goal.prefill > pools.prefill:
                 payoff = resplit_payoff(self.planner, pools, demand, lasted, switch, shape)
@@ -329,8 +243,9 @@ class Resplitter:
                     )  # fmt: skip
         if self._down_ticks >= s.release_ticks:
             reason = (
-                f"demand {arrival_rate:.3g} req/s <= {s.release_fraction:g} x the SLO capacity "
-                f"of {smaller} for {self._down_ticks} ticks: back toward {self.home}"
+                f"demand {arrival_rate:.3g} req/s; its load on {smaller}'s SLO capacity "
+                f"(mean + 2 s.d. over {len(self._loads)} ticks) {self._load_bound():.3g} <= "
+                f"{s.release_fraction:g} for {self._down_ticks} ticks: back toward {self.home}"
             )
             return self._start(
                 now, "decode", pools, self.home, arrival_rate, reason, poa_routing, poa_capacity
@@ -351,28 +266,34 @@ class Resplitter:
             self._episode = (now, pools)
         since, found = self._episode
         if not overloaded and (shape is None or rate <= self.planner.capacity(found, shape)):
-            self._episode = None
+            self._episode, self._episode_moves = None, 0
             return 0.0
         return now - since
 
-    def _demand_bound(self) -> float:
-        """The demand a move back must fit: the mean of λ over the last ``release_ticks`` ticks
-        plus twice its standard deviation. A trace's arrival rate swings by a third between
-        half-minute windows (Mooncake's); a split that carries only the calm windows would be
-        left at the next busy one, and the lever would pay a switch each way for nothing."""
-        rates = self._rates
-        mean = sum(rates) / len(rates)
-        spread = math.sqrt(sum((r - mean) ** 2 for r in rates) / len(rates))
+    def _load_bound(self) -> float:
+        """The load a move back must fit: the mean of λ/κ(P − 1, D + 1) over the last
+        ``release_ticks`` ticks (each at its window's shape) plus twice its standard deviation.
+        A trace's arrival rate swings by a third between half-minute windows and its mean prompt
+        as much (Mooncake's); a split that carries only the calm windows would be left at the
+        next busy one, and the lever would pay a switch each way for nothing."""
+        loads = self._loads
+        mean = sum(loads) / len(loads)
+        if not math.isfinite(mean):
+            return math.inf
+        spread = math.sqrt(sum((x - mean) ** 2 for x in loads) / len(loads))
         return mean + 2.0 * spread
 
-    def _read_queue(self, now: float, pools: Pools, traffic: Traffic | None) -> tuple[bool, float]:
-        """(overloaded, R) from the prefill queue (``controller.traffic``); (False, 0) with no
-        traffic reading."""
+    def _read_queue(
+        self, now: float, pools: Pools, traffic: Traffic | None
+    ) -> tuple[bool, float, float]:
+        """(overloaded, R, μ/μ̂) from the prefill queue (``controller.traffic``); (False, 0, 1)
+        with no traffic reading."""
         if traffic is None:
-            return False, 0.0
+            return False, 0.0, 1.0
         service = self.planner.prefill_rate(pools, traffic.shape) if pools.prefilling else 0.0
         overloaded = self.queue.update(now, traffic, service, self.target.switch_s())
-        return overloaded, self.queue.remaining_s(now, traffic.queued_prefill_tokens, service)
+        remaining = self.queue.remaining_s(now, traffic.queued_prefill_tokens, service)
+        return overloaded, remaining, self.queue.cost_ratio(service)
 
     def _cancel(self, now: float) -> bool:
         """The overload a move up answered is over before its worker drained: the worker
@@ -403,6 +324,8 @@ class Resplitter:
         self.decisions.append(decision)
         self._busy = True
         self._moving_up = to_role == "prefill"
+        up_in_episode = self._moving_up and self._episode is not None
+        self._episode_moves = self._episode_moves + 1 if up_in_episode else 0
         self._up_ticks = self._down_ticks = self._plan_ticks = 0
         if self.on_decision is not None:
             self.on_decision(decision)

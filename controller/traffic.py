@@ -31,8 +31,13 @@ it (``Traffic.demand_rate``):
     λ_eff = λ + Q / (I'·max(R, W)),
 
 W the switch: a backlog is work the cluster owes on top of the arrivals, and a split that only
-matches λ would carry it forever. Both come from the traffic, not from TTFT: a queue of a few
-12k-token prompts is visible 10–15 s before the detector's smoothed P99 crosses θ2.
+matches λ would carry it forever. Game 1 reads it in its own requests: over a window in which
+the queue never emptied the pool served μ̂ = λ·I' − g tokens/s, and where μ̂ < μ each request
+costs the pool μ/μ̂ of the model's mean request (``QueueWatch.cost_ratio``: longer prompts than
+the mean, chunking, a cache hit that did not happen), so the demand is λ_eff·μ/μ̂.
+
+Both come from the traffic, not from TTFT: a queue of a few 12k-token prompts is visible
+10–15 s before the detector's smoothed P99 crosses θ2.
 """
 
 from __future__ import annotations
@@ -102,6 +107,7 @@ class QueueWatch:
         self.window_s = window_s
         self._readings: deque[tuple[float, float]] = deque()
         self.growth_tps = 0.0  # g
+        self.served_tps: float | None = None  # μ̂, over a window the queue never emptied
         self.overloaded_since: float | None = None
         self.overloaded = False
 
@@ -114,6 +120,12 @@ class QueueWatch:
             readings.popleft()  # keep one reading at least window_s old
         then, before = readings[0]
         self.growth_tps = (queued - before) / (now - then) if now > then else 0.0
+        busy = all(q > 0 for _, q in readings)
+        self.served_tps = (
+            traffic.arrival_rate * traffic.shape.new_tokens - self.growth_tps
+            if busy and traffic.shape is not None and now > then
+            else None
+        )
         backlog_s = queued / service_tps if service_tps > 0 else math.inf
         if queued <= 0 or backlog_s <= CLEAR_S:
             self.overloaded_since = None
@@ -121,6 +133,14 @@ class QueueWatch:
             self.overloaded_since = now
         self.overloaded = self.overloaded_since is not None
         return self.overloaded
+
+    def cost_ratio(self, service_tps: float) -> float:
+        """μ/μ̂ ≥ 1: how much more a request costs the pool than the model says (1 unless the
+        queue stayed busy through the window and served less than μ)."""
+        served = self.served_tps
+        if served is None or service_tps <= 0:
+            return 1.0
+        return service_tps / served if 0 < served < service_tps else 1.0
 
     def remaining_s(self, now: float, queued_tokens: float, service_tps: float) -> float:
         """R = max(A, Q/μ): how long the overload under way will likely still last (0 when

@@ -148,7 +148,8 @@ class ControlLoop:
         requests that arrived over the last ``window_s``, the reuse met by the prefills that
         answered in it (whenever they arrived: under a backlog the window's own arrivals have
         not started yet), and the prompt tokens the prefill pool still has to compute (waiting
-        prompts at that reuse, as their cache lookup happens when they start)."""
+        prompts at that reuse, as their cache lookup happens when they start, and the requests
+        the admission stage holds, at the window's mean)."""
         now = self.cluster.now
         since = now - window_s
         arrived = prompt = output = seen = cached = 0
@@ -172,6 +173,8 @@ class ControlLoop:
             + sum(j.remaining for j in p.running)
             for p in self.cluster.prefill.values()
         )
+        if shape is not None:  # the admission stage's queue is prefill work not yet routed
+            queued += self.cluster.admission.depth * shape.new_tokens
         return Traffic(rate, shape, queued)
 
     def _completed(self, record: RequestRecord) -> None:

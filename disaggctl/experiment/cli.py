@@ -51,7 +51,7 @@ def add_parser(
     )
     p.add_argument(
         "name", choices=[*EXPERIMENTS, *OPTIONAL, "all"],
-        help=f"which experiment (all: every one but {', '.join(OPTIONAL)}, which needs Dynamo)",
+        help=f"which experiment (all: every one but {', '.join(OPTIONAL)}, which need Dynamo)",
     )  # fmt: skip
     p.add_argument(
         "--out", type=Path, default=Path("results/experiments"), help="results folder (created)"

@@ -37,7 +37,7 @@ __all__ = ["EXPERIMENTS", "OPTIONAL", "estimate", "load", "run"]
 
 EXPERIMENTS = ("poa", "pareto", "adaptive", "autobid", "auction", "priority", "traces")
 # Run by name only, not by `all`: they need what `make demo` does not install (Dynamo).
-OPTIONAL = ("crosscheck",)
+OPTIONAL = ("crosscheck", "controller")
 # probe() on the machine SECONDS_PER_UNIT were measured on (2 cores, the development container),
 # measured again with them: each is the seconds per unit of the last full `experiment all` run's
 # Ray workers (its JSON's run.seconds_per_unit times run.machine_speed_vs_reference), since the

@@ -31,6 +31,7 @@ TITLE = "controller: the re-split against static splits and Dynamo's planner"
 SECONDS_PER_UNIT = 0.012
 KEYS = ("ttft_p50_s", "ttft_p99_s", "goodput", "worker_s", "moves")
 QUICK_WINDOW_S, WINDOW_S = 240.0, 1200.0
+TIE = 0.02  # two arms within 2% at P99 are told apart by no verdict here
 
 
 def plan(settings: Settings) -> Plan:
@@ -151,7 +152,7 @@ def report(data: dict[str, Any], setup: dict[str, Any], folder: Path, section: S
                     continue
                 rows.append((
                     sim, label, stat_cell(r, "ttft_p50_s"), stat_cell(r, "ttft_p99_s"),
-                    stat_cell(r, "goodput"), stat_cell(r, "worker_s", digits=4),
+                    stat_cell(r, "goodput"), stat_cell(r, "worker_s", digits=5),
                     stat_cell(r, "moves", digits=2), _cell(r["over_best"]),
                     _cell(r.get("over_planner")),
                 ))  # fmt: skip
@@ -213,6 +214,7 @@ def _verdict(trace: str, sims: dict[str, Any]) -> str:
                      f"{fmt(mine['worker_s'], 4)} worker-s against the planner's "
                      f"{fmt(plan_['worker_s'], 4)}")  # fmt: skip
         parts.append(line + ".")
+        parts.append(_wins_and_losses(part))
     ours = sims["ours"]["rows"]
     effects = {
         t: ours[f"ours routing {t}"]["over_affinity"][0] for t in bench_module("controller").STATIC
@@ -223,6 +225,26 @@ def _verdict(trace: str, sims: dict[str, Any]) -> str:
     parts.append(f"Routing only: at worst {fmt(worst[1])}× static τ 0 ω 1 ({worst[0]}); 10% "
                  f"better {gain}.")  # fmt: skip
     return f"{trace}: " + " ".join(parts)
+
+
+def _wins_and_losses(part: dict[str, Any]) -> str:
+    """Which of the issue's other arms ours (routing + re-split) beats at mean TTFT P99, and
+    which beat it (a ratio within ``TIE`` of 1 is neither)."""
+    mine = part["rows"]["ours routing+resplit"]["ttft_p99_s"]
+    wins: list[str] = []
+    losses: list[str] = []
+    ties: list[str] = []
+    for label, key in _named(part):
+        theirs = part["rows"][key]["ttft_p99_s"]
+        if key == "ours routing+resplit" or part["rows"][key]["missing"] or not theirs:
+            continue
+        ratio = mine / theirs
+        named = f"{label.replace(' from 1P/5D', '')} ({fmt(ratio)}×)"
+        (ties if abs(ratio - 1) <= TIE else wins if ratio < 1 else losses).append(named)
+    text = (
+        f"It beats {', '.join(wins) or 'none of them'}; it loses to {', '.join(losses) or 'none'}"
+    )
+    return text + (f"; it ties {', '.join(ties)}." if ties else ".")
 
 
 def plot_p99(data: dict[str, Any], path: Path) -> Path:

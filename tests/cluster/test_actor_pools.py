@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cluster.events import PoolsEvent, RouteEvent
+from cluster.events import CompleteEvent, EngineLoadEvent, PoolsEvent, RouteEvent
 from cluster.models import ConfigError, validate_model
 from cluster.ray.controller_actor import ControllerActor, ControllerSettings
 from cluster.ray.controller_pools import ArrivalMeter, WallPlanner
@@ -18,6 +18,7 @@ from cluster.ray.pools import ActorPools
 from cluster.sim.profile import load_profile
 from cluster.sim.wallclock import EngineLoad
 from controller.resplit import Pools
+from controller.traffic import TrafficShape
 from telemetry import metrics
 from tests.cluster.test_events import ROUTE
 
@@ -313,5 +314,53 @@ def test_controller_actor_resplits_through_its_pools_and_reports_them() -> None:
         await bare.shutdown()
         await actor.shutdown()
         await off.shutdown()
+
+    asyncio.run(main())
+
+
+def test_the_controller_actor_plans_from_the_traffic_its_events_carry() -> None:
+    # The live controller ticks the re-split lever with the same traffic reading the simulator
+    # gives it (controller/traffic.py): λ from routes, the shape from completions, the prefill
+    # queue from the prefill engines' load snapshots.
+    async def main() -> None:
+        log: list[Any] = []
+        actor = ControllerActor(
+            nats_url=None, router=Router(log), auction=None, poa=None,
+            settings={"tick_s": 60.0}, epoch_wall=None,
+            workers={"prefill": [0], "decode": [1, 2]},
+            worker_spec={"profile": "b200-llama70b-fp8-tp4", "tp": 4, "speedup": 1000.0,
+                         "epoch_wall": 1.0, "seed": 0, "nats_url": None, "namespace": "t"},
+            launcher=Launcher(log),
+        )  # fmt: skip
+        resplitter = actor.controller.resplitter
+        assert resplitter is not None
+        seen: list[Any] = []
+        tick = resplitter.tick
+
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            seen.append(args[6] if len(args) > 6 else kwargs.get("traffic"))
+            return tick(*args, **kwargs)
+
+        resplitter.tick = spy  # type: ignore[method-assign]
+        on_1 = RouteEvent.model_validate(ROUTE.model_dump() | {
+            "worker_id": 1, "candidates": (ROUTE.candidates[0].model_dump() | {"worker_id": 1},)
+        })  # fmt: skip
+        for i in range(4):
+            actor.on_event(on_1.model_copy(update={"request_id": f"r{i}"}))
+        actor.on_event(CompleteEvent(
+            request_id="r0", t=actor.now(), worker_id=1, prefill_worker_id=0, ttft_s=0.2,
+            itl_s=0.01, e2e_s=1.0, prompt_tokens=12_000, cached_tokens=3_000,
+            output_tokens=400, status="ok",
+        ))  # fmt: skip
+        actor.on_event(EngineLoadEvent(
+            worker_id=0, role="prefill", t=actor.now(), ttl_s=30.0, prefill_tokens=54_000,
+            decode_blocks=0, requests=5,
+        ))  # fmt: skip
+        await actor.tick()
+        traffic = seen[-1]
+        assert traffic is not None and traffic.arrival_rate > 0
+        assert traffic.shape == TrafficShape(12_000.0, 400.0, 0.25)
+        assert traffic.queued_prefill_tokens == 54_000.0
+        await actor.shutdown()
 
     asyncio.run(main())

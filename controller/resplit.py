@@ -21,11 +21,13 @@ looked calm would undo its own move while the load still needs it.
 
 The traffic plans a move too (``controller.traffic``, docs/design.md §4 "A re-split plans from
 the traffic"): with a reading of the window's traffic, a move up is also due after
-``dwell_ticks`` ticks in which the prefill queue outruns the pool (an overload under way, dated
-from the queue) or the demand λ exceeds the split's SLO capacity κ(P, D) at the window's
-shape (dated from when it began), whatever the detector reads; Game 1's split is then asked at
-the demand plus the backlog owed (``Traffic.demand_rate``), and R below is the longer of the
-two datings and the backlog's drain time.
+``dwell_ticks`` ticks in which the prefill queue outruns the pool or the demand λ (in Game 1's
+requests: times μ/μ̂, the model's service over the measured one) exceeds the split's SLO
+capacity κ(P, D) at the window's shape, whatever the detector reads. Such ticks make one
+overload *episode* while the traffic overloads the split it found, so the steps it asks for are
+one decision; Game 1's split is asked at the demand plus the backlog owed
+(``Traffic.demand_rate``), and R below is the longer of the episode's age and the backlog's
+drain time.
 
 A move up also has to pay for itself (``resplit_payoff``). The moving worker serves in neither
 pool for the switch, W seconds on the controller's clock (``PoolTarget.switch_s``: drain and

@@ -26,6 +26,8 @@ SLICE = ROOT / "data" / "traces" / "mooncake_conversation_10min.jsonl"
 def snapshot(
     p: int, d: int, starting: tuple[int, int] = (0, 0), draining: tuple[int, int] = (0, 0)
 ) -> dict[str, object]:
+    """A replay snapshot's pool counts: ``p``, ``d`` ready (Dynamo's ``active``), the others
+    starting or draining."""
     return {
         "active_prefill_count": p, "active_decode_count": d,
         "starting_prefill_count": starting[0], "starting_decode_count": starting[1],
@@ -38,12 +40,12 @@ def test_a_switch_drains_a_decode_worker_before_it_starts_a_prefill_worker() -> 
     pools.observe(snapshot(1, 5))
     pools.resplit("prefill", "test")
     assert pools.answer() == (1, 4) and pools.resplitting()  # first the drain
-    pools.observe(snapshot(1, 5, draining=(0, 1)))  # still draining: no start yet
+    pools.observe(snapshot(1, 4, draining=(0, 1)))  # still draining: no start yet
     assert pools.answer() == (1, 4) and pools.pools() == Pools(1, 4)
     pools.observe(snapshot(1, 4))  # drained and removed: now the start
     assert pools.answer() == (2, 4)
     pools.observe(snapshot(1, 4, starting=(1, 0)))
-    assert pools.resplitting()
+    assert pools.resplitting() and pools.pools() == Pools(1, 4)
     pools.observe(snapshot(2, 4))  # ready
     assert not pools.resplitting() and pools.answer() == (None, None) and pools.moves == 1
     assert not pools.cancel("too late")  # Dynamo drains to removal

@@ -60,12 +60,11 @@ class ReplayPools:
         self.moves = 0
 
     def observe(self, snapshot: Snapshot) -> None:
-        """This tick's pools; a switch under way takes its next step."""
-        prefill = _count(snapshot, "active_prefill_count") - _count(
-            snapshot, "draining_prefill_count"
-        )
-        decode = _count(snapshot, "active_decode_count") - _count(snapshot, "draining_decode_count")
-        self.serving = Pools(prefill, decode)
+        """This tick's pools; a switch under way takes its next step. The snapshot's active
+        workers are the ready ones: a starting or draining worker counts in neither pool (its
+        ``total_*_count`` holds all three)."""
+        prefill = _count(snapshot, "active_prefill_count")
+        self.serving = Pools(prefill, _count(snapshot, "active_decode_count"))
         moving = sum(
             _count(snapshot, f"{state}_{pool}_count")
             for state in ("starting", "draining")

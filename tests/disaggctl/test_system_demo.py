@@ -119,23 +119,28 @@ def test_ramp_and_spike_switch_into_saturation_and_back(demo: Run) -> None:
     first = next(c for c in changes if c.regime > Regime.BELOW)
     assert first.t > calm_end and ramp_start < first.t < saturated_end
     assert any(c.regime == Regime.SATURATED and ramp_start < c.t <= saturated_end for c in changes)
-    # The spike saturates again after things calmed down (the re-split or the recovery).
+    # The spike switches up again after things calmed down (the re-split or the recovery): to
+    # transition at least. The traffic-planned re-split took the hold's cluster to 3P/3D in two
+    # steps, and the release rule keeps that through the recovery (its load, mean + 2 s.d.,
+    # stays over 0.8 of 2P/4D's capacity for less than its 30 ticks), so the spike meets three
+    # prefill workers and its queue never reaches θ2.
     first_saturated = next(c.t for c in changes if c.regime == Regime.SATURATED)
     assert any(c.regime == Regime.BELOW and first_saturated < c.t <= spike_start for c in changes)
-    assert any(c.regime == Regime.SATURATED and spike_start < c.t <= spike_end + 5 for c in changes)
+    assert any(c.regime > Regime.BELOW and spike_start < c.t <= spike_end + 5 for c in changes)
     exported = [c["regime"] for c in demo.system["regime_changes"]]
     assert exported == [c.regime.label for c in changes]
 
 
 def test_the_calm_after_the_spike_reads_calm(demo: Run) -> None:
     """Recency in a closed loop (docs/design.md §4): the spike's backlog drains once, the regime
-    is ``below`` from the tick that confirms it, and from two ticks after the drain poa_hat reads
-    within 1.5× the calm phase's median (at seed 0; seeds 2 and 4 take three and four ticks).
+    is ``below`` from the tick that confirms it, and from two ticks after the drain (or 15 s
+    after the spike, if it drained while the spike still sent) poa_hat reads within 1.5× the
+    calm phase's median.
     Outputs vary in length (``OUTPUT_RANGE_RATIO``), so the 48 clients the spike leaves do not
     stay in step; with every output the same length they did, and the phase ended in
     ``transition``."""
-    spike_end = phase_bounds("after")[0]
-    drains = [d for d in demo.result.drains if d.since >= spike_end]
+    spike_start, spike_end = phase_bounds("spike")
+    drains = [d for d in demo.result.drains if d.since >= spike_start]  # the spike's backlog
     assert len(drains) == 1, demo.result.drains
     drain = drains[0]
     assert drain.t < spike_end + 15  # a closed loop of 48 clients empties the spike's queue
@@ -144,10 +149,15 @@ def test_the_calm_after_the_spike_reads_calm(demo: Run) -> None:
     calm = statistics.median(
         s.poa_hat for s in demo.result.timeline if calm_start + 10 < s.t <= calm_end
     )
+    # A spike that three prefill workers absorb drains before it ends (3P/3D after the traffic-
+    # planned re-split): the requests it sends after its queue emptied are not a backlog to
+    # forget, and they leave the PoA window as the after phase's turn it over, within the 15 s
+    # the drain is allowed.
+    settled = max(drain.since + 2.0, spike_end + 15.0)  # 1 s ticks
     for s in demo.result.timeline:
         if s.t >= drain.t:
             assert s.regime == Regime.BELOW, (s.t, s.regime)
-        if s.t >= drain.since + 2.0:  # 1 s ticks
+        if s.t >= settled:
             assert s.poa_hat <= 1.5 * calm, (s.t, s.poa_hat, calm)
 
 

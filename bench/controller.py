@@ -306,11 +306,7 @@ def run_dynamo(
 
 def _planner_moves(result: Any) -> int:
     """Scaling decisions Dynamo's planner made (each target it set for a pool)."""
-    details = getattr(result, "planner", None)
-    events = getattr(details, "scaling_events", None)
-    if events is None and isinstance(details, dict):
-        events = details.get("scaling_events")
-    return len(events or [])
+    return len(getattr(result.planner, "scaling_events", None) or [])
 
 
 def trace_path(name: str, folder: Path = SHARED) -> Path:

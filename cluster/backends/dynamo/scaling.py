@@ -185,7 +185,6 @@ class ResplitScaling:
         traffic = snapshot_traffic(windows, self._fpm)
         self.target.observe(snapshot)
         self.resplitter.tick(now, self.regime(windows), traffic.arrival_rate, traffic=traffic)
-        self.target.observe(snapshot)  # a move started this tick asks for its first step now
         self.timeline.append((now, self.target.serving, traffic.queued_prefill_tokens))
         prefill, decode = self.target.answer()
         return {

@@ -6,30 +6,34 @@ Each trace's first ``window_s`` seconds at the speed-up [18] chose where 1P/5D s
 times the capacity our simulator measures for 1P/5D: Mooncake ×0.871, Azure code ×5.873;
 docs/results.md "traces"), Llama-3.1-70B B200 TP4 workers, a fixed budget of six:
 
-- our simulator (``cluster.sim.replay``): static splits 1P/5D … 4P/2D at τ 0 ω 1 (the first is
-  the starting split, the best the hindsight-best), and from 1P/5D the study's table
-  (``adaptive``), ours routing only (``evidence``) and ours routing + re-split
-  (``evidence+resplit``: the re-split planned from the traffic, controller/traffic.py);
+- our simulator (``cluster.sim.replay``): every split 1P/5D … 5P/1D at τ 0 ω 1 and at the
+  study's saturated row τ 0.8 ω 0.1 (the best of these ten is the hindsight-best), the study's
+  table (``adaptive``) and ours routing only (``evidence``) on every split, and from 1P/5D ours
+  routing + re-split (``evidence+resplit``: the re-split planned from the traffic,
+  controller/traffic.py) and Dynamo's planner (its throughput and latency targets,
+  ``max_gpu_budget`` six workers), which sizes the pools through ``cluster.sim.scaling``;
 - Dynamo's replay (``dynamo._core.run_mocker_trace_replay``, its engines timed by the same
-  profile's tables, its KV router at τ 0 ω 1 for the whole run: the replay fixes the router's
-  settings, so no routing arm runs there): the same static splits, Dynamo's planner (its
-  throughput and latency targets, ``max_gpu_budget`` six workers) and ours
-  (``cluster.backends.dynamo.scaling.ResplitScaling``), both from 1P/5D. A new worker starts
-  after the profile's role switch in both.
+  profile's tables, its KV router fixed for the whole run, so no routing arm runs there): the
+  same static arms, and from 1P/5D Dynamo's planner and ours
+  (``cluster.backends.dynamo.scaling.ResplitScaling``, the same decision core).
 
-Both controllers plan for the goodput's SLO: TTFT ≤ 2 s and ITL ≤ 50 ms, at the 99% the P99
-targets read (``SLO``). Per arm: TTFT P50/P99, goodput (the share of requests with TTFT ≤ 2 s and
-mean ITL ≤ 50 ms), worker-seconds (GPU groups held × seconds) and moves. Targets, ratios within
-one run, each simulator on its own, on Mooncake: ours (routing + re-split) TTFT P99 ≤ 1.25× the
-hindsight-best static split's and ≤ 0.8× Dynamo's planner's (each target); on both traces,
-routing only never more than 5% worse than static τ 0 ω 1 on any split; on Azure code, ours'
-goodput ≥ the planner's (each target).
+A new worker, or one changing role, starts after the profile's role switch in both; a worker the
+planner gives up parks and stops counting in the worker-seconds. Ours runs once more, in both,
+on engines that serve both roles without a restart (``KV_BOTH``: the profile's
+``kv_both_switch_s``, its reason written in the profile). Both controllers plan for the
+goodput's SLO: TTFT ≤ 2 s and ITL ≤ 50 ms, at the 99% the P99 targets read (``SLO``). Per arm:
+TTFT P50/P99, goodput (the share of requests with TTFT ≤ 2 s and mean ITL ≤ 50 ms),
+worker-seconds (TP groups held × seconds) and moves. Targets, ratios within one run, each
+simulator on its own: on Mooncake, ours (routing + re-split) TTFT P99 ≤ 1.25× the
+hindsight-best static's (with either switch) and ≤ 0.8× Dynamo's planner's (each target); on
+both traces, routing only never more than 5% worse than static τ 0 ω 1 on any split; on Azure
+code, ours' goodput ≥ the planner's (each target).
 
 Dynamo's planner imports two modules of NVIDIA's ``aisimulate`` packages, which the registry
-does not serve: this harness (and nothing in the product) installs import-time placeholders for
-them (:class:`_Placeholder`); its throughput and latency targets never call them. Its other
-imports come with ``make planner``; without them its arms report what is missing and its
-targets are missed.
+does not serve: ``bench.dynamo_planner`` (and nothing in the product) installs import-time
+placeholders for them; its throughput and latency targets never call them. Its other imports
+come with ``make planner``; without them its arms report what is missing and its targets are
+missed.
 
     .venv/bin/python -m bench.controller [--window 1200] [--trace mooncake|azure-code] [--quiet]
 """
@@ -37,16 +41,13 @@ targets are missed.
 from __future__ import annotations
 
 import argparse
-import importlib.abc
-import importlib.machinery
-import importlib.util
+import functools
 import json
 import math
 import os
 import sys
 import tempfile
 import time
-import types
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,14 @@ if not __package__:  # run as a file: bench/ must not shadow the project's packa
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from bench.common import add_output_flags, at_least, at_most, emit, holds, ratio, verdict
+from bench.dynamo_planner import (
+    PLANNER_TARGETS,
+    engine_args,
+    planner_config,
+    planner_missing,
+    planner_moves,
+    planner_policy,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "traces"
@@ -70,21 +79,18 @@ STATIC = ("1P/5D", "2P/4D", "3P/3D", "4P/2D", "5P/1D")
 POLICIES = ("static:0,1", "static:0.8,0.1")  # cache affinity; the study's saturated row
 WORKERS = 6
 SLA_TTFT_S, SLA_ITL_S, SLA_ATTAINMENT = 2.0, 0.050, 0.99
+KV_BOTH = "ours routing+resplit (kv_both)"  # the profile's switch without a restart
 OURS = {  # arm: (replay policy, re-split)
     "study table": ("adaptive", False),
     "ours routing": ("evidence", False),
     "ours routing+resplit": ("evidence", True),
+    KV_BOTH: ("evidence", True),
 }
-# Dynamo's planner under its targets that need no more than its defaults: throughput (the
-# default) and latency scale on static queue and KV thresholds. 'sla' needs NVIDIA's
-# aisimulate_core (not served); 'load' needs the operator's own queue and KV thresholds, which
-# choosing here would be tuning the anchor.
-PLANNER_TARGETS = {"dynamo planner": "throughput", "dynamo planner (latency)": "latency"}
-DYNAMO = (*PLANNER_TARGETS, "ours routing+resplit")
+DYNAMO = (*PLANNER_TARGETS, "ours routing+resplit", KV_BOTH)
 CALM_REQUESTS = 256
 
 
-MOVING = ("ours routing+resplit", *PLANNER_TARGETS)  # arms that change the split: from START
+MOVING = ("ours routing+resplit", KV_BOTH, *PLANNER_TARGETS)  # arms moving the split from START
 
 
 def arms() -> list[tuple[str, str, str]]:
@@ -93,7 +99,7 @@ def arms() -> list[tuple[str, str, str]]:
     too (routing's effect where the split is right); the arms that move the split from 1P/5D."""
     static = [(sim, p, t) for sim in ("ours", "dynamo") for t in STATIC for p in POLICIES]
     routing = [("ours", a, t) for t in STATIC for a in ("study table", "ours routing")]
-    moving = [("ours", "ours routing+resplit", START)] + [("dynamo", a, START) for a in DYNAMO]
+    moving = [(sim, a, START) for sim in ("ours", "dynamo") for a in DYNAMO]
     return [*static, *routing, *moving]
 
 
@@ -101,6 +107,15 @@ def arm_key(arm: str, topology: str) -> str:
     """How a run is named in the results: ``static:0,1 2P/4D``, ``ours routing 3P/3D``; an arm
     that moves the split by its own name (it starts from 1P/5D)."""
     return arm if arm in MOVING else f"{arm} {topology}"
+
+
+def profile_for(arm: str) -> Any:
+    """The profile an arm runs: the kv_both arm's switches without a restart
+    (``HardwareProfile.with_kv_both``), every other the profile's own restart."""
+    from cluster.sim.profile import load_profile
+
+    profile = load_profile(PROFILE)
+    return profile.with_kv_both() if arm == KV_BOTH else profile
 
 
 def slo() -> Any:
@@ -146,8 +161,8 @@ def run_ours(
     seed: int,
     theta: tuple[float, float],
 ) -> dict[str, Any]:
-    """One arm on our simulator: figures over every request of the window."""
-    from cluster.sim.profile import load_profile
+    """One arm on our simulator: figures over every request of the window. Dynamo's planner
+    sizes the pools of a static τ 0 ω 1 arm through ``cluster.sim.scaling``."""
     from cluster.sim.replay import parse_arm, replay_on_sim
     from cluster.traces import TracePrompts, TraceReader
     from cluster.traces.window import ReplayWindow, trace_requests
@@ -155,11 +170,26 @@ def run_ours(
 
     reader = TraceReader(trace)
     requests = trace_requests(reader, ReplayWindow(duration_s=window_s, speedup=speedup))
+    profile = profile_for(arm)
     policy, resplit = OURS.get(arm, (arm, False))
-    run = replay_on_sim(
-        requests, TracePrompts(reader.block_tokens, seed=seed), load_profile(PROFILE), topology,
-        parse_arm(policy, resplit), seed=seed, thresholds=Thresholds(*theta), slo=slo(),
+    replay = functools.partial(
+        replay_on_sim, requests, TracePrompts(reader.block_tokens, seed=seed), profile,
+        topology, seed=seed, thresholds=Thresholds(*theta), slo=slo(),
     )  # fmt: skip
+    if arm in PLANNER_TARGETS:
+        missing = planner_missing()
+        if missing is not None:
+            return {"missing": missing}
+        target = PLANNER_TARGETS[arm]
+        with (
+            tempfile.TemporaryDirectory(prefix="bench-controller-") as tmp,
+            planner_policy(target, WORKERS, profile, Path(tmp)) as planner,
+        ):
+            run = replay(parse_arm("static:0,1"), scaling=planner)
+            moves = planner_moves(planner.finalize([]))
+    else:
+        run = replay(parse_arm(policy, resplit))
+        moves = len(run.resplits)
     ttft = [r.ttft for r in run.records if r.ttft is not None]
     good = sum(
         1
@@ -168,7 +198,7 @@ def run_ours(
         and r.ttft <= SLA_TTFT_S
         and (r.mean_itl is None or r.mean_itl <= SLA_ITL_S)
     )
-    return _figures(ttft, good, len(run.records), WORKERS * run.end_s, len(run.resplits))
+    return _figures(ttft, good, len(run.records), run.worker_s, moves)
 
 
 def write_mooncake(trace: str, window_s: float, path: Path) -> Path:
@@ -194,35 +224,6 @@ def write_mooncake(trace: str, window_s: float, path: Path) -> Path:
     return path
 
 
-class _Placeholder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Import-time stand-ins for ``aisimulate`` and ``aisimulate_core`` (module docstring):
-    every name resolves to a class that refuses to be built. Appended last on ``sys.meta_path``,
-    so a real install wins."""
-
-    ROOTS = ("aisimulate", "aisimulate_core")
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name.split(".")[0] in self.ROOTS:
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-        return None
-
-    def create_module(self, spec: Any) -> types.ModuleType:
-        class Module(types.ModuleType):
-            def __getattr__(self, attr: str) -> Any:
-                if attr.startswith("__"):
-                    raise AttributeError(attr)
-
-                def refuse(*_: Any, **__: Any) -> None:
-                    raise RuntimeError(f"{spec.name}.{attr} is a placeholder (bench.controller)")
-
-                return type(attr, (), {"__init__": refuse})
-
-        return Module(spec.name)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        module.__path__ = []
-
-
 def run_dynamo(
     trace: str,
     window_s: float,
@@ -236,36 +237,30 @@ def run_dynamo(
     Dynamo's replay is not seeded (its ties at τ 0 fall as they fall)."""
     os.environ.setdefault("DYN_LOG", "warn")  # else one log line per routing decision
     from cluster.backends.dynamo.install import require_dynamo
-    from cluster.backends.dynamo.replay import engines_of
     from cluster.backends.dynamo.scaling import ResplitScaling
     from cluster.sim.planning import GameOnePlanner
     from cluster.sim.pools import Topology
-    from cluster.sim.profile import load_profile
     from controller.detector import Thresholds
     from controller.resplit import Pools
 
     require_dynamo()
     if arm in PLANNER_TARGETS:
-        if importlib.util.find_spec("sklearn") is None:  # the first of the planner's imports
-            return {"missing": "Dynamo's planner needs `make planner`"}
-        if not any(isinstance(f, _Placeholder) for f in sys.meta_path):
-            sys.meta_path.append(_Placeholder())
+        missing = planner_missing()
+        if missing is not None:
+            return {"missing": missing}
     from dynamo._core import KvRouterConfig, run_mocker_trace_replay
     from dynamo.replay import run_trace_replay
 
     from cluster.sim.replay import parse_arm
 
     routing = parse_arm(arm if arm.startswith("static:") else "static:0,1")
-    profile = load_profile(PROFILE)
+    profile = profile_for(arm)
     pools = Topology.parse(topology)
     with tempfile.TemporaryDirectory(prefix="bench-controller-") as tmp:
         window = write_mooncake(trace, window_s, Path(tmp) / "window.jsonl")
-        prefill, decode = engines_of(profile, Path(tmp))
-        prefill["max_model_len"] = decode["max_model_len"] = 131_072  # the planner sizes by it
-        switch = {"startup_time": profile.role_switch_s}
+        prefill, decode = engine_args(profile, Path(tmp))
         kwargs: dict[str, Any] = dict(
-            prefill_engine_args={"engine": prefill, **switch},
-            decode_engine_args={"engine": decode, **switch},
+            prefill_engine_args=prefill, decode_engine_args=decode,
             num_prefill_workers=pools.prefill, num_decode_workers=pools.decode,
             router_mode="kv_router", trace_format="mooncake", trace_block_size=512,
             router_config=KvRouterConfig(
@@ -276,16 +271,10 @@ def run_dynamo(
         )  # fmt: skip
         moves = 0
         if arm in PLANNER_TARGETS:
-            result = run_trace_replay(
-                str(window),
-                planner_config={
-                    "mode": "disagg", "optimization_target": PLANNER_TARGETS[arm],
-                    "max_gpu_budget": WORKERS, "report_output_dir": tmp,
-                },
-                **kwargs,
-            )  # fmt: skip
-            moves = _planner_moves(result)
-        elif arm == "ours routing+resplit":
+            config = planner_config(PLANNER_TARGETS[arm], WORKERS, Path(tmp))
+            result = run_trace_replay(str(window), planner_config=config, **kwargs)
+            moves = planner_moves(result.planner)
+        elif arm in ("ours routing+resplit", KV_BOTH):
             start = Pools(pools.prefill, pools.decode)
             planner = GameOnePlanner(profile, pools, slo())
             policy = ResplitScaling(planner, start, Thresholds(*theta), profile.role_switch_s)
@@ -302,11 +291,6 @@ def run_dynamo(
     out["ttft_p50_s"] = float(s["median_ttft_ms"]) / 1000.0
     out["ttft_p99_s"] = float(s["p99_ttft_ms"]) / 1000.0
     return out
-
-
-def _planner_moves(result: Any) -> int:
-    """Scaling decisions Dynamo's planner made (each target it set for a pool)."""
-    return len(getattr(result.planner, "scaling_events", None) or [])
 
 
 def trace_path(name: str, folder: Path = SHARED) -> Path:
@@ -352,17 +336,18 @@ def judge(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
             mine = runs["ours routing+resplit"]
             if name == "mooncake":
                 best = hindsight_best(runs)
-                targets[f"{name} {sim}: re-split P99 / best static ({best})"] = at_most(
-                    ratio(mine["ttft_p99_s"], runs[best]["ttft_p99_s"]), 1.25
-                )
-            for planner, target in PLANNER_TARGETS.items() if sim == "dynamo" else ():
+                for arm, label in (("ours routing+resplit", "re-split"), (KV_BOTH, "kv_both")):
+                    targets[f"{name} {sim}: {label} P99 / best static ({best})"] = at_most(
+                        ratio(runs[arm]["ttft_p99_s"], runs[best]["ttft_p99_s"]), 1.25
+                    )
+            for planner, target in PLANNER_TARGETS.items():
                 theirs = runs.get(planner, {})
                 if name == "mooncake":
-                    targets[f"{name} dynamo: re-split P99 / planner's ({target})"] = at_most(
+                    targets[f"{name} {sim}: re-split P99 / planner's ({target})"] = at_most(
                         ratio(mine["ttft_p99_s"], theirs.get("ttft_p99_s")), 0.8
                     )
                 else:
-                    targets[f"{name} dynamo: re-split goodput / planner's ({target})"] = at_least(
+                    targets[f"{name} {sim}: re-split goodput / planner's ({target})"] = at_least(
                         ratio(mine["goodput"], theirs.get("goodput")), 1.0
                     )
         ours = r["ours"]

@@ -4,11 +4,12 @@
 Routing (τ, ω) can only recover poa_routing. When the cluster is saturated and the estimator says
 the loss is capacity — poa_capacity ≥ ``dominance``·poa_routing for ``dwell_ticks`` ticks in a
 row — the resplitter asks Game 1 for the best split at the measured arrival rate λ and, if that
-split has more prefill workers than the cluster has now, moves one TP group from decode to
-prefill. When load has fallen it moves one group back toward the operator's split, the one the
-cluster started with (the split provisioned for calm load; the controller only deviates from it
-under capacity saturation). "Load has fallen" is read from demand, not from TTFT: the split one
-step back must carry the measured λ within the SLOs with headroom,
+split has more prefill workers than the cluster has now, moves TP groups from decode to
+prefill (as many at once as pay most, below). When load has fallen it moves one group back
+toward the operator's split, the one the cluster started with (the split provisioned for calm
+load; the controller only deviates from it under capacity saturation). "Load has fallen" is
+read from demand, not from TTFT: the split one step back must carry the measured λ within the
+SLOs with headroom,
 
     λ ≤ release_fraction · κ(P − 1, D + 1),    κ(P, D) = min(P·κ_P, D·κ_D)
 
@@ -39,7 +40,12 @@ during the switch and min(λ, κ(P + 1, D − 1)) after it, so
     loss = min(λ, κ(P, D)) − min(λ, κ(P, D − 1))         per second while it moves,
     benefit = gain · max(0, R − W),   cost = loss · W,    start only if benefit > cost,
 
-R being the overload's likely remaining time. Nothing says when an overload ends, so R is the
+R being the overload's likely remaining time. k workers moved at once switch side by side (each
+TP group loads its own weights), so the same rule with P + k, D − k weighs a step of k against
+one switch; the step taken is the k, up to Game 1's split, the decode pool's ``min_decode`` and
+what the target moves at once (``PoolTarget.max_step``), of most benefit − cost. In a
+prefill-bound overload every step toward the split gains and none loses: one switch for all of
+it, not k switches in a row while the queue grows. Nothing says when an overload ends, so R is the
 time it has lasted, A: since the backlog under way began (``controller.drain``), or since the
 regime turned saturated if that is earlier; the detector confirms an overload some 10–15 s after
 its queue forms (window, smoothing, dwell). An overload seen for A seconds is as
@@ -60,8 +66,9 @@ Never oscillating comes from three things:
 - hysteresis: moving up needs *saturated* and capacity dominance; moving back needs demand a
   fifth (``release_fraction`` = 0.8) below what the smaller split carries, so the demand that
   justified a move up never justifies the move back;
-- one TP group at a time, and none while the target reports a re-split in progress (drain and
-  warm-up take tens of seconds on real hardware);
+- one move at a time (of one TP group, or of the several a move up takes at once), and none
+  while the target reports a re-split in progress (drain and warm-up take tens of seconds on
+  real hardware); a move back is always one group;
 - a cool-down of ``cooldown_s`` after a re-split finishes before the next may start, so the
   estimator sees the new split's effect before the lever is pulled again (but for the next
   step up the same overload episode's traffic asks for: its evidence is read every tick).
@@ -101,6 +108,7 @@ class ResplitDecision:
     poa_routing: float | None
     poa_capacity: float | None
     reason: str
+    workers: int = 1  # TP groups moved at once
 
 
 @dataclass(frozen=True)
@@ -221,7 +229,7 @@ class Resplitter:
                 demand = cost * max(demand, traffic.demand_rate(max(lasted, switch)))
             goal = self.planner.best_split(demand, shape)
             if goal.prefill > pools.prefill:
-                payoff = resplit_payoff(self.planner, pools, demand, lasted, switch, shape)
+                payoff = self._best_step(pools, goal, demand, lasted, switch, shape)
                 if not payoff.pays:  # due, but the switch would cost more than it returns
                     self.unpaid += 1
                 else:
@@ -235,13 +243,13 @@ class Resplitter:
                     )
                     reason = (
                         f"{why}; Game 1 at {demand:.3g} req/s{_shown(shape)}: {goal}; "
-                        f"pays for its {payoff.switch_s:.3g} s switch, the overload likely "
-                        f"lasting {lasted:.3g} s more (benefit {payoff.benefit:.3g} > cost "
-                        f"{payoff.cost:.3g} request-s)"
+                        f"{payoff.workers} worker(s) at once pay for their {payoff.switch_s:.3g}"
+                        f" s switch, the overload likely lasting {lasted:.3g} s more (benefit "
+                        f"{payoff.benefit:.3g} > cost {payoff.cost:.3g} request-s)"
                     )
                     return self._start(
                         now, "prefill", pools, goal, arrival_rate, reason, poa_routing,
-                        poa_capacity,
+                        poa_capacity, payoff.workers,
                     )  # fmt: skip
         if self._down_ticks >= s.release_ticks:
             reason = (
@@ -253,6 +261,32 @@ class Resplitter:
                 now, "decode", pools, self.home, arrival_rate, reason, poa_routing, poa_capacity
             )
         return None
+
+    def _best_step(
+        self,
+        pools: Pools,
+        goal: Pools,
+        demand: float,
+        lasted: float,
+        switch: float,
+        shape: TrafficShape | None,
+    ) -> Payoff:
+        """The move up that returns most (``resplit_payoff``'s benefit − cost): k workers at
+        once, k up to what Game 1's split asks, what the decode pool can give (``min_decode``)
+        and what the target moves at once; the fewest among equals. In a prefill-bound overload
+        the decode pool does not bind, every step toward the goal gains and none loses: all
+        of it at once, one switch instead of k in a row while the queue grows."""
+        most = min(
+            goal.prefill - pools.prefill,
+            pools.decode - self.settings.min_decode,
+            self.target.max_step(),
+        )
+        best = resplit_payoff(self.planner, pools, demand, lasted, switch, shape)
+        for k in range(2, most + 1):
+            payoff = resplit_payoff(self.planner, pools, demand, lasted, switch, shape, k)
+            if payoff.net > best.net:
+                best = payoff
+        return best
 
     def _episode_age(
         self, now: float, pools: Pools, overloaded: bool, rate: float, shape: TrafficShape | None
@@ -318,11 +352,12 @@ class Resplitter:
         reason: str,
         poa_routing: float | None,
         poa_capacity: float | None,
+        workers: int = 1,
     ) -> ResplitDecision:
         decision = ResplitDecision(
-            now, to_role, pools, goal, arrival_rate, poa_routing, poa_capacity, reason
+            now, to_role, pools, goal, arrival_rate, poa_routing, poa_capacity, reason, workers
         )
-        self.target.resplit(to_role, reason)
+        self.target.resplit(to_role, reason, workers)
         self.decisions.append(decision)
         self._busy = True
         self._moving_up = to_role == "prefill"

@@ -2,9 +2,10 @@
 (``controller.resplit`` states the rules; docs/design.md §4 "Two levers, not one").
 
 :func:`resplit_payoff` is the payoff rule: with κ Game 1's SLO capacity at the window's shape
-and λ the demand, the cluster serves min(λ, κ(P, D)) now, min(λ, κ(P, D − 1)) while the moving
-worker switches (W seconds) and min(λ, κ(P + 1, D − 1)) after, so a move up is worth
-gain·max(0, R − W) against loss·W, R the overload's likely remaining time.
+and λ the demand, a move of k workers up serves min(λ, κ(P, D)) now, min(λ, κ(P, D − k)) while
+they switch (W seconds: they switch side by side, each TP group loading its own weights) and
+min(λ, κ(P + k, D − k)) after, so it is worth gain·max(0, R − W) against loss·W, R the
+overload's likely remaining time.
 """
 
 from __future__ import annotations
@@ -47,8 +48,12 @@ class PoolTarget(Protocol):
         """A re-split is in progress (draining or warming up)."""
         ...
 
-    def resplit(self, to_role: Role, reason: str) -> None:
-        """Start moving one TP group from the other role to ``to_role``."""
+    def resplit(self, to_role: Role, reason: str, workers: int = 1) -> None:
+        """Start moving ``workers`` TP groups from the other role to ``to_role``, at once."""
+        ...
+
+    def max_step(self) -> int:
+        """The most workers one move may take at once (1: one at a time)."""
         ...
 
     def switch_s(self) -> float:
@@ -86,6 +91,7 @@ class Payoff:
     loss_rps: float
     remaining_s: float
     switch_s: float
+    workers: int = 1
 
     @property
     def benefit(self) -> float:
@@ -99,6 +105,10 @@ class Payoff:
     def pays(self) -> bool:
         return self.benefit > self.cost
 
+    @property
+    def net(self) -> float:
+        return self.benefit - self.cost
+
 
 def resplit_payoff(
     planner: SplitPlanner,
@@ -107,10 +117,15 @@ def resplit_payoff(
     lasted_s: float,
     switch_s: float,
     shape: TrafficShape | None = None,
+    workers: int = 1,
 ) -> Payoff:
-    """The payoff of moving one worker from decode to prefill (module docstring): gain and loss
-    from Game 1's SLO capacities at the demand λ and the window's shape, R = ``lasted_s``."""
+    """The payoff of moving ``workers`` (k) from decode to prefill at once (module docstring):
+    gain and loss from Game 1's SLO capacities at the demand λ and the window's shape,
+    R = ``lasted_s``."""
+    k = workers
+    if not 1 <= k < pools.decode:
+        raise ValueError(f"a move takes 1 to {pools.decode - 1} decode workers, got {k}")
     served = min(arrival_rate, planner.capacity(pools, shape))
-    moving = min(arrival_rate, planner.capacity(Pools(pools.prefill, pools.decode - 1), shape))
-    after = min(arrival_rate, planner.capacity(Pools(pools.prefill + 1, pools.decode - 1), shape))
-    return Payoff(after - served, max(0.0, served - moving), lasted_s, switch_s)
+    moving = min(arrival_rate, planner.capacity(Pools(pools.prefill, pools.decode - k), shape))
+    after = min(arrival_rate, planner.capacity(Pools(pools.prefill + k, pools.decode - k), shape))
+    return Payoff(after - served, max(0.0, served - moving), lasted_s, switch_s, k)

@@ -145,8 +145,14 @@ class ActorPools:
         self._recall.set_result(reason)
         return True
 
-    def resplit(self, to_role: Role, reason: str) -> None:
+    def max_step(self) -> int:
+        """One: a move here is one worker actor's drain and restart, told step by step."""
+        return 1
+
+    def resplit(self, to_role: Role, reason: str, workers: int = 1) -> None:
         """Start moving the least-loaded worker of the other role (in the background)."""
+        if workers != 1:
+            raise ValueError(f"the service moves one worker at a time, asked {workers}")
         if self.resplitting():
             raise RuntimeError("a re-split is already in progress")
         self.moving = (-1, to_role)  # taken now: a second call before the task runs is refused

@@ -158,10 +158,11 @@ class SimCluster:
     def pool_listeners(self) -> list[Callable[[PoolChange], None]]:
         return self.pool_state.listeners
 
-    def resplit(self, to_role: Role, reason: str = "") -> int:
-        """Move one worker from the other role to ``to_role`` (drain, restart, warm up: see
-        ``cluster.sim.pools``); returns its id. ``ValueError`` if it cannot start now."""
-        return self.pool_state.resplit(to_role, reason)
+    def resplit(self, to_role: Role, reason: str = "", workers: int = 1) -> int:
+        """Move ``workers`` from the other role to ``to_role`` at once (drain, restart, warm up:
+        see ``cluster.sim.pools``); returns the first one's id. ``ValueError`` if it cannot
+        start now."""
+        return self.pool_state.resplit(to_role, reason, workers)
 
     def start_worker(self, worker: int, role: Role, incarnation: int) -> None:
         """A fresh engine of ``role`` (called by the pools; incarnation 0 at construction)."""

@@ -72,8 +72,12 @@ class SimPools:
     def resplitting(self) -> bool:
         return self.cluster.resplitting
 
-    def resplit(self, to_role: Role, reason: str) -> None:
-        self.cluster.resplit(to_role, reason)
+    def resplit(self, to_role: Role, reason: str, workers: int = 1) -> None:
+        self.cluster.resplit(to_role, reason, workers)
+
+    def max_step(self) -> int:
+        """Any number: each worker drains and restarts on its own."""
+        return len(self.cluster.pool_state.holds)
 
     def switch_s(self) -> float:
         """The profile's role switch (virtual seconds, the controller's clock here); a drain

@@ -226,6 +226,7 @@ class HardwareProfile(_Checked):
     default_topology: str  # `disaggctl sim run` without --topology
     context_tokens: int  # the model's context: the longest prompt + output it serves
     source: str = ""
+    kv_both_switch_s: float | None = None  # a role change with no restart (``with_kv_both``)
     calibration: tuple[CalibrationPoint, ...] = field(default_factory=tuple)
     architecture: ArchitectureSpec | None = None  # frozen models already: no dataclass twin
     memory: MemorySpec | None = None
@@ -233,6 +234,18 @@ class HardwareProfile(_Checked):
     def __post_init__(self) -> None:
         object.__setattr__(self, "calibration", tuple(self.calibration))
         super().__post_init__()
+
+    def with_kv_both(self) -> HardwareProfile:
+        """This profile served by engines that take both roles without a restart (vLLM's NIXL
+        connector, ``kv_role: kv_both``): a re-split's switch is ``kv_both_switch_s``, not the
+        restart's ``role_switch_s``; named ``<name>+kv_both``. The simulated engine still starts
+        its new role with an empty cache (a kv_both engine keeps its blocks: conservative).
+        ``ValueError`` when the profile declares no such switch."""
+        if self.kv_both_switch_s is None:
+            raise ValueError(f"profile {self.name!r} declares no kv_both_switch_s")
+        return dataclasses.replace(
+            self, name=f"{self.name}+kv_both", role_switch_s=self.kv_both_switch_s
+        )
 
     @property
     def workers_per_node(self) -> int:

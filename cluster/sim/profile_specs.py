@@ -222,6 +222,10 @@ class ProfileSpec(StrictModel):
     # Seconds a worker needs to restart in the other role (weights loaded again, engine warmed
     # up): the warm-up of a run-time P/D re-split (docs/design.md §4).
     role_switch_s: float = Field(gt=0, le=3600)
+    # Seconds a worker needs to change role *without* a restart, where its engine serves both
+    # roles (vLLM's NIXL connector with ``kv_role: kv_both``): leaving one pool's routers and
+    # joining the other's. None: the engine must restart. The profile says why next to it.
+    kv_both_switch_s: float | None = Field(default=None, gt=0, le=3600)
     # The topology `disaggctl sim run` uses when none is given: the study's for this profile.
     default_topology: str
     # The model's context in tokens (its config's max_position_embeddings): the longest prompt

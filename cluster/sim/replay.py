@@ -29,6 +29,7 @@ from cluster.sim.loop import few_collections
 from cluster.sim.pools import PoolChange
 from cluster.sim.profile import HardwareProfile
 from cluster.sim.records import RequestRecord, summarize
+from cluster.sim.scaling import ScalingDriver, ScalingPolicy
 from cluster.sim.scenario import adaptive_controller, unloaded_ttft
 from cluster.sim.views import ViewSettings
 from cluster.traces.prompts import TracePrompts
@@ -164,6 +165,8 @@ class ReplayRun:
     thresholds: Thresholds | None = None
     wall_s: float = 0.0
     end_s: float = 0.0
+    worker_s: float = 0.0  # Σ over workers of the time they held GPUs (not parked)
+    scaling_targets: list[tuple[float, int, int]] = field(default_factory=list)
 
     def summary(self) -> dict[str, float | int]:
         """The arm's figures over every request (TTFT, ITL, E2E, throughput over the replay,
@@ -263,15 +266,20 @@ def replay_on_sim(
     slo: SloTargets | None = None,
     poa_every_s: float = POA_EVERY_S,
     on_progress: Callable[[int, int, float], None] | None = None,
+    scaling: ScalingPolicy | None = None,
 ) -> ReplayRun:
     """Replay ``requests`` through ``arm`` on a fresh cluster (module docstring).
 
     ``thresholds``: the detector's (every arm gets its drain limit from them, so static and
     adaptive arms age their PoA windows alike); required for an adaptive arm. ``slo``: the
     targets the controller's Game 1 plans for (``adaptive_controller``'s default without it).
-    ``on_progress(sent, finished, virtual_now)`` after every ``_SLICE_S`` virtual seconds."""
+    ``on_progress(sent, finished, virtual_now)`` after every ``_SLICE_S`` virtual seconds.
+    ``scaling``: a scaling policy of Dynamo's replay (``cluster.sim.scaling``), such as Dynamo's
+    planner, setting the pools' sizes under a static or round-robin arm."""
     if arm.adaptive and thresholds is None:
         raise ValueError("an adaptive arm needs the detector's thresholds")
+    if arm.adaptive and scaling is not None:
+        raise ValueError("a scaling policy sizes a static arm's pools; the controller has its own")
     started = time.perf_counter()
     cluster = SimCluster(
         profile,
@@ -298,6 +306,7 @@ def replay_on_sim(
         cluster, controller, estimator, drain_limit_s=limit, poa_every_s=poa_every_s
     )
     loop_ref.append(control)
+    driver = ScalingDriver(cluster, scaling) if scaling is not None else None
     loop = cluster.loop
     finished = [0]
     cluster.completion_listeners.append(lambda _: finished.__setitem__(0, finished[0] + 1))
@@ -323,4 +332,6 @@ def replay_on_sim(
         thresholds=thresholds,
         wall_s=time.perf_counter() - started,
         end_s=end,
+        worker_s=cluster.pool_state.worker_seconds(end),
+        scaling_targets=driver.targets if driver is not None else [],
     )

@@ -6,8 +6,10 @@ planner's arm, ``make planner``, so ``all`` leaves it out: ``disaggctl experimen
 Each trace's first 1,200 s at the speed-up where 1P/5D saturates (1.3 × its capacity in our
 simulator, [18]'s choice), six Llama-3.1-70B B200 TP4 workers: every split 1P/5D … 5P/1D at
 τ 0 ω 1 and at the study's saturated (τ 0.8, ω 0.1) in both simulators; in ours the study's
-table and routing by measured effect on every split; from 1P/5D, ours routing + re-split in both
-and Dynamo's planner (its throughput and latency targets) in its replay. Both controllers plan
+table and routing by measured effect on every split; from 1P/5D, ours routing + re-split and
+Dynamo's planner (its throughput and latency targets; in ours it sizes the pools through
+``cluster.sim.scaling``) in both, and ours again on engines that switch role without a restart
+(the profile's ``kv_both_switch_s``). Both controllers plan
 for the goodput's SLO (TTFT ≤ 2 s, ITL ≤ 50 ms, at 99%). Seeds vary our simulator's prompt
 synthesis; Dynamo's replay is not seeded and runs once per seed too, so its errors are its own
 repeatability.
@@ -122,6 +124,7 @@ NAMED = (  # the issue's arms, in its order: (label, the arm's key)
     ("Dynamo's planner, latency target, from 1P/5D", "dynamo planner (latency)"),
     ("ours routing only from 1P/5D", "ours routing 1P/5D"),
     ("ours routing + re-split from 1P/5D", "ours routing+resplit"),
+    ("ours routing + re-split, kv_both switch, from 1P/5D", "ours routing+resplit (kv_both)"),
 )
 
 

@@ -275,3 +275,17 @@ def test_each_profile_states_its_models_context() -> None:
     raw.pop("context_tokens")
     with pytest.raises(ConfigError, match="context_tokens: missing field"):
         parse_profile(raw)
+
+
+def test_a_profile_may_declare_a_switch_without_a_restart(tmp_path: Path) -> None:
+    profile = load_profile("b200-llama70b-fp8-tp4")
+    kv_both = profile.with_kv_both()
+    assert profile.role_switch_s == 30.0 and profile.kv_both_switch_s == 1.0
+    assert kv_both.role_switch_s == 1.0 and kv_both.name == "b200-llama70b-fp8-tp4+kv_both"
+    assert dataclasses.replace(kv_both, name=profile.name, role_switch_s=30.0) == profile
+    with pytest.raises(ValueError, match="declares no kv_both_switch_s"):
+        load_profile("h100-32b").with_kv_both()
+    raw = raw_profile("b200-llama70b-fp8-tp4")
+    raw["kv_both_switch_s"] = 0.0
+    with pytest.raises(ConfigError, match="kv_both_switch_s: Input should be greater than 0"):
+        load_profile(write(tmp_path, raw))

@@ -23,24 +23,31 @@ from controller.traffic import TrafficShape
 
 class FakePools:
     """A target whose re-splits take ``busy_ticks`` ticks (drain + warm-up) to finish, the
-    first ``drain_ticks`` of them draining (a move can be called off then)."""
+    first ``drain_ticks`` of them draining (a move can be called off then); it moves up to
+    ``step`` workers at once."""
 
     def __init__(
-        self, prefill: int, decode: int, busy_ticks: int = 3, drain_ticks: int = 0
+        self, prefill: int, decode: int, busy_ticks: int = 3, drain_ticks: int = 0, step: int = 1
     ) -> None:  # fmt: skip
         self.split = Pools(prefill, decode)
         self.busy_ticks = busy_ticks
         self.drain_ticks = drain_ticks
+        self.step = step
         self._left = 0
+        self._k = 1
         self._to: Role | None = None
         self.calls: list[tuple[Role, str]] = []
+        self.sizes: list[int] = []  # workers each move took
         self.cancelled: list[str] = []
 
     def pools(self) -> Pools:
-        if self._left:  # the moving worker counts in neither pool
-            p, d = self.split.prefill, self.split.decode
-            return Pools(p - (self._to == "decode"), d - (self._to == "prefill"))
+        if self._left:  # the moving workers count in neither pool
+            p, d, k = self.split.prefill, self.split.decode, self._k
+            return Pools(p - k * (self._to == "decode"), d - k * (self._to == "prefill"))
         return self.split
+
+    def max_step(self) -> int:
+        return self.step
 
     def resplitting(self) -> bool:
         return self._left > 0
@@ -55,10 +62,12 @@ class FakePools:
         self.cancelled.append(reason)
         return True
 
-    def resplit(self, to_role: Role, reason: str) -> None:
+    def resplit(self, to_role: Role, reason: str, workers: int = 1) -> None:
         assert not self._left, "a re-split was started while one was in progress"
+        assert 1 <= workers <= self.step
         self.calls.append((to_role, reason))
-        self._to, self._left = to_role, self.busy_ticks
+        self.sizes.append(workers)
+        self._to, self._left, self._k = to_role, self.busy_ticks, workers
 
     def advance(self) -> None:
         """One tick of the target's own work: the move finishes when its ticks run out."""
@@ -66,7 +75,7 @@ class FakePools:
             self._left -= 1
             if not self._left:
                 p, d = self.split.prefill, self.split.decode
-                up = 1 if self._to == "prefill" else -1
+                up = self._k if self._to == "prefill" else -self._k
                 self.split = Pools(p + up, d - up)
 
 
@@ -266,7 +275,8 @@ def test_a_move_up_waits_until_the_overload_has_lasted_one_switch() -> None:
     # Capacity-bound from t = 0 (the dwell is met at t = 3), but the move pays only once the
     # overload has lasted more than the 10 s switch: R = 11 s at t = 11.
     assert [d.t for d in made] == [11.0] and r.unpaid == 8
-    assert "pays for its 10 s switch, the overload likely lasting 11 s more" in made[0].reason
+    reason = "1 worker(s) at once pay for their 10 s switch, the overload likely lasting 11 s"
+    assert reason in made[0].reason
 
 
 def test_a_spike_shorter_than_the_switch_takes_no_worker_away() -> None:
@@ -337,3 +347,29 @@ def test_a_warm_up_runs_to_its_end_and_a_move_back_is_never_called_off() -> None
     made = run(r, back, [CALM] * 10)  # demand fell: back home, below all along
     assert [d.to_role for d in made] == ["decode"] and back.cancelled == []
     assert back.split == Pools(1, 5)
+
+
+def test_a_move_up_takes_at_once_the_workers_that_pay_most() -> None:
+    # Prefill-bound (κ = 20·P): at λ = 60 on 1P/5D each worker moved gains 20 req/s and none
+    # loses any until 3P carries the demand; Game 1's 4P/2D would add nothing more.
+    target = FakePools(1, 5, busy_ticks=3, step=5)
+    r = Resplitter(target, always(Pools(4, 2)), ResplitSettings(dwell_ticks=2, cooldown_s=0))
+    made = run(r, target, [CAPACITY] * 12)
+    assert [(d.before, d.workers) for d in made] == [(Pools(1, 5), 2)]
+    assert target.sizes == [2] and target.split == Pools(3, 3)
+    assert "2 worker(s) at once" in made[0].reason
+    # A target that moves one worker at a time gets there in two moves.
+    one = FakePools(1, 5, busy_ticks=3, step=1)
+    r = Resplitter(one, always(Pools(4, 2)), ResplitSettings(dwell_ticks=2, cooldown_s=0))
+    assert [d.workers for d in run(r, one, [CAPACITY] * 12)] == [1, 1]
+    assert one.split == Pools(3, 3)
+
+
+def test_the_payoff_of_several_workers_weighs_one_switch() -> None:
+    planner = AdditivePlanner(Pools(3, 1))
+    # κ = 20P + 5D at λ = 100: 45 on 1P/5D; moving k: 45 − 5k; after: 45 + 15k.
+    two = resplit_payoff(planner, Pools(1, 5), 100.0, 30.0, 10.0, workers=2)
+    assert (two.gain_rps, two.loss_rps, two.workers) == (30.0, 10.0, 2)
+    assert two.net == 30.0 * 20.0 - 10.0 * 10.0
+    with pytest.raises(ValueError, match="1 to 4 decode workers"):
+        resplit_payoff(planner, Pools(1, 5), 100.0, 30.0, 10.0, workers=5)

@@ -13,10 +13,10 @@ and the live service run (``controller.resplit.Resplitter``), fed from the snaps
 - the regime: the window's mean TTFT against the detector's thresholds θ1 < θ2 (the replay
   reports a mean per window, not the P99 the live detector smooths; the planned move does not
   need it, the move back and the capacity-bound move read it);
-- the pools (:class:`ReplayPools`): Dynamo adds and removes workers; a role switch is a decode
-  worker drained, then a prefill worker started (its ``startup_time`` the profile's role
-  switch), so the six GPUs are never seven. Dynamo cannot hand a draining worker back, so a
-  move here is never called off.
+- the pools (:class:`ReplayPools`): Dynamo adds and removes workers; a role switch of k
+  workers is k decode workers drained, then k prefill workers started (their ``startup_time``
+  the profile's role switch), so the six GPUs are never seven. Dynamo cannot hand a draining
+  worker back, so a move here is never called off.
 
 No Dynamo import here: the replay calls the object, whatever it is.
 """
@@ -57,6 +57,7 @@ class ReplayPools:
         self.phase: Phase = "idle"
         self.to_role: Role | None = None
         self.target: Pools | None = None  # the sizes asked of Dynamo, until it has them
+        self.step = 1  # workers the switch under way moves
         self.moves = 0
 
     def observe(self, snapshot: Snapshot) -> None:
@@ -73,9 +74,10 @@ class ReplayPools:
         settled = moving == 0 and self.serving == self.target
         if self.phase == "draining" and settled and self.to_role is not None:
             self.phase = "starting"
-            grow = self.to_role
+            grow, k = self.to_role, self.step
             self.target = Pools(
-                self.serving.prefill + (grow == "prefill"), self.serving.decode + (grow == "decode")
+                self.serving.prefill + k * (grow == "prefill"),
+                self.serving.decode + k * (grow == "decode"),
             )
         elif self.phase == "starting" and settled:
             self.phase, self.to_role, self.target = "idle", None, None
@@ -91,11 +93,15 @@ class ReplayPools:
     def resplitting(self) -> bool:
         return self.phase != "idle"
 
-    def resplit(self, to_role: Role, reason: str) -> None:
-        p, d = self.serving.prefill, self.serving.decode
-        self.target = Pools(p - (to_role == "decode"), d - (to_role == "prefill"))
-        self.phase, self.to_role = "draining", to_role
+    def resplit(self, to_role: Role, reason: str, workers: int = 1) -> None:
+        p, d, k = self.serving.prefill, self.serving.decode, workers
+        self.target = Pools(p - k * (to_role == "decode"), d - k * (to_role == "prefill"))
+        self.phase, self.to_role, self.step = "draining", to_role, k
         self.moves += 1
+
+    def max_step(self) -> int:
+        """Any number: Dynamo drains and starts workers side by side."""
+        return self.serving.prefill + self.serving.decode
 
     def switch_s(self) -> float:
         return self.switch

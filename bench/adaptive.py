@@ -149,7 +149,13 @@ def arm_figures(result: ScenarioResult) -> dict[str, Any]:
         "before_new_prefill": _before_new_prefill(result, hold["start_s"], hold["end_s"]),
         "regime_switches": [(round(c.t, 1), c.regime.label) for c in result.changes[1:]],
         "resplits": [
-            {"t": round(d.t, 1), "to": d.to_role, "from": str(d.before), "goal": str(d.goal)}
+            {
+                "t": round(d.t, 1),
+                "to": d.to_role,
+                "from": str(d.before),
+                "goal": str(d.goal),
+                "workers": d.workers,
+            }
             for d in result.resplits
         ],
         "pool_steps": [

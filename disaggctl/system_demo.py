@@ -205,7 +205,8 @@ def format_resplits(result: ScenarioResult) -> str:
         )
     lines = ["re-splits (the controller's second lever):"]
     for d in result.resplits:
-        lines.append(f"  t={d.t:5.0f}s {d.before} → one worker to {d.to_role}: {d.reason}")
+        moved = "one worker" if d.workers == 1 else f"{d.workers} workers"
+        lines.append(f"  t={d.t:5.0f}s {d.before} → {moved} to {d.to_role}: {d.reason}")
     for c in result.pool_changes:
         lines.append(
             f"  t={c.t:5.0f}s {c.action:<13} worker {c.worker} ({c.from_role} → {c.to_role}) "

@@ -126,6 +126,7 @@ NAMED = (  # the issue's arms, in its order: (label, the arm's key)
     ("ours routing + re-split from 1P/5D", "ours routing+resplit"),
     ("ours routing + re-split, kv_both switch, from 1P/5D", "ours routing+resplit (kv_both)"),
 )
+KV_BOTH = NAMED[-1][1]  # the kv_both arm: bench.controller.KV_BOTH
 
 
 def _named(part: dict[str, Any]) -> list[tuple[str, str]]:
@@ -220,6 +221,13 @@ def _verdict(trace: str, sims: dict[str, Any]) -> str:
                      f"{fmt(plan_['worker_s'], 4)}")  # fmt: skip
         parts.append(line + ".")
         parts.append(_wins_and_losses(part))
+        kv_both = rows.get(KV_BOTH)
+        if kv_both and not kv_both["missing"]:
+            parts.append(
+                f"On engines that switch role without a restart (kv_both) it reads "
+                f"{fmt(kv_both['ttft_p99_s'])} s, {fmt(kv_both['over_best'][0])}× the "
+                f"hindsight-best static."
+            )
     ours = sims["ours"]["rows"]
     effects = {
         t: ours[f"ours routing {t}"]["over_affinity"][0] for t in bench_module("controller").STATIC
@@ -241,7 +249,7 @@ def _wins_and_losses(part: dict[str, Any]) -> str:
     ties: list[str] = []
     for label, key in _named(part):
         theirs = part["rows"][key]["ttft_p99_s"]
-        if key == "ours routing+resplit" or part["rows"][key]["missing"] or not theirs:
+        if key in ("ours routing+resplit", KV_BOTH) or part["rows"][key]["missing"] or not theirs:
             continue
         ratio = mine / theirs
         named = f"{label.replace(' from 1P/5D', '')} ({fmt(ratio)}×)"

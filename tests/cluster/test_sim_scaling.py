@@ -191,3 +191,21 @@ def test_our_resplit_as_a_replay_policy_runs_in_our_simulator_too() -> None:
     cluster.loop.run(90.0)
     assert policy.target.moves >= 1 and cluster.pools.prefill >= 2
     assert most[0] <= 6 and cluster.pools.prefill + cluster.pools.decode <= 6
+
+
+def test_a_resplit_of_several_workers_switches_them_side_by_side() -> None:
+    cluster = _cluster()
+    changes: list[PoolChange] = []
+    cluster.pool_listeners.append(changes.append)
+    first = cluster.resplit("prefill", "burst", workers=3)
+    assert first == 5 and cluster.pools == Topology(1, 2)
+    with pytest.raises(ValueError, match="already in progress"):
+        cluster.resplit("prefill")
+    cluster.loop.run()
+    warm = [c for c in changes if c.action == "warm"]
+    assert [c.worker for c in warm] == [5, 4, 3] and {c.t for c in warm} == {SWITCH_S}
+    assert cluster.pools == Topology(4, 2) and not cluster.resplitting
+    with pytest.raises(ValueError, match="cannot move 2 worker"):
+        cluster.resplit("prefill", workers=2)  # decode keeps one
+    with pytest.raises(ValueError, match="cannot move 0 worker"):
+        cluster.resplit("decode", workers=0)

@@ -81,6 +81,10 @@ def test_the_report_passes_the_referees_checks(tmp_path: Path) -> None:
     assert "the run of static:0,1 1P/5D" in text  # ours routing, shown once
     assert "hindsight-best static: static:0,1 5P/1D" in text
     assert "10% better nowhere" in text
+    assert experiment.KV_BOTH == bench.KV_BOTH
+    assert "without a restart (kv_both) it reads 9.10 s" in text
+    assert "it loses to hindsight-best static: static:0,1 5P/1D" in text
+    assert "it loses to hindsight-best static: static:0,1 5P/1D (1.49×), ours" not in text
     assert (tmp_path / "controller_p99.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "controller.csv").is_file()
 

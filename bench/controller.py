@@ -86,11 +86,11 @@ OURS = {  # arm: (replay policy, re-split)
     "ours routing+resplit": ("evidence", True),
     KV_BOTH: ("evidence", True),
 }
-DYNAMO = (*PLANNER_TARGETS, "ours routing+resplit", KV_BOTH)
 CALM_REQUESTS = 256
 
 
-MOVING = ("ours routing+resplit", KV_BOTH, *PLANNER_TARGETS)  # arms moving the split from START
+# The arms that move the split from START, in both simulators.
+MOVING = (*PLANNER_TARGETS, "ours routing+resplit", KV_BOTH)
 
 
 def arms() -> list[tuple[str, str, str]]:
@@ -99,7 +99,7 @@ def arms() -> list[tuple[str, str, str]]:
     too (routing's effect where the split is right); the arms that move the split from 1P/5D."""
     static = [(sim, p, t) for sim in ("ours", "dynamo") for t in STATIC for p in POLICIES]
     routing = [("ours", a, t) for t in STATIC for a in ("study table", "ours routing")]
-    moving = [(sim, a, START) for sim in ("ours", "dynamo") for a in DYNAMO]
+    moving = [(sim, a, START) for sim in ("ours", "dynamo") for a in MOVING]
     return [*static, *routing, *moving]
 
 

@@ -153,6 +153,10 @@ class PoolManager:
         """Workers on their way to ``place`` (draining or warming up)."""
         return tuple(sorted(w for w, m in self._moves.items() if m.to_role == place))
 
+    def size(self, role: Role) -> int:
+        """The pool ``role`` is heading for: its serving workers and those on their way in."""
+        return len(self.views.workers(role)) + len(self.moving(role))
+
     def starting(self, role: Role) -> tuple[int, ...]:
         """Workers warming up in ``role`` (their old engine stopped, or they were parked)."""
         return tuple(
@@ -235,12 +239,12 @@ class PoolManager:
 
     def _toward(self, target: tuple[int, int], reason: str) -> None:
         for role, size in zip(ROLES, target, strict=True):
-            while len(self.views.workers(role)) + len(self.moving(role)) > size:
+            while self.size(role) > size:
                 if len(self.views.workers(role)) < 2:
                     break  # a pool keeps its last worker
                 self._leave(role, "parked", reason)
         for role, size in zip(ROLES, target, strict=True):
-            while self._parked and len(self.views.workers(role)) + len(self.moving(role)) < size:
+            while self._parked and self.size(role) < size:
                 self._unpark(max(self._parked), role, reason)
 
     def cancel(self, reason: str = "") -> bool:

@@ -145,11 +145,10 @@ class ScalingDriver:
             snap[f"draining_{role}_count"] = len(draining)
             snap[f"non_draining_{role}_count"] = len(active) + len(starting)
             snap[f"total_{role}_count"] = len(active) + len(starting) + len(draining)
-        arrived = len(cluster.records)
-        snap["traffic"] = self._window.record(now - self._last_t, arrived - self._arrived)
+        arrived, dt = len(cluster.records), now - self._last_t
+        snap["traffic"] = self._window.record(dt, arrived - self._arrived)
         self._window.clear()
         self._arrived = arrived
-        dt = now - self._last_t
         snap["prefill_fpm_snapshots"] = [
             self._prefill_fpm(w, dt) for w in cluster.views.workers("prefill")
         ]
@@ -200,10 +199,8 @@ class ScalingDriver:
         prefill, decode = answer.get("target_prefill"), answer.get("target_decode")
         if prefill is not None or decode is not None:
             pools = self.cluster.pool_state
-            now_p = len(self.cluster.views.workers("prefill")) + len(pools.moving("prefill"))
-            now_d = len(self.cluster.views.workers("decode")) + len(pools.moving("decode"))
-            p = now_p if prefill is None else _size(prefill, "target_prefill")
-            d = now_d if decode is None else _size(decode, "target_decode")
+            p = pools.size("prefill") if prefill is None else _size(prefill, "target_prefill")
+            d = pools.size("decode") if decode is None else _size(decode, "target_decode")
             self.targets.append((self.cluster.now, p, d))
             pools.scale_to(p, max(1, d), reason="scaling policy")
         after = answer.get("next_tick_ms")

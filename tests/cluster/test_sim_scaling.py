@@ -65,7 +65,7 @@ def test_scale_to_parks_the_workers_a_pool_gives_up_and_starts_them_in_the_other
 
 def test_a_pool_keeps_its_last_worker_and_a_size_waits_for_workers_to_park() -> None:
     cluster = _cluster("2P/2D")
-    cluster.pool_state.scale_to(1, 0 + 1)  # both pools shrink to one: two workers park
+    cluster.pool_state.scale_to(1, 1)  # both pools shrink to one: two workers park
     cluster.loop.run(0.1)
     assert cluster.pools == Topology(1, 1) and len(cluster.pool_state.parked) == 2
     with pytest.raises(ValueError, match="decode >= 1"):
